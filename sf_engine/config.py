@@ -1,0 +1,215 @@
+"""Typed configuration, the command line built from it, and the one `validate()` for bad combinations.
+
+Runs in the runner (parsing, validation) and is pickled whole into every child process; each role
+reads only its own group (`cfg.sampler`, `cfg.learner`, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """A bad flag or combination: the message is one line naming the flag and the fix."""
+
+
+def _f(default, help_text: str, **kw):
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+@dataclass
+class EnvConfig:
+    env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
+    env_backend: str = _f("auto", "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the "
+                                  "worker), or 'auto' (EnvPool when it has the id).",
+                          choices=("auto", "envpool", "gymnasium"))
+    seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
+
+
+@dataclass
+class SamplerConfig:
+    num_workers: int = _f(2, "Rollout-worker processes, each stepping its own batch of envs on one CPU core.")
+    num_envs_per_worker: int = _f(256, "Envs owned by each rollout worker (stepped as one batch per split).")
+    worker_num_splits: int = _f(2, "Groups each worker splits its envs into: it steps one group while the "
+                                   "other waits for actions (2 = double-buffered sampling).")
+    rollout: int = _f(32, "Env steps per trajectory slot (the unit handed to the learner).")
+
+    @property
+    def envs_per_split(self) -> int:
+        return self.num_envs_per_worker // self.worker_num_splits
+
+    @property
+    def total_splits(self) -> int:
+        return self.num_workers * self.worker_num_splits
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = _f(64, "Width of each of the two tanh hidden layers of the actor and of the critic MLPs.")
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = _f(4096, "Samples per minibatch (one optimizer step).")
+    num_batches_per_epoch: int = _f(2, "Minibatches per training iteration; the learner trains on "
+                                       "batch_size x num_batches_per_epoch samples at a time.")
+    num_epochs: int = _f(2, "Passes over each training batch (sample reuse).")
+    learning_rate: float = _f(2e-3, "Adam learning rate.")
+    lr_schedule: str = _f("constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.",
+                          choices=("constant", "linear"))
+    gamma: float = _f(0.99, "Discount factor.")
+    gae_lambda: float = _f(0.95, "GAE lambda (advantage estimation without V-trace).")
+    ppo_clip_ratio: float = _f(0.2, "PPO clipping of the policy ratio to [1 - clip, 1 + clip].")
+    value_loss_coeff: float = _f(0.5, "Weight of the value loss.")
+    entropy_coeff: float = _f(0.0, "Weight of the entropy bonus.")
+    max_grad_norm: float = _f(0.5, "Gradient-norm clipping (0 disables it).")
+    with_vtrace: bool = _f(False, "Use V-trace targets and advantages (off-policy correction for policy lag) "
+                                  "instead of GAE.")
+    vtrace_rho_bar: float = _f(1.0, "V-trace: truncation of importance weights in the targets (rho_bar).")
+    vtrace_c_bar: float = _f(1.0, "V-trace: truncation of the trace coefficients (c_bar).")
+    max_policy_lag: int = _f(100, "Drop samples more than this many policy versions older than the learner "
+                                  "(they are counted in train/samples_dropped_lag).")
+    learner_threads: int = _f(1, "Torch threads in the learner (keep threads x busy processes <= cores).")
+
+
+@dataclass
+class RunConfig:
+    experiment: str = _f("default", "Experiment name: results go to <train_dir>/<experiment>/.")
+    train_dir: str = _f("train_dir", "Root directory of all experiments.")
+    mode: str = _f("async", "'async': sampling and learning overlap; 'sync': workers wait for each new policy "
+                            "(lag 0); 'serial': every role in this one process (debugging, tests).",
+                   choices=("async", "sync", "serial"))
+    device: str = _f("auto", "Device of the policy worker and learner: 'auto' (CUDA when present), 'cpu', 'cuda'.",
+                     choices=("auto", "cpu", "cuda"))
+    train_for_env_steps: int = _f(10_000_000, "Stop after this many env steps in total (resumed runs included).")
+    train_for_seconds: float = _f(3600.0, "Stop after this many seconds of this run.")
+    stop_at_return: Optional[float] = _f(None, "Stop once the mean return of the last 100 episodes reaches this.",
+                                         type=float)
+    save_every_sec: float = _f(120.0, "Checkpoint period in seconds (a checkpoint is also written at exit).")
+    keep_checkpoints: int = _f(3, "How many recent checkpoints to keep.")
+    restart: bool = _f(False, "Start over: delete the experiment's previous checkpoints and logs.")
+    status_every_sec: float = _f(5.0, "Period of the one-line terminal status.")
+    shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
+
+
+GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
+          "run": RunConfig}
+
+
+@dataclass
+class Config:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def experiment_dir(self) -> str:
+        return os.path.join(self.run.train_dir, self.run.experiment)
+
+    @property
+    def samples_per_slot(self) -> int:
+        return self.sampler.rollout * self.sampler.envs_per_split
+
+    @property
+    def slots_per_batch(self) -> int:
+        return self.learner.batch_size * self.learner.num_batches_per_epoch // self.samples_per_slot
+
+    @property
+    def num_slots(self) -> int:
+        """Trajectory slots in the pool. Sync: exactly one batch, so no slot is filled by a stale policy.
+        Async: every split fills one while the learner trains on one batch and the next one queues."""
+        if self.run.mode == "sync":
+            return self.slots_per_batch
+        return self.sampler.total_splits + 2 * self.slots_per_batch
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Config":
+        return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    def validate(self) -> None:
+        """Turn an impossible combination into a one-line ConfigError naming the flags and the fix."""
+        s, lrn, run = self.sampler, self.learner, self.run
+        positive = {"--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
+                    "--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
+                    "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
+                    "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
+                    "--hidden_size": self.model.hidden_size}
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag} must be at least 1 (got {value})")
+        if s.rollout < 2:
+            raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
+        if s.num_envs_per_worker % s.worker_num_splits:
+            raise ConfigError(f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
+                              f"--worker_num_splits ({s.worker_num_splits})")
+        train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+        if train_batch % self.samples_per_slot:
+            raise ConfigError(
+                f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
+                f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {self.samples_per_slot}): "
+                f"change --batch_size or --num_envs_per_worker")
+        if run.mode == "sync" and self.slots_per_batch > 4 * s.total_splits:
+            raise ConfigError(
+                f"in --mode sync the training batch ({train_batch} samples) would take {self.slots_per_batch} "
+                f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker")
+        for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+        if lrn.learning_rate <= 0:
+            raise ConfigError(f"--learning_rate must be positive (got {lrn.learning_rate})")
+        if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
+            raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+        if lrn.max_policy_lag < 0:
+            raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
+        if not run.experiment or os.sep in run.experiment:
+            raise ConfigError(f"--experiment must be a plain name (got {run.experiment!r})")
+
+
+def _str_to_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train an agent with sf_engine: asynchronous PPO on shared memory.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for group_name, cls in GROUPS.items():
+        group = parser.add_argument_group(group_name)
+        for fld in dataclasses.fields(cls):
+            meta = dict(fld.metadata)
+            kwargs = {"default": fld.default, "help": meta.pop("help"), "dest": f"{group_name}.{fld.name}"}
+            if fld.type in ("bool", bool):
+                kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
+            elif "choices" in meta:
+                kwargs.update(choices=meta.pop("choices"))
+            else:
+                kwargs.update(type=meta.pop("type", {"int": int, "float": float, "str": str}.get(fld.type, str)))
+            group.add_argument(f"--{fld.name}", **kwargs)
+    return parser
+
+
+def parse_config(argv=None) -> Config:
+    """Parse the command line into a Config; argparse errors exit with code 2 and one line."""
+    args = vars(build_parser().parse_args(argv))
+    grouped: dict = {name: {} for name in GROUPS}
+    for dest, value in args.items():
+        group_name, name = dest.split(".", 1)
+        grouped[group_name][name] = value
+    return Config.from_dict(grouped)

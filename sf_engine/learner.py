@@ -1,0 +1,195 @@
+"""Learner: gathers whole trajectory slots, computes advantages, runs PPO, publishes weights.
+
+Runs in the learner process (or the runner in serial mode) on the run's device. A training batch is
+`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories. After the
+update the new weights are copied into the shared tensor under the seqlock, the version is bumped,
+and only then are the slots returned to the free pool (so in sync mode no slot is ever filled by an
+older policy).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from sf_engine import ppo
+from sf_engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from sf_engine.device import resolve_device
+from sf_engine.ipc import ParentWatch, get_many, init_child, stat
+from sf_engine.model import ActorCritic, flatten_parameters, log_prob_entropy
+from sf_engine.shared_buffers import SharedBuffers
+
+_STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
+
+
+class Learner:
+    def __init__(self, cfg, buffers: SharedBuffers, queues, spec, checkpoint_dir: str, env_steps_base: int):
+        self.cfg, self.lcfg, self.buffers, self.queues = cfg, cfg.learner, buffers, queues
+        self.checkpoint_dir, self.env_steps_base = checkpoint_dir, env_steps_base
+        self.device = resolve_device(cfg.run.device)
+        torch.manual_seed(cfg.env.seed)
+        self.model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.model.hidden_size).to(self.device)
+        self.params = flatten_parameters(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)
+        self.version = 0
+        self._load_latest()
+        self.shared_params = self.params.detach().clone()
+        if self.device.type == "cpu":
+            self.shared_params.share_memory_()
+        self.publish()
+        queues.params.put(self.shared_params)
+        self.pending_slots: list = []
+        self.last_save_time = time.monotonic()
+        self.stage_sec = {"wait_data": 0.0, "batch_assembly": 0.0, "train": 0.0, "weight_publish": 0.0}
+
+    def _load_latest(self) -> None:
+        path = latest_checkpoint(self.checkpoint_dir)
+        if path is None:
+            return
+        state = load_checkpoint(path, self.device)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        logging.info("resumed from %s (version %d)", path, self.version)
+
+    @property
+    def env_steps(self) -> int:
+        return self.env_steps_base + int(self.buffers.env_steps.sum())
+
+    def publish(self) -> None:
+        """Copy the weights into the shared tensor; readers never see a half-written set."""
+        seq = self.buffers.param_seq
+        seq[0] = 2 * self.version + 1
+        self.shared_params.copy_(self.params)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seq[0] = 2 * self.version
+
+    def step(self, timeout_sec: float) -> None:
+        """Wait (at most `timeout_sec`) for full slots; train once a whole batch has arrived."""
+        needed = self.cfg.slots_per_batch - len(self.pending_slots)
+        start = time.monotonic()
+        self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
+        self.stage_sec["wait_data"] += time.monotonic() - start
+        if len(self.pending_slots) == self.cfg.slots_per_batch:
+            slots, self.pending_slots = self.pending_slots, []
+            self.train_on(slots)
+        if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec:
+            self.save()
+
+    def _gather(self, slots: list) -> dict:
+        """Copy the slots out of shared memory, time-major: obs [T+1, N, *obs_shape], others [T, N]."""
+        index = np.asarray(slots)
+        batch = {}
+        obs = self.buffers.obs[index]  # [S, T+1, E, ...]
+        batch["obs"] = torch.from_numpy(obs.swapaxes(0, 1).reshape(obs.shape[1], -1, *obs.shape[3:]))
+        for name in _STEP_FIELDS:
+            arr = getattr(self.buffers, name)[index]  # [S, T, E]
+            batch[name] = torch.from_numpy(np.ascontiguousarray(arr.swapaxes(0, 1)).reshape(arr.shape[1], -1))
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _targets(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and value targets [T, N] from the learner's current values."""
+        lcfg, obs = self.lcfg, batch["obs"]
+        dones = batch["terminated"] | batch["truncated"]
+        with torch.no_grad():
+            flat_obs = obs.reshape(-1, *obs.shape[2:])
+            if not lcfg.with_vtrace:
+                values = self.model.values(flat_obs).reshape(obs.shape[:2])
+                return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
+                               lcfg.gamma, lcfg.gae_lambda)
+            logits, values = self.model(flat_obs)
+            num_steps, num_traj = batch["rewards"].shape
+            values = values.reshape(obs.shape[:2])
+            target_log_probs, _ = log_prob_entropy(logits[:num_steps * num_traj], batch["actions"].reshape(-1))
+            vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs.reshape(num_steps, num_traj),
+                                        batch["rewards"], values, batch["terminated"], dones, batch["valid"],
+                                        lcfg.gamma, lcfg.vtrace_rho_bar, lcfg.vtrace_c_bar)
+            return advantages, vs
+
+    def train_on(self, slots: list) -> None:
+        start = time.monotonic()
+        batch = self._gather(slots)
+        lag = self.version - batch["policy_version"]
+        valid = batch["valid"]
+        keep = valid & (lag <= self.lcfg.max_policy_lag)
+        advantages, returns = self._targets(batch)
+        index = keep.reshape(-1).nonzero().squeeze(1)
+        samples = {"obs": batch["obs"][:-1].reshape(-1, *batch["obs"].shape[2:])[index],
+                   "actions": batch["actions"].reshape(-1)[index],
+                   "log_probs": batch["log_probs"].reshape(-1)[index],
+                   "advantages": advantages.reshape(-1)[index], "returns": returns.reshape(-1)[index]}
+        assembled = time.monotonic()
+        self.stage_sec["batch_assembly"] += assembled - start
+        metrics = self._ppo_epochs(samples)
+        trained = time.monotonic()
+        self.stage_sec["train"] += trained - assembled
+        self.version += 1
+        self.publish()
+        self.queues.free_slots.put_many(list(slots))
+        self.stage_sec["weight_publish"] += time.monotonic() - trained
+        valid_lag = lag[valid].float()
+        stat(self.queues, "train", version=self.version, samples=int(index.numel()),
+             dropped_lag=int((valid & ~keep).sum()), lag_min=float(valid_lag.min()),
+             lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
+             learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec), **metrics)
+
+    def _set_learning_rate(self) -> None:
+        if self.lcfg.lr_schedule == "linear":
+            fraction_left = max(0.0, 1.0 - self.env_steps / self.cfg.run.train_for_env_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lcfg.learning_rate * fraction_left
+
+    def _ppo_epochs(self, samples: dict) -> dict:
+        lcfg, num_samples = self.lcfg, samples["actions"].numel()
+        self._set_learning_rate()
+        totals = torch.zeros(6)
+        num_updates = 0
+        for _ in range(lcfg.num_epochs):
+            for minibatch in torch.randperm(num_samples, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
+                if minibatch.numel() < 2:
+                    continue
+                logits, values = self.model(samples["obs"][minibatch])
+                log_probs, entropy = log_prob_entropy(logits, samples["actions"][minibatch])
+                policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = ppo.ppo_losses(
+                    log_probs, samples["log_probs"][minibatch], ppo.normalize(samples["advantages"][minibatch]),
+                    values, samples["returns"][minibatch], entropy, lcfg.ppo_clip_ratio)
+                loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), lcfg.max_grad_norm if lcfg.max_grad_norm > 0 else float("inf"))
+                self.optimizer.step()
+                totals += torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(),
+                                       approx_kl, clip_fraction, grad_norm.detach()]).cpu()
+                num_updates += 1
+        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
+        return {name: float(v) / max(num_updates, 1) for name, v in zip(names, totals)}
+
+    def save(self) -> str:
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "version": self.version, "env_steps": self.env_steps, "config": self.cfg.to_dict()}
+        path = save_checkpoint(self.checkpoint_dir, state, self.version, self.env_steps,
+                               self.cfg.run.keep_checkpoints)
+        self.last_save_time = time.monotonic()
+        stat(self.queues, "checkpoint", path=path)
+        return path
+
+
+def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, checkpoint_dir: str,
+                env_steps_base: int) -> None:
+    """Process target of the learner. Saves a checkpoint when the run stops."""
+    init_child("learner", 0, log_path)
+    torch.set_num_threads(cfg.learner.learner_threads)
+    buffers = SharedBuffers.attach(shm_path, layout)
+    watch = ParentWatch()
+    try:
+        learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base)
+        while not buffers.stop[0] and watch.parent_alive():
+            learner.step(timeout_sec=0.1)
+        learner.save()
+    except Exception:
+        logging.exception("learner failed")
+        raise

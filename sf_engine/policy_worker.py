@@ -1,0 +1,116 @@
+"""Policy worker: batches every pending inference request into one forward pass.
+
+Runs in the policy-worker process (or the runner in serial mode) on the run's device. Per request
+(worker, split, slot, row) it reads obs[slot, row] [E, *obs_shape] from shared memory and writes
+actions, log_probs, values and policy_version at [slot, row] [E]; then it tells the worker.
+Weights come from the learner's shared copy whenever its version moves (seqlock: never half-written).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from sf_engine.device import resolve_device
+from sf_engine.ipc import Empty, ParentWatch, get_many, init_child, stat
+from sf_engine.model import ActorCritic, flatten_parameters, sample_actions
+from sf_engine.shared_buffers import SharedBuffers
+
+STATS_EVERY_SEC = 1.0
+
+
+def read_shared_params(param_seq: np.ndarray, shared: torch.Tensor, local: torch.Tensor) -> int:
+    """Copy the learner's weights into `local` without ever keeping a half-written set; returns the
+    version copied. The learner makes param_seq odd while it writes and even (2 x version) after."""
+    while True:
+        before = int(param_seq[0])
+        if before % 2:
+            time.sleep(0)
+            continue
+        local.copy_(shared)
+        if int(param_seq[0]) == before:
+            return before // 2
+
+
+class PolicyWorker:
+    def __init__(self, cfg, buffers: SharedBuffers, queues, spec):
+        self.buffers, self.queues = buffers, queues
+        self.device = resolve_device(cfg.run.device)
+        self.envs_per_split = cfg.sampler.envs_per_split
+        self.model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.model.hidden_size).to(self.device)
+        self.model.requires_grad_(False)
+        self.params = flatten_parameters(self.model)
+        self.shared_params = None
+        self.version = -1
+        self.stage_sec = {"wait_requests": 0.0, "forward": 0.0, "weight_reload": 0.0}
+        self.num_forwards, self.num_samples = 0, 0
+        self.last_stats_time = time.monotonic()
+
+    def step(self, timeout_sec: float) -> None:
+        """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
+        if self.shared_params is None:
+            try:
+                self.shared_params = self.queues.params.get(timeout=max(timeout_sec, 1e-3))
+            except Empty:
+                return
+        start = time.monotonic()
+        requests = get_many(self.queues.policy_requests, timeout_sec)
+        self.stage_sec["wait_requests"] += time.monotonic() - start
+        if requests:
+            self._maybe_reload()
+            self._serve(requests)
+        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+            self.send_stats()
+
+    def _maybe_reload(self) -> None:
+        if int(self.buffers.param_seq[0]) // 2 != self.version:
+            start = time.monotonic()
+            self.version = read_shared_params(self.buffers.param_seq, self.shared_params, self.params)
+            self.stage_sec["weight_reload"] += time.monotonic() - start
+
+    def _serve(self, requests: list) -> None:
+        start = time.monotonic()
+        buf, envs = self.buffers, self.envs_per_split
+        views = [buf.obs[slot, row] for _, _, slot, row in requests]
+        obs = views[0] if len(views) == 1 else np.concatenate(views)
+        with torch.inference_mode():
+            logits, values = self.model(torch.from_numpy(obs).to(self.device, non_blocking=True))
+            actions, log_probs = sample_actions(logits)
+            actions, log_probs, values = (x.cpu().numpy() for x in (actions, log_probs, values))
+        replies = defaultdict(list)
+        for i, (worker, split, slot, row) in enumerate(requests):
+            rows = slice(i * envs, (i + 1) * envs)
+            buf.actions[slot, row] = actions[rows]
+            buf.log_probs[slot, row] = log_probs[rows]
+            buf.values[slot, row] = values[rows]
+            buf.policy_version[slot, row] = self.version
+            replies[worker].append(split)
+        for worker, splits in replies.items():
+            self.queues.actions_ready[worker].put_many(splits)
+        self.num_forwards += 1
+        self.num_samples += len(actions)
+        self.stage_sec["forward"] += time.monotonic() - start
+
+    def send_stats(self) -> None:
+        stat(self.queues, "inference", forwards=self.num_forwards, samples=self.num_samples,
+             stage_sec=dict(self.stage_sec))
+        self.num_forwards = self.num_samples = 0
+        self.last_stats_time = time.monotonic()
+
+
+def run_policy_worker(cfg, shm_path: str, layout: dict, queues, spec, log_path: str) -> None:
+    """Process target of the policy worker."""
+    init_child("policy_worker", 0, log_path)
+    torch.set_num_threads(1)
+    buffers = SharedBuffers.attach(shm_path, layout)
+    watch = ParentWatch()
+    try:
+        worker = PolicyWorker(cfg, buffers, queues, spec)
+        while not buffers.stop[0] and watch.parent_alive():
+            worker.step(timeout_sec=0.1)
+    except Exception:
+        logging.exception("policy worker failed")
+        raise

@@ -1,0 +1,65 @@
+"""Algorithm math as pure tensor functions: GAE, V-trace, PPO losses. No process plumbing here.
+
+Runs in the learner. Time-major shapes: T = rollout, N = trajectories in the batch.
+  rewards, terminated, dones, valid, log-probs: [T, N];  values: [T+1, N] (row T bootstraps).
+`dones` = terminated | truncated. A step with valid = False is the reset step after an episode end
+(EnvPool / Gymnasium 1.x next-step reset): it gets advantage 0 and is masked out of the losses.
+On truncation the step bootstraps from the value of its last observation (values[t+1]); on
+termination it does not.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def gae(rewards, values, terminated, dones, valid, gamma: float, gae_lambda: float):
+    """Generalized advantage estimation. Returns (advantages [T, N], returns [T, N])."""
+    not_terminal, not_done, valid = 1.0 - terminated.float(), 1.0 - dones.float(), valid.float()
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[0])
+    for t in reversed(range(rewards.shape[0])):
+        delta = rewards[t] + gamma * values[t + 1] * not_terminal[t] - values[t]
+        last = (delta + gamma * gae_lambda * not_done[t] * last) * valid[t]
+        advantages[t] = last
+    return advantages, advantages + values[:-1] * valid
+
+
+def vtrace(behavior_log_probs, target_log_probs, rewards, values, terminated, dones, valid,
+           gamma: float, rho_bar: float, c_bar: float):
+    """V-trace targets vs [T, N] and policy-gradient advantages [T, N] (IMPALA, lambda = 1)."""
+    rho = torch.exp(target_log_probs - behavior_log_probs)
+    clipped_rho, clipped_c = rho.clamp(max=rho_bar), rho.clamp(max=c_bar)
+    not_terminal, not_done, valid_f = 1.0 - terminated.float(), 1.0 - dones.float(), valid.float()
+    num_steps = rewards.shape[0]
+    vs_minus_v = torch.zeros_like(rewards)
+    carry = torch.zeros_like(rewards[0])
+    for t in reversed(range(num_steps)):
+        delta = clipped_rho[t] * (rewards[t] + gamma * not_terminal[t] * values[t + 1] - values[t])
+        carry = (delta + gamma * clipped_c[t] * not_done[t] * carry) * valid_f[t]
+        vs_minus_v[t] = carry
+    vs = values[:-1] + vs_minus_v
+    # the next state's target: vs[t+1] inside an episode, the plain value where the trajectory or episode ends
+    next_vs = values[1:].clone()
+    next_vs[:-1] = torch.where(dones[:-1].bool(), values[1:-1], vs[1:])
+    advantages = clipped_rho * (rewards + gamma * not_terminal * next_vs - values[:-1]) * valid_f
+    return vs * valid_f, advantages
+
+
+def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, entropy,
+               clip_ratio: float):
+    """Clipped PPO objective pieces on a minibatch of valid samples [B].
+    Returns (policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction), scalars."""
+    log_ratio = new_log_probs - old_log_probs
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
+    policy_loss = -torch.min(unclipped, clipped).mean()
+    value_loss = 0.5 * (new_values - returns).pow(2).mean()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1.0) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_ratio).float().mean()
+    return policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction
+
+
+def normalize(advantages: torch.Tensor) -> torch.Tensor:
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -1,0 +1,146 @@
+"""Rollout worker: owns num_envs_per_worker envs in worker_num_splits groups and fills trajectory slots.
+
+Runs in a rollout-worker process (one CPU core, no torch), or in the runner in serial mode. While one
+split waits for its actions from the policy worker, the worker steps the other (double buffering).
+A split's cycle: write obs at [slot, row] -> request actions -> step envs with actions[slot, row] ->
+write rewards/dones at row and obs at row + 1 -> ... -> at row == rollout hand the slot to the learner
+and take a free one.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from envs import make_batch_env
+from sf_engine.ipc import ParentWatch, get_many, init_child, stat
+from sf_engine.shared_buffers import SharedBuffers
+
+STATS_EVERY_SEC = 0.5
+
+
+class RolloutWorker:
+    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues):
+        self.idx, self.buffers, self.queues = worker_idx, buffers, queues
+        self.rollout, self.num_splits = cfg.sampler.rollout, cfg.sampler.worker_num_splits
+        self.envs_per_split = cfg.sampler.envs_per_split
+        self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
+                                    seed=cfg.env.seed * 1_000_003 + worker_idx * self.num_splits + split)
+                     for split in range(self.num_splits)]
+        self.slot = [-1] * self.num_splits
+        self.row = [0] * self.num_splits
+        # a split between two slots keeps its current obs here until a free slot arrives
+        self.pending_obs: list = [None] * self.num_splits
+        self.pending_valid: list = [None] * self.num_splits
+        self.waiting_for_slot: list[int] = []
+        self.num_awaiting_actions = 0
+        self.episode_return = np.zeros((self.num_splits, self.envs_per_split), np.float64)
+        self.episode_length = np.zeros((self.num_splits, self.envs_per_split), np.int64)
+        self.finished_returns: list = []
+        self.finished_lengths: list = []
+        self.stage_sec = {"env_step": 0.0, "wait_actions": 0.0, "wait_slot": 0.0}
+        self.last_stats_time = time.monotonic()
+
+    def start(self) -> None:
+        """Reset every env and queue each split for a free slot."""
+        for split, env in enumerate(self.envs):
+            self.pending_obs[split] = np.array(env.reset())
+            self.pending_valid[split] = np.ones(self.envs_per_split, bool)
+            self.waiting_for_slot.append(split)
+        self._take_free_slots(timeout_sec=0)
+
+    def step(self, timeout_sec: float) -> None:
+        """One unit of work: take free slots for waiting splits, then advance every split whose actions
+        are ready. Blocks at most `timeout_sec` (0 in serial mode)."""
+        if self.waiting_for_slot:
+            start = time.monotonic()
+            self._take_free_slots(timeout_sec if self.num_awaiting_actions == 0 else 0)
+            self.stage_sec["wait_slot"] += time.monotonic() - start
+        if self.num_awaiting_actions:
+            start = time.monotonic()
+            ready = get_many(self.queues.actions_ready[self.idx], timeout_sec)
+            self.stage_sec["wait_actions"] += time.monotonic() - start
+            for split in ready:
+                self.num_awaiting_actions -= 1
+                self._advance(split)
+        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+            self.send_stats()
+
+    def _take_free_slots(self, timeout_sec: float) -> None:
+        for slot in get_many(self.queues.free_slots, timeout_sec, max_messages=len(self.waiting_for_slot)):
+            split = self.waiting_for_slot.pop(0)
+            self.slot[split], self.row[split] = slot, 0
+            self.buffers.obs[slot, 0] = self.pending_obs[split]
+            self.buffers.valid[slot, 0] = self.pending_valid[split]
+            self._request_actions(split)
+
+    def _request_actions(self, split: int) -> None:
+        self.num_awaiting_actions += 1
+        self.queues.policy_requests.put((self.idx, split, self.slot[split], self.row[split]))
+
+    def _advance(self, split: int) -> None:
+        """Step split's envs with the actions the policy worker wrote, record the transition."""
+        buf, slot, row = self.buffers, self.slot[split], self.row[split]
+        start = time.monotonic()
+        obs, rewards, terminated, truncated = self.envs[split].step(buf.actions[slot, row])
+        self.stage_sec["env_step"] += time.monotonic() - start
+        buf.rewards[slot, row] = rewards
+        buf.terminated[slot, row] = terminated
+        buf.truncated[slot, row] = truncated
+        done = np.logical_or(terminated, truncated)
+        self._track_episodes(split, rewards, done, buf.valid[slot, row])
+        buf.env_steps[self.idx] += self.envs_per_split
+        row += 1
+        buf.obs[slot, row] = obs
+        if row < self.rollout:
+            buf.valid[slot, row] = ~done  # the step after an episode end is the env's reset step
+            self.row[split] = row
+            self._request_actions(split)
+            return
+        self.queues.full_slots.put(slot)
+        self.slot[split] = -1
+        self.pending_obs[split] = np.array(obs)
+        self.pending_valid[split] = ~done
+        self.waiting_for_slot.append(split)
+        self._take_free_slots(timeout_sec=0)
+
+    def _track_episodes(self, split: int, rewards, done, valid) -> None:
+        self.episode_return[split] += rewards * valid
+        self.episode_length[split] += valid
+        if done.any():
+            ended = np.flatnonzero(done)
+            self.finished_returns.extend(self.episode_return[split, ended].tolist())
+            self.finished_lengths.extend(self.episode_length[split, ended].tolist())
+            self.episode_return[split, ended] = 0.0
+            self.episode_length[split, ended] = 0
+
+    def send_stats(self) -> None:
+        """Episodes finished since the last call (the last 100 of them in full) and stage times."""
+        stat(self.queues, "episodes", worker=self.idx, count=len(self.finished_returns),
+             returns=self.finished_returns[-100:], lengths=self.finished_lengths[-100:],
+             stage_sec=dict(self.stage_sec))
+        self.finished_returns, self.finished_lengths = [], []
+        self.last_stats_time = time.monotonic()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues, log_path: str) -> None:
+    """Process target of rollout worker `worker_idx`."""
+    init_child("rollout_worker", worker_idx, log_path)
+    buffers = SharedBuffers.attach(shm_path, layout)
+    watch = ParentWatch()
+    worker = RolloutWorker(cfg, worker_idx, buffers, queues)
+    worker.start()
+    try:
+        while not buffers.stop[0] and watch.parent_alive():
+            worker.step(timeout_sec=0.1)
+        worker.send_stats()
+    except Exception:
+        logging.exception("rollout worker %d failed", worker_idx)
+        raise
+    finally:
+        worker.close()

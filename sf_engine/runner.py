@@ -1,0 +1,227 @@
+"""Runner (the main process): validates the config, allocates shared memory and queues, starts and
+stops the roles, aggregates stats, and decides when the run ends.
+
+In async and sync modes every role is a child process started through a forkserver that preloads
+torch and the env libraries once, while the runner probes the env (start-up is part of the user's
+wait). In serial mode the same role classes are stepped in turn in this process.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import shutil
+import sys
+import time
+
+from envs import probe_env_spec
+from envs.registry import resolve_backend
+from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint
+from sf_engine.config import Config, ConfigError
+from sf_engine.device import cuda_device_count
+from sf_engine.ipc import get_many, make_queues
+from sf_engine.shared_buffers import SharedBuffers, buffer_layout, required_bytes, shm_path
+from sf_engine.stats import RunStats, write_json_atomic
+
+JOIN_TIMEOUT_SEC = 10.0
+LEARNER_SAVE_TIMEOUT_SEC = 60.0
+_OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
+
+
+def _start_forkserver(env_backend_is_envpool: bool):
+    """Start the forkserver now so its preloading (torch, envpool) overlaps the runner's own set-up."""
+    ctx = multiprocessing.get_context("forkserver")
+    modules = ["envpool"] if env_backend_is_envpool else []
+    ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "sf_engine.rollout_worker",
+                                          "sf_engine.policy_worker", "sf_engine.learner"])
+    multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+def _prepare_experiment_dir(cfg: Config) -> str:
+    exp_dir = cfg.experiment_dir
+    if cfg.run.restart and os.path.isdir(exp_dir):
+        shutil.rmtree(checkpoint_dir(exp_dir), ignore_errors=True)
+        for pattern in _OWN_FILES:
+            for path in glob.glob(os.path.join(exp_dir, pattern)):
+                os.unlink(path)
+    saved = os.path.join(exp_dir, "config.json")
+    if os.path.exists(saved) and latest_checkpoint(checkpoint_dir(exp_dir)):
+        with open(saved) as f:
+            old_env = json.load(f).get("env", {}).get("env")
+        if old_env != cfg.env.env:
+            raise ConfigError(f"--experiment {cfg.run.experiment} was trained on {old_env}, not {cfg.env.env}: "
+                              f"pass --restart to start over or choose another --experiment")
+    os.makedirs(checkpoint_dir(exp_dir), exist_ok=True)
+    return exp_dir
+
+
+def _check_resources(cfg: Config, layout: dict, path: str) -> None:
+    if cfg.run.device == "cuda" and cuda_device_count() == 0:
+        raise ConfigError("--device cuda: no CUDA GPU is available here; use --device cpu (or auto)")
+    if not os.path.isdir(cfg.run.shm_dir):
+        raise ConfigError(f"--shm_dir {cfg.run.shm_dir} does not exist; point it at a tmpfs such as /dev/shm")
+    stat = os.statvfs(cfg.run.shm_dir)
+    available = stat.f_bavail * stat.f_frsize + (os.path.getsize(path) if os.path.exists(path) else 0)
+    needed = required_bytes(layout)
+    if needed > available:
+        raise ConfigError(f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
+                          f"{available / 2**20:,.0f} MiB free: lower --num_envs_per_worker or --batch_size, "
+                          f"or choose a larger --shm_dir")
+
+
+def _setup_logging(log_path: str) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(message)s"))
+    logfile = logging.FileHandler(log_path)
+    logfile.setFormatter(logging.Formatter("%(asctime)s runner %(levelname)s %(message)s"))
+    root.addHandler(console)
+    root.addHandler(logfile)
+
+
+def _stop_reason(cfg: Config, stats: RunStats, start_time: float):
+    if stats.env_steps >= cfg.run.train_for_env_steps:
+        return f"env-step budget reached ({stats.env_steps:,} >= {cfg.run.train_for_env_steps:,})"
+    if time.monotonic() - start_time >= cfg.run.train_for_seconds:
+        return f"time budget reached ({cfg.run.train_for_seconds:g} s)"
+    target = cfg.run.stop_at_return
+    if target is not None and len(stats.returns) == stats.returns.maxlen and stats.return_mean >= target:
+        return f"mean return of the last 100 episodes {stats.return_mean:.1f} >= {target:g}"
+    return None
+
+
+class Runner:
+    def __init__(self, cfg: Config):
+        cfg.validate()
+        self.cfg, self.start_time = cfg, time.monotonic()
+        backend_is_envpool = resolve_backend(cfg.env.env, cfg.env.env_backend) == "envpool"
+        self.ctx = None if cfg.run.mode == "serial" else _start_forkserver(backend_is_envpool)
+        self.exp_dir = _prepare_experiment_dir(cfg)
+        self.log_path = os.path.join(self.exp_dir, "train.log")
+        _setup_logging(self.log_path)
+        self.spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+        self.layout = buffer_layout(cfg, self.spec)
+        self.shm_path = shm_path(cfg.run.shm_dir, self.exp_dir)
+        _check_resources(cfg, self.layout, self.shm_path)
+        self.env_steps_base = env_steps_of(latest_checkpoint(checkpoint_dir(self.exp_dir)))
+        cfg.save(os.path.join(self.exp_dir, "config.json"))
+        self.buffers = SharedBuffers.create(self.shm_path, self.layout)
+        self.queues = make_queues(cfg.sampler.num_workers, self.ctx)
+        self.queues.free_slots.put_many(list(range(cfg.num_slots)))
+        self.stats = RunStats(cfg, self.exp_dir, self.env_steps_base, self.spec.frameskip, self.buffers.env_steps)
+        self.processes: list = []
+
+    def run(self) -> int:
+        """Train until a budget is reached; returns the exit code (130 after Ctrl-C)."""
+        logging.info("experiment %s: %s on %s, mode %s, %d workers x %d envs, %d slots of %d steps x %d envs",
+                     self.cfg.run.experiment, self.cfg.env.env, self.cfg.env.env_backend, self.cfg.run.mode,
+                     self.cfg.sampler.num_workers, self.cfg.sampler.num_envs_per_worker, self.cfg.num_slots,
+                     self.cfg.sampler.rollout, self.cfg.sampler.envs_per_split)
+        exit_code, reason = 0, None
+        try:
+            reason = self._run_serial() if self.ctx is None else self._run_processes()
+        except KeyboardInterrupt:
+            exit_code, reason = 130, "interrupted (Ctrl-C)"
+        except ChildFailed as exc:
+            exit_code, reason = 1, str(exc)
+        finally:
+            self._shutdown()
+        summary = self.stats.close()
+        logging.info("stopped: %s", reason)
+        logging.info("summary: %s", json.dumps({k: v for k, v in summary.items() if k != "stage_seconds"}))
+        return exit_code
+
+    # --- serial mode: every role in this process -------------------------------------------------
+    def _run_serial(self):
+        from sf_engine.learner import Learner
+        from sf_engine.policy_worker import PolicyWorker
+        from sf_engine.rollout_worker import RolloutWorker
+        import torch
+
+        torch.set_num_threads(self.cfg.learner.learner_threads)
+        learner = Learner(self.cfg, self.buffers, self.queues, self.spec, checkpoint_dir(self.exp_dir),
+                          self.env_steps_base)
+        policy = PolicyWorker(self.cfg, self.buffers, self.queues, self.spec)
+        workers = [RolloutWorker(self.cfg, w, self.buffers, self.queues) for w in range(self.cfg.sampler.num_workers)]
+        self._write_processes([("runner", 0, os.getpid())])
+        for worker in workers:
+            worker.start()
+        try:
+            while True:
+                for worker in workers:
+                    worker.step(0)
+                policy.step(0)
+                learner.step(0)
+                reason = self._monitor(timeout_sec=0)
+                if reason:
+                    return reason
+        finally:
+            for worker in workers:
+                worker.send_stats()
+                worker.close()
+            learner.save()
+
+    # --- async / sync modes: one process per role ---------------------------------------------------
+    def _run_processes(self):
+        from sf_engine.learner import run_learner
+        from sf_engine.policy_worker import run_policy_worker
+        from sf_engine.rollout_worker import run_rollout_worker
+
+        common = (self.shm_path, self.layout, self.queues)
+        targets = [("learner", 0, run_learner, (self.cfg, *common, self.spec, self.log_path,
+                                                checkpoint_dir(self.exp_dir), self.env_steps_base)),
+                   ("policy_worker", 0, run_policy_worker, (self.cfg, *common, self.spec, self.log_path))]
+        targets += [("rollout_worker", w, run_rollout_worker, (self.cfg, w, *common, self.log_path))
+                    for w in range(self.cfg.sampler.num_workers)]
+        for role, index, target, args in targets:
+            process = self.ctx.Process(target=target, args=args, name=f"{role}_{index}", daemon=True)
+            process.start()
+            self.processes.append((role, index, process))
+        self._write_processes([("runner", 0, os.getpid())] + [(r, i, p.pid) for r, i, p in self.processes])
+        while True:
+            reason = self._monitor(timeout_sec=0.25)
+            if reason:
+                return reason
+            for role, index, process in self.processes:
+                if process.exitcode is not None:
+                    raise ChildFailed(f"{role} {index} died (exit code {process.exitcode}); see {self.log_path}")
+
+    def _monitor(self, timeout_sec: float):
+        self.stats.consume(get_many(self.queues.stats, timeout_sec))
+        self.stats.tick()
+        return _stop_reason(self.cfg, self.stats, self.start_time)
+
+    def _write_processes(self, rows: list) -> None:
+        write_json_atomic(os.path.join(self.exp_dir, "processes.json"),
+                          {"processes": [{"role": r, "index": i, "pid": pid} for r, i, pid in rows]})
+
+    def _shutdown(self) -> None:
+        """Stop every child (the learner saves a checkpoint first), kill what does not stop, release
+        shared memory."""
+        self.buffers.stop[0] = 1
+        deadline = {"learner": LEARNER_SAVE_TIMEOUT_SEC}
+        for role, _, process in self.processes:
+            process.join(timeout=deadline.get(role, JOIN_TIMEOUT_SEC))
+        for _, _, process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=JOIN_TIMEOUT_SEC)
+        self.stats.consume(get_many(self.queues.stats, 0))
+        self.buffers.release()
+        if self.processes:
+            self._write_processes([("runner", 0, os.getpid())])
+
+
+class ChildFailed(RuntimeError):
+    """A child process died while the run was going."""
+
+
+def train(cfg: Config) -> int:
+    return Runner(cfg).run()

@@ -1,0 +1,113 @@
+"""Shared-memory trajectory slots and control counters: allocated once by the runner, attached by name.
+
+All arrays of a run live in one file in a tmpfs (`--shm_dir`, /dev/shm by default) named after the
+experiment, mapped by every process as numpy views (rollout workers never import torch). The runner
+creates and finally unlinks it; a file left by a dead run of the same experiment is removed on start.
+
+Slot field shapes (S = slots, T = rollout, E = envs per split):
+  obs            [S, T+1, E, *obs_shape]  row T is the bootstrap observation
+  actions        [S, T, E]                int64 action taken (ignored by the env on reset steps)
+  log_probs      [S, T, E]                float32 behaviour log-probability of the action
+  values         [S, T, E]                float32 behaviour value estimate
+  policy_version [S, T, E]                int64 version of the policy that acted
+  rewards        [S, T, E]                float32
+  terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
+  truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
+  valid          [S, T, E]                bool, False on the reset step that follows an episode end
+Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
+param_seq [1] int64 (seqlock of the shared weights: odd while the learner writes), stop [1] int64.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the buffers and the model need to know of an env (probed once by the runner)."""
+    obs_shape: tuple
+    obs_dtype: str
+    num_actions: int
+    frameskip: int = 1
+
+
+def buffer_layout(cfg, spec: EnvSpec) -> dict:
+    """name -> (shape, dtype) of every shared array of a run."""
+    slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
+    step = (slots, rollout, envs)
+    return {
+        "obs": ((slots, rollout + 1, envs) + tuple(spec.obs_shape), spec.obs_dtype),
+        "actions": (step, "int64"),
+        "log_probs": (step, "float32"),
+        "values": (step, "float32"),
+        "policy_version": (step, "int64"),
+        "rewards": (step, "float32"),
+        "terminated": (step, "bool"),
+        "truncated": (step, "bool"),
+        "valid": (step, "bool"),
+        "env_steps": ((cfg.sampler.num_workers,), "int64"),
+        "param_seq": ((1,), "int64"),
+        "stop": ((1,), "int64"),
+    }
+
+
+def _offsets(layout: dict) -> tuple[dict, int]:
+    offsets, total = {}, 0
+    for name, (shape, dtype) in layout.items():
+        offsets[name] = total
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        total += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return offsets, max(total, _ALIGN)
+
+
+def required_bytes(layout: dict) -> int:
+    return _offsets(layout)[1]
+
+
+def shm_path(shm_dir: str, experiment_dir: str) -> str:
+    """One file per experiment: a leftover of a killed run is found and replaced by the next start."""
+    key = os.path.abspath(experiment_dir).strip(os.sep).replace(os.sep, "_")
+    return os.path.join(shm_dir, f"sf_engine_{key}"[:240])
+
+
+class SharedBuffers:
+    """Numpy views of every shared array of a run; `create` in the runner, `attach` in children."""
+
+    def __init__(self, path: str, layout: dict, create: bool):
+        self.path, self.layout = path, layout
+        offsets, total = _offsets(layout)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, total)
+            self._mmap = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self.owner = create
+        for name, (shape, dtype) in layout.items():
+            count = int(np.prod(shape))
+            array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
+            setattr(self, name, array)
+
+    @classmethod
+    def create(cls, path: str, layout: dict) -> "SharedBuffers":
+        if os.path.exists(path):
+            os.unlink(path)  # leftover of a dead run of this experiment
+        return cls(path, layout, create=True)
+
+    @classmethod
+    def attach(cls, path: str, layout: dict) -> "SharedBuffers":
+        return cls(path, layout, create=False)
+
+    def release(self) -> None:
+        """Unlink the backing file (creator only). Views stay valid until the process exits."""
+        if self.owner and os.path.exists(self.path):
+            os.unlink(self.path)
+            self.owner = False

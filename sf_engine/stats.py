@@ -1,0 +1,167 @@
+"""Run statistics: aggregates the roles' messages, writes TensorBoard scalars, the terminal status line
+and summary.json. Runs in the runner (no torch: events are written with TensorBoard's own writer).
+
+Throughput figures: env steps/s counts agent steps; frames/s = env steps/s x frameskip.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
+TENSORBOARD_EVERY_SEC = 1.0
+SUMMARY_EVERY_SEC = 10.0
+_TRAIN_SCALARS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm",
+                  "learning_rate")
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+class RunStats:
+    def __init__(self, cfg, experiment_dir: str, env_steps_base: int, frameskip: int, env_step_counters):
+        self.cfg, self.dir, self.frameskip = cfg, experiment_dir, frameskip
+        self.env_steps_base, self.counters = env_steps_base, env_step_counters
+        self.writer = EventFileWriter(experiment_dir)
+        self.start_time = time.monotonic()
+        self.returns, self.lengths = deque(maxlen=100), deque(maxlen=100)
+        self.episodes = 0
+        self.train: dict = {}
+        self.learner_samples, self.samples_dropped_lag = 0, 0
+        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, 0.0
+        self.stage_sec: dict = {}
+        self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
+        self.first_step_time = None
+        self.warmup: tuple | None = None  # (time, env steps) where the after-warm-up window starts
+        self.last_tb = self.last_status = self.last_summary = self.start_time
+        self.checkpoint_path = None
+
+    @property
+    def env_steps(self) -> int:
+        return self.env_steps_base + int(self.counters.sum())
+
+    @property
+    def return_mean(self):
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def consume(self, messages: list) -> None:
+        for msg in messages:
+            kind = msg["kind"]
+            if kind == "episodes":
+                self.episodes += msg["count"]
+                self.returns.extend(msg["returns"])
+                self.lengths.extend(msg["lengths"])
+                self.stage_sec[f"rollout_worker_{msg['worker']}"] = msg["stage_sec"]
+            elif kind == "train":
+                self.train = msg
+                self.learner_samples += msg["samples"]
+                self.samples_dropped_lag += msg["dropped_lag"]
+                self.lag_sum += msg["lag_mean"] * msg["samples"]
+                self.lag_count += msg["samples"]
+                self.lag_max = max(self.lag_max, msg["lag_max"])
+                self.stage_sec["learner"] = msg["stage_sec"]
+            elif kind == "inference":
+                self.stage_sec["policy_worker"] = msg["stage_sec"]
+            elif kind == "checkpoint":
+                self.checkpoint_path = msg["path"]
+
+    def _rate(self, window_sec: float, column: int) -> float:
+        now, newest = self.history[-1][0], self.history[-1]
+        oldest = next((h for h in self.history if now - h[0] <= window_sec), newest)
+        return (newest[column] - oldest[column]) / (newest[0] - oldest[0]) if newest[0] > oldest[0] else 0.0
+
+    def tick(self) -> None:
+        """Sample counters; write TensorBoard, status line and summary.json when each is due."""
+        now, steps = time.monotonic(), self.env_steps
+        self.history.append((now, steps, self.learner_samples))
+        while now - self.history[0][0] > 60.0:
+            self.history.popleft()
+        if self.first_step_time is None and steps > self.env_steps_base:
+            self.first_step_time = now
+        elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
+            self.warmup = (now, steps)
+        if now - self.last_tb >= TENSORBOARD_EVERY_SEC:
+            self.write_tensorboard()
+            self.last_tb = now
+        if now - self.last_status >= self.cfg.run.status_every_sec:
+            logging.info(self.status_line())
+            self.last_status = now
+        if now - self.last_summary >= SUMMARY_EVERY_SEC:
+            self.write_summary()
+            self.last_summary = now
+
+    def env_steps_per_sec(self) -> float:
+        """Over the run after warm-up (over what there is when the run was shorter than warm-up)."""
+        now, steps = self.history[-1][0], self.history[-1][1]
+        if self.warmup and now > self.warmup[0]:
+            return (steps - self.warmup[1]) / (now - self.warmup[0])
+        return self._rate(60.0, 1)
+
+    def scalars(self) -> dict:
+        out = {"perf/env_steps_per_sec_10s": self._rate(10.0, 1), "perf/env_steps_per_sec_60s": self._rate(60.0, 1),
+               "perf/learner_samples_per_sec": self._rate(10.0, 2), "train/samples_dropped_lag": self.samples_dropped_lag}
+        out["perf/frames_per_sec_10s"] = out["perf/env_steps_per_sec_10s"] * self.frameskip
+        out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * self.frameskip
+        if self.returns:
+            out["episode/return"] = self.return_mean
+            out["episode/length"] = sum(self.lengths) / len(self.lengths)
+        if self.train:
+            out.update({f"policy_lag/{k}": self.train[f"lag_{k}"] for k in ("min", "mean", "max")})
+            out.update({f"train/{k}": self.train[k] for k in _TRAIN_SCALARS})
+            out["train/version"] = self.train["version"]
+        return out
+
+    def write_tensorboard(self) -> None:
+        values = [Summary.Value(tag=tag, simple_value=float(v)) for tag, v in self.scalars().items()]
+        self.writer.add_event(Event(wall_time=time.time(), step=self.env_steps, summary=Summary(value=values)))
+
+    def status_line(self) -> str:
+        elapsed = time.monotonic() - self.start_time
+        rate = self._rate(10.0, 1)
+        ret = f"{self.return_mean:.1f}" if self.returns else "-"
+        lag = (f"{self.train['lag_mean']:.1f}/{self.train['lag_max']:.0f}" if self.train else "-")
+        line = (f"[{elapsed:6.1f}s] env steps {self.env_steps:,} | {rate:,.0f} env steps/s "
+                f"({rate * self.frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {self.episodes:,}) "
+                f"| lag mean/max {lag} | version {self.train.get('version', 0)}")
+        remaining = [self.cfg.run.train_for_seconds - elapsed]
+        if rate > 0:
+            remaining.append((self.cfg.run.train_for_env_steps - self.env_steps) / rate)
+        return line + f" | ETA {max(0.0, min(remaining)):,.0f}s"
+
+    def summary(self) -> dict:
+        steps_per_sec = self.env_steps_per_sec() if self.history else 0.0
+        return {
+            "env": self.cfg.env.env, "mode": self.cfg.run.mode, "num_workers": self.cfg.sampler.num_workers,
+            "num_envs_per_worker": self.cfg.sampler.num_envs_per_worker,
+            "env_steps": self.env_steps, "frames": self.env_steps * self.frameskip,
+            "wall_sec": round(time.monotonic() - self.start_time, 2),
+            "env_steps_per_sec": round(steps_per_sec, 1), "frames_per_sec": round(steps_per_sec * self.frameskip, 1),
+            "episode_return_mean": self.return_mean, "episodes": self.episodes,
+            "policy_lag_mean": self.lag_sum / self.lag_count if self.lag_count else None,
+            "policy_lag_max": self.lag_max if self.lag_count else None,
+            "learner_version": self.train.get("version", 0), "learner_samples": self.learner_samples,
+            "samples_dropped_lag": self.samples_dropped_lag, "stage_seconds": self.stage_sec,
+            "checkpoint": self.checkpoint_path,
+        }
+
+    def write_summary(self) -> dict:
+        data = self.summary()
+        write_json_atomic(os.path.join(self.dir, "summary.json"), data)
+        return data
+
+    def close(self) -> dict:
+        self.tick()
+        self.write_tensorboard()
+        self.writer.close()
+        return self.write_summary()
