@@ -6,6 +6,7 @@ returns the first observation of the new episode with reward 0. The worker marks
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -62,7 +63,9 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int) -> Batch
     if backend == "envpool":
         import envpool
 
-        env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed)
+        with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
+            warnings.simplefilter("ignore")
+            env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed)
     else:
         import gymnasium as gym
 
@@ -81,8 +84,10 @@ def _spaces(env_id: str, backend: str):
 
         if env_id not in _envpool_ids():
             raise EnvError(f"--env {env_id}: EnvPool has no such id (use --env_backend gymnasium for Gymnasium ids)")
-        spec = envpool.make_spec(env_id)
-        return spec.observation_space, spec.action_space
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = envpool.make_spec(env_id)
+            return spec.observation_space, spec.action_space
     import gymnasium as gym
 
     if env_id in _REGISTRY:

@@ -93,6 +93,8 @@ class RunConfig:
     keep_checkpoints: int = _f(3, "How many recent checkpoints to keep.")
     restart: bool = _f(False, "Start over: delete the experiment's previous checkpoints and logs.")
     status_every_sec: float = _f(5.0, "Period of the one-line terminal status.")
+    sampling_only: bool = _f(False, "Measure the sampler alone: the learner hands slots straight back without "
+                                    "training (the policy stays at its initial or resumed weights).")
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
 
 

@@ -73,10 +73,13 @@ class Learner:
         start = time.monotonic()
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
         self.stage_sec["wait_data"] += time.monotonic() - start
-        if len(self.pending_slots) == self.cfg.slots_per_batch:
+        if self.cfg.run.sampling_only:
+            self.queues.free_slots.put_many(self.pending_slots)
+            self.pending_slots = []
+        elif len(self.pending_slots) == self.cfg.slots_per_batch:
             slots, self.pending_slots = self.pending_slots, []
             self.train_on(slots)
-        if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec:
+        if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
             self.save()
 
     def _gather(self, slots: list) -> dict:
@@ -123,14 +126,14 @@ class Learner:
                    "advantages": advantages.reshape(-1)[index], "returns": returns.reshape(-1)[index]}
         assembled = time.monotonic()
         self.stage_sec["batch_assembly"] += assembled - start
-        metrics = self._ppo_epochs(samples)
+        metrics = self._ppo_epochs(samples) if index.numel() else {}
         trained = time.monotonic()
         self.stage_sec["train"] += trained - assembled
         self.version += 1
         self.publish()
         self.queues.free_slots.put_many(list(slots))
         self.stage_sec["weight_publish"] += time.monotonic() - trained
-        valid_lag = lag[valid].float()
+        valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
         stat(self.queues, "train", version=self.version, samples=int(index.numel()),
              dropped_lag=int((valid & ~keep).sum()), lag_min=float(valid_lag.min()),
              lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
@@ -189,7 +192,8 @@ def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, c
         learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base)
         while not buffers.stop[0] and watch.parent_alive():
             learner.step(timeout_sec=0.1)
-        learner.save()
+        if not cfg.run.sampling_only:
+            learner.save()
     except Exception:
         logging.exception("learner failed")
         raise

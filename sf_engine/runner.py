@@ -135,7 +135,8 @@ class Runner:
             self._shutdown()
         summary = self.stats.close()
         logging.info("stopped: %s", reason)
-        logging.info("summary: %s", json.dumps({k: v for k, v in summary.items() if k != "stage_seconds"}))
+        brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "env_steps_per_sec_windows")}
+        logging.info("summary: %s", json.dumps(brief))
         return exit_code
 
     # --- serial mode: every role in this process -------------------------------------------------
@@ -166,7 +167,8 @@ class Runner:
             for worker in workers:
                 worker.send_stats()
                 worker.close()
-            learner.save()
+            if not self.cfg.run.sampling_only:
+                learner.save()
 
     # --- async / sync modes: one process per role ---------------------------------------------------
     def _run_processes(self):

@@ -16,6 +16,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
+WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
 TENSORBOARD_EVERY_SEC = 1.0
 SUMMARY_EVERY_SEC = 10.0
 _TRAIN_SCALARS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm",
@@ -44,6 +45,8 @@ class RunStats:
         self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
         self.first_step_time = None
         self.warmup: tuple | None = None  # (time, env steps) where the after-warm-up window starts
+        self.window_start: tuple | None = None
+        self.window_rates: deque = deque(maxlen=1000)  # env steps/s of consecutive windows after warm-up
         self.last_tb = self.last_status = self.last_summary = self.start_time
         self.checkpoint_path = None
 
@@ -90,7 +93,10 @@ class RunStats:
         if self.first_step_time is None and steps > self.env_steps_base:
             self.first_step_time = now
         elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
-            self.warmup = (now, steps)
+            self.warmup = self.window_start = (now, steps)
+        elif self.window_start and now - self.window_start[0] >= WINDOW_SEC:
+            self.window_rates.append((steps - self.window_start[1]) / (now - self.window_start[0]))
+            self.window_start = (now, steps)
         if now - self.last_tb >= TENSORBOARD_EVERY_SEC:
             self.write_tensorboard()
             self.last_tb = now
@@ -118,7 +124,7 @@ class RunStats:
             out["episode/length"] = sum(self.lengths) / len(self.lengths)
         if self.train:
             out.update({f"policy_lag/{k}": self.train[f"lag_{k}"] for k in ("min", "mean", "max")})
-            out.update({f"train/{k}": self.train[k] for k in _TRAIN_SCALARS})
+            out.update({f"train/{k}": self.train[k] for k in _TRAIN_SCALARS if k in self.train})
             out["train/version"] = self.train["version"]
         return out
 
@@ -152,6 +158,7 @@ class RunStats:
             "policy_lag_max": self.lag_max if self.lag_count else None,
             "learner_version": self.train.get("version", 0), "learner_samples": self.learner_samples,
             "samples_dropped_lag": self.samples_dropped_lag, "stage_seconds": self.stage_sec,
+            "env_steps_per_sec_windows": [round(r, 1) for r in self.window_rates],
             "checkpoint": self.checkpoint_path,
         }
 

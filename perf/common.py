@@ -1,0 +1,45 @@
+"""Helpers shared by the perf/ scripts: run train.py in a fresh process and read what it measured."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_train(flags: list, timeout_sec: float) -> dict:
+    """Run `train.py flags` in a new process (start-up included, as a user sees it) in a temporary
+    train_dir; returns its summary.json plus `launch_to_exit_sec`."""
+    with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
+        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir,
+               "--experiment", "perf", "--status_every_sec", "1000"] + flags
+        start = time.monotonic()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_sec)
+        elapsed = time.monotonic() - start
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+            raise SystemExit(f"train.py exited with {proc.returncode}: {' '.join(flags)}")
+        with open(os.path.join(train_dir, "perf", "summary.json")) as f:
+            summary = json.load(f)
+    summary["launch_to_exit_sec"] = round(elapsed, 2)
+    return summary
+
+
+def median_windows(summaries: list) -> float:
+    windows = [w for s in summaries for w in s["env_steps_per_sec_windows"]]
+    return statistics.median(windows) if windows else statistics.median(s["env_steps_per_sec"] for s in summaries)
+
+
+def run_baseline(cmd: list, timeout_sec: float) -> dict:
+    """Run a baseline command that prints one JSON line last; returns that line parsed."""
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_sec)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+        raise SystemExit(f"baseline failed: {' '.join(cmd)}")
+    return json.loads(lines[-1])

@@ -1,0 +1,73 @@
+"""Command line: --help, one-line errors for bad input before any process starts, Ctrl-C."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, read_json, run_train
+
+
+def test_help_explains_every_flag(tmp_path):
+    result = run_train(["--help"], tmp_path)
+    assert result.returncode == 0
+    for flag in ("--env", "--env_backend", "--experiment", "--train_dir", "--num_workers", "--num_envs_per_worker",
+                 "--worker_num_splits", "--rollout", "--batch_size", "--num_epochs", "--learning_rate", "--gamma",
+                 "--gae_lambda", "--device", "--mode", "--with_vtrace", "--max_policy_lag", "--seed",
+                 "--train_for_env_steps", "--train_for_seconds", "--stop_at_return", "--save_every_sec"):
+        assert flag in result.stdout, flag
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--env", "NoSuchEnv-v0"], ["--env NoSuchEnv-v0", "unknown"]),
+    (["--rollout", "1"], ["--rollout", "at least 2"]),
+    (["--batch_size", "1000"], ["--batch_size", "multiple"]),
+    (["--num_envs_per_worker", "7", "--worker_num_splits", "2"], ["--num_envs_per_worker", "--worker_num_splits"]),
+    (["--device", "cuda"], ["--device cuda", "--device cpu"]),
+    (["--rollout", "100000", "--num_envs_per_worker", "20000", "--batch_size", "1000000000"],
+     ["MiB", "--num_envs_per_worker"]),
+    (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
+])
+def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words):
+    start = time.monotonic()
+    result = run_train(["--shm_dir", shm_dir] + args, tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0]
+    assert os.listdir(shm_dir) == []
+    assert time.monotonic() - start < 30
+
+
+def test_bad_flag_value_is_rejected_by_the_parser(tmp_path):
+    result = run_train(["--mode", "fast"], tmp_path)
+    assert result.returncode == 2 and "--mode" in result.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_and_leaves_nothing_behind(tmp_path, shm_dir):
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(tmp_path), "--experiment", "sigint",
+           "--shm_dir", shm_dir, "--train_for_seconds", "300", "--num_envs_per_worker", "64", "--batch_size", "1024"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    exp = tmp_path / "sigint"
+    deadline = time.monotonic() + 60
+    children = []
+    while time.monotonic() < deadline and len(children) < 4:
+        time.sleep(0.5)
+        if (exp / "processes.json").exists():
+            children = [r["pid"] for r in read_json(exp / "processes.json")["processes"] if r["role"] != "runner"]
+    assert len(children) == 4
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal does on Ctrl-C: the whole process group
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert glob.glob(str(exp / "checkpoints" / "checkpoint_*.pt"))
+    assert not [pid for pid in children if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert os.listdir(shm_dir) == []
+    assert read_json(exp / "summary.json")["env_steps"] > 0

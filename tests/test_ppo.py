@@ -1,0 +1,144 @@
+"""GAE, V-trace and PPO loss pieces against plain numpy references and hand-computed cases."""
+import numpy as np
+import pytest
+import torch
+
+from sf_engine import ppo
+from sf_engine.model import log_prob_entropy, sample_actions
+
+
+def random_rollout(seed, num_steps=17, num_traj=9):
+    """Random rewards/values with terminations, truncations and the invalid reset step after each end."""
+    rng = np.random.default_rng(seed)
+    rewards = rng.normal(size=(num_steps, num_traj)).astype(np.float32)
+    values = rng.normal(size=(num_steps + 1, num_traj)).astype(np.float32)
+    terminated = rng.random((num_steps, num_traj)) < 0.1
+    truncated = (rng.random((num_steps, num_traj)) < 0.1) & ~terminated
+    dones = terminated | truncated
+    valid = np.ones((num_steps, num_traj), bool)
+    valid[1:] = ~dones[:-1]
+    valid[0] = rng.random(num_traj) < 0.8  # the slot may start on a reset step
+    terminated &= valid
+    truncated &= valid
+    return rewards, values, terminated, truncated, terminated | truncated, valid
+
+
+def gae_reference(rewards, values, terminated, dones, valid, gamma, lam):
+    num_steps, num_traj = rewards.shape
+    adv = np.zeros_like(rewards)
+    for n in range(num_traj):
+        for t in range(num_steps):
+            if not valid[t, n]:
+                continue
+            # sum of discounted TD errors until the episode or the rollout ends
+            total, factor = 0.0, 1.0
+            for k in range(t, num_steps):
+                bootstrap = 0.0 if terminated[k, n] else values[k + 1, n]
+                total += factor * (rewards[k, n] + gamma * bootstrap - values[k, n])
+                if dones[k, n]:
+                    break
+                factor *= gamma * lam
+            adv[t, n] = total
+    return adv
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gae_matches_numpy_reference(seed):
+    rewards, values, terminated, truncated, dones, valid = random_rollout(seed)
+    adv, returns = ppo.gae(*map(torch.from_numpy, (rewards, values, terminated, dones, valid)), 0.97, 0.9)
+    expected = gae_reference(rewards, values, terminated, dones, valid, 0.97, 0.9)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(returns.numpy(), (expected + values[:-1]) * valid, rtol=1e-5, atol=1e-5)
+    assert np.all(adv.numpy()[~valid] == 0)
+
+
+def test_gae_truncation_bootstraps_and_termination_does_not():
+    # one trajectory: step 0 truncated, step 1 is the reset step, step 2 terminated
+    rewards = torch.tensor([[1.0], [0.0], [2.0]])
+    values = torch.tensor([[0.5], [10.0], [0.3], [7.0]])
+    terminated = torch.tensor([[False], [False], [True]])
+    truncated = torch.tensor([[True], [False], [False]])
+    valid = torch.tensor([[True], [False], [True]])
+    adv, _ = ppo.gae(rewards, values, terminated, terminated | truncated, valid, 0.9, 0.8)
+    assert adv[0, 0].item() == pytest.approx(1.0 + 0.9 * 10.0 - 0.5)  # bootstraps from the final obs
+    assert adv[1, 0].item() == 0.0
+    assert adv[2, 0].item() == pytest.approx(2.0 - 0.3)  # no bootstrap after termination
+
+
+def vtrace_reference(behavior, target, rewards, values, terminated, dones, valid, gamma, rho_bar, c_bar):
+    num_steps, num_traj = rewards.shape
+    rho = np.exp(target - behavior)
+    vs = np.zeros_like(rewards)
+    adv = np.zeros_like(rewards)
+    for n in range(num_traj):
+        for s in range(num_steps):
+            if not valid[s, n]:
+                continue
+            total, trace = 0.0, 1.0
+            for t in range(s, num_steps):
+                bootstrap = 0.0 if terminated[t, n] else values[t + 1, n]
+                delta = min(rho_bar, rho[t, n]) * (rewards[t, n] + gamma * bootstrap - values[t, n])
+                total += trace * delta
+                if dones[t, n]:
+                    break
+                trace *= gamma * min(c_bar, rho[t, n])
+            vs[s, n] = values[s, n] + total
+        for s in range(num_steps):
+            if not valid[s, n]:
+                continue
+            next_vs = values[s + 1, n] if (dones[s, n] or s == num_steps - 1) else vs[s + 1, n]
+            bootstrap = 0.0 if terminated[s, n] else next_vs
+            adv[s, n] = min(rho_bar, rho[s, n]) * (rewards[s, n] + gamma * bootstrap - values[s, n])
+    return vs, adv
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_matches_numpy_reference(seed):
+    rewards, values, terminated, truncated, dones, valid = random_rollout(seed)
+    rng = np.random.default_rng(seed + 100)
+    behavior = rng.normal(-0.7, 0.3, size=rewards.shape).astype(np.float32)
+    target = behavior + rng.normal(0, 0.5, size=rewards.shape).astype(np.float32)
+    vs, adv = ppo.vtrace(*map(torch.from_numpy, (behavior, target, rewards, values, terminated, dones, valid)),
+                         gamma=0.95, rho_bar=1.0, c_bar=0.9)
+    ref_vs, ref_adv = vtrace_reference(behavior, target, rewards, values, terminated, dones, valid, 0.95, 1.0, 0.9)
+    np.testing.assert_allclose(vs.numpy(), ref_vs * valid, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-4, atol=1e-4)
+
+
+def test_vtrace_on_policy_equals_gae_with_lambda_one():
+    rewards, values, terminated, truncated, dones, valid = map(torch.from_numpy, random_rollout(5))
+    log_probs = torch.full(rewards.shape, -0.5)
+    vs, _ = ppo.vtrace(log_probs, log_probs, rewards, values, terminated, dones, valid, 0.9, 1.0, 1.0)
+    _, returns = ppo.gae(rewards, values, terminated, dones, valid, 0.9, 1.0)
+    torch.testing.assert_close(vs, returns)
+
+
+def test_ppo_losses_hand_computed():
+    old = torch.log(torch.tensor([0.5, 0.5]))
+    new = torch.log(torch.tensor([0.75, 0.25]))  # ratios 1.5 and 0.5
+    adv = torch.tensor([1.0, -2.0])
+    policy_loss, value_loss, entropy, approx_kl, clip_fraction = ppo.ppo_losses(
+        new, old, adv, torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), torch.tensor([0.3, 0.5]), 0.2)
+    # min(1.5*1, 1.2*1) = 1.2 ; min(0.5*-2, 0.8*-2) = -1.6  -> -(1.2 - 1.6) / 2
+    assert policy_loss.item() == pytest.approx(0.2)
+    assert value_loss.item() == pytest.approx(0.5 * (1.0 + 4.0) / 2)
+    assert entropy.item() == pytest.approx(0.4)
+    assert clip_fraction.item() == pytest.approx(1.0)
+    expected_kl = ((1.5 - 1 - np.log(1.5)) + (0.5 - 1 - np.log(0.5))) / 2
+    assert approx_kl.item() == pytest.approx(expected_kl, rel=1e-5)
+
+
+def test_categorical_log_prob_entropy_and_sampling():
+    torch.manual_seed(0)
+    logits = torch.randn(64, 5)
+    actions = torch.randint(0, 5, (64,))
+    log_probs, entropy = log_prob_entropy(logits, actions)
+    dist = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(log_probs, dist.log_prob(actions))
+    torch.testing.assert_close(entropy, dist.entropy())
+    # Gumbel-max sampling follows the softmax distribution
+    logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(200_000, 3)
+    sampled, sampled_log_probs = sample_actions(logits)
+    freq = torch.bincount(sampled, minlength=3).float() / len(sampled)
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=5e-3, rtol=0)
+    torch.testing.assert_close(sampled_log_probs, torch.log_softmax(logits, -1)[0][sampled])

@@ -1,0 +1,88 @@
+"""Shared trajectory slots: cross-process visibility, slot ownership, release of the segment."""
+import multiprocessing
+import os
+
+import numpy as np
+
+from envs import probe_env_spec
+from sf_engine.config import Config
+from sf_engine.ipc import get_many, make_queues
+from sf_engine.learner import Learner
+from sf_engine.policy_worker import PolicyWorker
+from sf_engine.rollout_worker import RolloutWorker
+from sf_engine.shared_buffers import EnvSpec, SharedBuffers, buffer_layout
+
+
+def small_config(tmp_path, **sampler) -> Config:
+    cfg = Config()
+    cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.sampler.rollout = 2, 8, 4
+    for key, value in sampler.items():
+        setattr(cfg.sampler, key, value)
+    cfg.learner.batch_size, cfg.learner.num_batches_per_epoch = 16, 2
+    cfg.run.train_dir, cfg.run.mode = str(tmp_path), "serial"
+    cfg.validate()
+    return cfg
+
+
+def _child_writes(path, layout, slot):
+    buffers = SharedBuffers.attach(path, layout)
+    buffers.obs[slot] = np.arange(buffers.obs[slot].size, dtype=np.float32).reshape(buffers.obs[slot].shape)
+    buffers.actions[slot] = 7
+    buffers.valid[slot] = True
+
+
+def test_slot_written_in_one_process_is_read_intact_in_another(tmp_path):
+    cfg = small_config(tmp_path)
+    layout = buffer_layout(cfg, EnvSpec(obs_shape=(3, 2), obs_dtype="float32", num_actions=2))
+    path = str(tmp_path / "shm_segment")
+    buffers = SharedBuffers.create(path, layout)
+    process = multiprocessing.get_context("spawn").Process(target=_child_writes, args=(path, layout, 1))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    expected = np.arange(buffers.obs[1].size, dtype=np.float32).reshape(buffers.obs[1].shape)
+    np.testing.assert_array_equal(buffers.obs[1], expected)
+    assert (buffers.actions[1] == 7).all() and buffers.valid[1].all()
+    assert (buffers.obs[0] == 0).all() and (buffers.actions[0] == 0).all()  # other slots untouched
+    buffers.release()
+    assert not os.path.exists(path)
+
+
+def _free_queue_contents(queues) -> list:
+    slots = get_many(queues.free_slots, 0)
+    if slots:
+        queues.free_slots.put_many(slots)
+    return slots
+
+
+def test_no_slot_is_handed_out_twice(tmp_path):
+    """Every slot is, at any moment, in exactly one place: the free queue, a split being filled, the
+    full queue on its way to the learner, or the learner's batch."""
+    cfg = small_config(tmp_path)
+    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    buffers = SharedBuffers.create(str(tmp_path / "segment"), buffer_layout(cfg, spec))
+    queues = make_queues(cfg.sampler.num_workers)
+    queues.free_slots.put_many(list(range(cfg.num_slots)))
+    learner = Learner(cfg, buffers, queues, spec, str(tmp_path / "ckpt"), 0)
+    policy = PolicyWorker(cfg, buffers, queues, spec)
+    workers = [RolloutWorker(cfg, w, buffers, queues) for w in range(cfg.sampler.num_workers)]
+    for worker in workers:
+        worker.start()
+    trained_batches = 0
+    for _ in range(300):
+        for worker in workers:
+            worker.step(0)
+        policy.step(0)
+        full = get_many(queues.full_slots, 0)
+        places = [s for w in workers for s in w.slot if s >= 0] + full + learner.pending_slots
+        places += _free_queue_contents(queues)
+        assert sorted(places) == list(range(cfg.num_slots)), places
+        if full:
+            queues.full_slots.put_many(full)
+        version = learner.version
+        learner.step(0)
+        trained_batches += learner.version - version
+    assert trained_batches >= 5
+    for worker in workers:
+        worker.close()
+    buffers.release()

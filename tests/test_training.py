@@ -1,0 +1,78 @@
+"""End to end: serial mode learns, async mode writes every artefact and resumes, sync mode has lag 0."""
+import glob
+import os
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import read_json, run_train
+from sf_engine.config import Config
+from sf_engine.runner import train
+
+SMALL = ["--num_envs_per_worker", "64", "--batch_size", "1024"]
+
+
+def test_serial_mode_learns_cartpole(tmp_path, shm_dir):
+    cfg = Config()
+    cfg.run.train_dir, cfg.run.experiment, cfg.run.mode, cfg.run.shm_dir = str(tmp_path), "serial", "serial", shm_dir
+    cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker = 1, 64
+    cfg.learner.batch_size = 1024
+    cfg.run.train_for_env_steps = 150_000
+    assert train(cfg) == 0
+    summary = read_json(tmp_path / "serial" / "summary.json")
+    assert summary["env_steps"] >= 150_000
+    assert summary["episode_return_mean"] > 100, summary  # a random policy averages about 22
+    assert os.listdir(shm_dir) == []
+
+
+def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
+    args = ["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "300000"] + SMALL
+    first = run_train(args, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    exp = tmp_path / "async"
+    summary = read_json(exp / "summary.json")
+    for key in ("env", "env_steps", "frames", "wall_sec", "env_steps_per_sec", "frames_per_sec",
+                "episode_return_mean", "episodes", "policy_lag_mean", "policy_lag_max", "learner_version"):
+        assert summary[key] is not None, key
+    assert summary["env_steps"] >= 300_000 and summary["learner_version"] > 0
+    assert summary["policy_lag_max"] >= 0
+    assert read_json(exp / "config.json")["env"]["env"] == "CartPole-v1"
+    assert {r["role"] for r in read_json(exp / "processes.json")["processes"]} == {"runner"}
+    assert os.path.getsize(exp / "train.log") > 0
+    checkpoints = glob.glob(str(exp / "checkpoints" / "checkpoint_*.pt"))
+    assert len(checkpoints) == 1
+    events = EventAccumulator(str(exp))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("perf/frames_per_sec_10s", "perf/env_steps_per_sec_60s", "perf/learner_samples_per_sec",
+                "policy_lag/mean", "policy_lag/max", "episode/return", "train/policy_loss", "train/value_loss",
+                "train/entropy", "train/approx_kl", "train/clip_fraction", "train/grad_norm",
+                "train/learning_rate", "train/samples_dropped_lag"):
+        assert tag in tags, tag
+    assert os.listdir(shm_dir) == []
+
+    second = run_train(["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "450000"] + SMALL,
+                       tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    resumed = read_json(exp / "summary.json")
+    assert resumed["env_steps"] >= 450_000
+    assert resumed["env_steps"] - summary["env_steps"] < 300_000  # continued, not started over
+    assert resumed["learner_version"] > summary["learner_version"]
+
+
+def test_sync_mode_has_zero_policy_lag(tmp_path, shm_dir):
+    result = run_train(["--experiment", "sync", "--mode", "sync", "--shm_dir", shm_dir,
+                        "--train_for_env_steps", "200000"] + SMALL, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_json(tmp_path / "sync" / "summary.json")
+    assert summary["learner_version"] > 5
+    assert summary["policy_lag_mean"] == 0 and summary["policy_lag_max"] == 0
+
+
+@pytest.mark.parametrize("vtrace", ["false", "true"])
+def test_async_learns_with_gae_and_vtrace(tmp_path, shm_dir, vtrace):
+    result = run_train(["--experiment", "learn", "--with_vtrace", vtrace, "--shm_dir", shm_dir,
+                        "--stop_at_return", "300", "--train_for_seconds", "60"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_json(tmp_path / "learn" / "summary.json")
+    assert summary["episode_return_mean"] >= 300, summary
