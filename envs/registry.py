@@ -66,6 +66,7 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int) -> Batch
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
             warnings.simplefilter("ignore")
             env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed)
+            env.observation_space  # built (and cached) on first use
     else:
         import gymnasium as gym
 

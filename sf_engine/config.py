@@ -202,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
             elif "choices" in meta:
                 kwargs.update(choices=meta.pop("choices"))
             else:
-                kwargs.update(type=meta.pop("type", {"int": int, "float": float, "str": str}.get(fld.type, str)))
+                kwargs.update(type=meta.pop("type", {"int": int, "float": float, "str": str}.get(fld.type, str)),
+                              metavar=fld.name.upper())
             group.add_argument(f"--{fld.name}", **kwargs)
     return parser
 
