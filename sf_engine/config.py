@@ -33,7 +33,7 @@ class EnvConfig:
 @dataclass
 class SamplerConfig:
     num_workers: int = _f(2, "Rollout-worker processes, each stepping its own batch of envs on one CPU core.")
-    num_envs_per_worker: int = _f(256, "Envs owned by each rollout worker (stepped as one batch per split).")
+    num_envs_per_worker: int = _f(128, "Envs owned by each rollout worker (stepped as one batch per split).")
     worker_num_splits: int = _f(2, "Groups each worker splits its envs into: it steps one group while the "
                                    "other waits for actions (2 = double-buffered sampling).")
     rollout: int = _f(32, "Env steps per trajectory slot (the unit handed to the learner).")
@@ -54,11 +54,11 @@ class ModelConfig:
 
 @dataclass
 class LearnerConfig:
-    batch_size: int = _f(4096, "Samples per minibatch (one optimizer step).")
-    num_batches_per_epoch: int = _f(2, "Minibatches per training iteration; the learner trains on "
+    batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
+    num_batches_per_epoch: int = _f(4, "Minibatches per training iteration; the learner trains on "
                                        "batch_size x num_batches_per_epoch samples at a time.")
     num_epochs: int = _f(2, "Passes over each training batch (sample reuse).")
-    learning_rate: float = _f(2e-3, "Adam learning rate.")
+    learning_rate: float = _f(3e-3, "Adam learning rate.")
     lr_schedule: str = _f("constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.",
                           choices=("constant", "linear"))
     gamma: float = _f(0.99, "Discount factor.")

@@ -109,6 +109,7 @@ def run_policy_worker(cfg, shm_path: str, layout: dict, queues, spec, log_path: 
     watch = ParentWatch()
     try:
         worker = PolicyWorker(cfg, buffers, queues, spec)
+        logging.info("ready: model built on %s", worker.device)
         while not buffers.stop[0] and watch.parent_alive():
             worker.step(timeout_sec=0.1)
     except Exception:

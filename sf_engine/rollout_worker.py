@@ -135,6 +135,7 @@ def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues
     watch = ParentWatch()
     worker = RolloutWorker(cfg, worker_idx, buffers, queues)
     worker.start()
+    logging.info("ready: %d envs reset", cfg.sampler.num_envs_per_worker)
     try:
         while not buffers.stop[0] and watch.parent_alive():
             worker.step(timeout_sec=0.1)

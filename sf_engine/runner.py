@@ -32,10 +32,11 @@ _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "eve
 
 
 def _start_forkserver(env_backend_is_envpool: bool):
-    """Start the forkserver now so its preloading (torch, envpool) overlaps the runner's own set-up."""
+    """Start the forkserver now so its preloading (torch, envpool) overlaps the runner's own set-up.
+    torch._dynamo is what torch.optim imports on first use (about 1 s): preloaded once here."""
     ctx = multiprocessing.get_context("forkserver")
     modules = ["envpool"] if env_backend_is_envpool else []
-    ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "sf_engine.rollout_worker",
+    ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.rollout_worker",
                                           "sf_engine.policy_worker", "sf_engine.learner"])
     multiprocessing.forkserver.ensure_running()
     return ctx

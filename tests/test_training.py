@@ -1,11 +1,14 @@
 """End to end: serial mode learns, async mode writes every artefact and resumes, sync mode has lag 0."""
 import glob
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import read_json, run_train
+from conftest import REPO, read_json, run_train
 from sf_engine.config import Config
 from sf_engine.runner import train
 
@@ -50,6 +53,13 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
                 "train/learning_rate", "train/samples_dropped_lag"):
         assert tag in tags, tag
     assert os.listdir(shm_dir) == []
+
+    replay = subprocess.run([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", str(tmp_path),
+                             "--experiment", "async", "--num_episodes", "3"], capture_output=True, text=True,
+                            timeout=120)
+    assert replay.returncode == 0, replay.stderr
+    assert len(re.findall(r"^episode \d+: return [0-9.]+, length \d+$", replay.stdout, re.M)) == 3
+    assert re.search(r"^3 episodes of CartPole-v1 .*: return [0-9.]+ \+- [0-9.]+, length [0-9.]+$", replay.stdout, re.M)
 
     second = run_train(["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "450000"] + SMALL,
                        tmp_path)
