@@ -36,10 +36,13 @@ def median_windows(summaries: list) -> float:
 
 
 def run_baseline(cmd: list, timeout_sec: float) -> dict:
-    """Run a baseline command that prints one JSON line last; returns that line parsed."""
+    """Run a baseline command that prints one JSON line last; returns that line parsed, plus
+    `launch_to_exit_sec`."""
+    start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_sec)
+    elapsed = time.monotonic() - start
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"baseline failed: {' '.join(cmd)}")
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "launch_to_exit_sec": round(elapsed, 2)}
