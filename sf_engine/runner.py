@@ -133,6 +133,7 @@ class Runner:
         except ChildFailed as exc:
             exit_code, reason = 1, str(exc)
         finally:
+            self.stats.stop()
             self._shutdown()
         summary = self.stats.close()
         logging.info("stopped: %s", reason)

@@ -44,6 +44,7 @@ class RunStats:
         self.stage_sec: dict = {}
         self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
         self.first_step_time = None
+        self.stopped_at: tuple | None = None
         self.warmup: tuple | None = None  # (time, env steps) where the after-warm-up window starts
         self.window_start: tuple | None = None
         self.window_rates: deque = deque(maxlen=1000)  # env steps/s of consecutive windows after warm-up
@@ -61,7 +62,7 @@ class RunStats:
     def consume(self, messages: list) -> None:
         for msg in messages:
             kind = msg["kind"]
-            if kind == "episodes":
+            if kind == "episodes" and self.stopped_at is None:
                 self.episodes += msg["count"]
                 self.returns.extend(msg["returns"])
                 self.lengths.extend(msg["lengths"])
@@ -94,7 +95,7 @@ class RunStats:
             self.first_step_time = now
         elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
             self.warmup = self.window_start = (now, steps)
-        elif self.window_start and now - self.window_start[0] >= WINDOW_SEC:
+        elif self.window_start and now - self.window_start[0] >= WINDOW_SEC and self.stopped_at is None:
             self.window_rates.append((steps - self.window_start[1]) / (now - self.window_start[0]))
             self.window_start = (now, steps)
         if now - self.last_tb >= TENSORBOARD_EVERY_SEC:
@@ -107,12 +108,21 @@ class RunStats:
             self.write_summary()
             self.last_summary = now
 
+    def stop(self) -> None:
+        """The run decided to stop: throughput and episode figures are final as of now (steps taken
+        while the processes wind down still count in env_steps)."""
+        self.tick()
+        self.stopped_at = self.history[-1]
+
     def env_steps_per_sec(self) -> float:
-        """Over the run after warm-up (over what there is when the run was shorter than warm-up)."""
-        now, steps = self.history[-1][0], self.history[-1][1]
-        if self.warmup and now > self.warmup[0]:
-            return (steps - self.warmup[1]) / (now - self.warmup[0])
-        return self._rate(60.0, 1)
+        """From the end of warm-up to the stop (from the first env step when the run was too short)."""
+        end_time, end_steps = (self.stopped_at or self.history[-1])[:2]
+        start = self.warmup if self.warmup and end_time - self.warmup[0] >= WINDOW_SEC else None
+        if start is None and self.first_step_time is not None:
+            start = (self.first_step_time, next(h[1] for h in self.history if h[0] >= self.first_step_time))
+        if start is None or end_time <= start[0]:
+            return 0.0
+        return (end_steps - start[1]) / (end_time - start[0])
 
     def scalars(self) -> dict:
         out = {"perf/env_steps_per_sec_10s": self._rate(10.0, 1), "perf/env_steps_per_sec_60s": self._rate(60.0, 1),
@@ -146,7 +156,7 @@ class RunStats:
         return line + f" | ETA {max(0.0, min(remaining)):,.0f}s"
 
     def summary(self) -> dict:
-        steps_per_sec = self.env_steps_per_sec() if self.history else 0.0
+        steps_per_sec = self.env_steps_per_sec()
         return {
             "env": self.cfg.env.env, "mode": self.cfg.run.mode, "num_workers": self.cfg.sampler.num_workers,
             "num_envs_per_worker": self.cfg.sampler.num_envs_per_worker,
