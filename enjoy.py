@@ -22,19 +22,21 @@ def play(policy, env, num_episodes: int, deterministic: bool):
     import numpy as np
     import torch
 
-    from sf_engine.model import sample_actions
-
     obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
     with torch.inference_mode():
         while episodes < num_episodes:
-            logits, _ = policy(torch.from_numpy(np.asarray(obs)))
-            actions = logits.argmax(-1) if deterministic else sample_actions(logits)[0]
-            obs, rewards, terminated, truncated = env.step(actions.numpy())
-            episode_return, length = episode_return + float(rewards[0]), length + 1
-            if terminated[0] or truncated[0]:
+            tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in obs.items()}
+            if deterministic:
+                actions = policy.distribution.mode(policy(tensors)[0])
+            else:
+                actions = policy.sample(tensors)[0]
+            result = env.step(actions.numpy())
+            obs = result.obs
+            episode_return, length = episode_return + float(result.score_rewards[0]), length + 1
+            if result.episode_over[0]:
                 yield episode_return, length
                 episodes, episode_return, length = episodes + 1, 0.0, 0
-                obs, *_ = env.step(actions.numpy())  # the env's reset step (action ignored)
+                obs = env.step(actions.numpy()).obs  # the env's reset step (action ignored)
 
 
 def main(argv=None) -> int:
@@ -57,9 +59,9 @@ def main(argv=None) -> int:
         print(f"error: experiment {args.experiment} has no checkpoint yet: train it first", file=sys.stderr)
         return 2
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    policy = ActorCritic(spec.obs_shape, spec.num_actions, cfg.model.hidden_size)
+    policy = ActorCritic(spec, cfg.model)
     policy.load_state_dict(load_checkpoint(path)["model"])
-    env = make_batch_env(cfg.env.env, cfg.env.env_backend, 1, seed=args.seed)
+    env = make_batch_env(cfg.env.env, cfg.env.env_backend, 1, seed=args.seed, spec=spec, training=False)
     results = []
     for episode, (episode_return, length) in enumerate(play(policy, env, args.num_episodes, args.deterministic)):
         print(f"episode {episode}: return {episode_return:.1f}, length {length}")

@@ -1,17 +1,27 @@
-"""Env registry and the batched-env interface (runs in rollout workers; probing runs in the runner).
+"""Env registry, env families and the batched-env interface.
 
-A `BatchEnv` steps `num_envs` envs at once and follows the Gymnasium 1.x / EnvPool convention: an env
-that ends (terminated or truncated) is reset on the *next* step, whose action is ignored and which
-returns the first observation of the new episode with reward 0. The worker marks that step invalid.
+Batched envs run in rollout workers; probing and family detection run in the runner. A `BatchEnv`
+steps `num_envs` envs at once and follows the Gymnasium 1.x / EnvPool convention: an env that ends
+(terminated or truncated) is reset on the *next* step, whose action is ignored and which returns the
+first observation of the new episode with reward 0. The worker marks that step invalid.
+
+Families (each with its own defaults, see `FAMILY_DEFAULTS`):
+  atari       EnvPool Atari ids (Pong-v5, ...): 84x84 gray, frameskip 4, 4 stacked frames, up to 30
+              no-op starts; for training also episodic life and reward clipping, while the true game
+              score of whole games is what gets reported.
+  continuous  Box action spaces (EnvPool MuJoCo such as HalfCheetah-v4, or Gymnasium ids).
+  classic     everything else (EnvPool classic control, Gymnasium ids, user envs).
 """
 from __future__ import annotations
 
+import importlib
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from sf_engine.shared_buffers import EnvSpec
+from sf_engine.shared_buffers import ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -21,65 +31,186 @@ class EnvError(ValueError):
 
 
 def register_env(name: str, make_env: Callable) -> None:
-    """Register `make_env()` -> gymnasium.Env under `name` (usable as --env name)."""
+    """Register `make_env()` -> gymnasium.Env under `name`, usable as `--env name`. Call it before the
+    engine's entry point (sf_engine.runner.train or train.main) in the script that starts training."""
     _REGISTRY[name] = make_env
 
 
+def registered_envs() -> dict:
+    """name -> factory of every register_env() call in this process (handed to rollout workers)."""
+    return dict(_REGISTRY)
+
+
+@dataclass
+class StepResult:
+    """One batched step. obs: dict key -> [E, *shape]; the rest [E]. `rewards`/`terminated` are what
+    training sees (clipped rewards, life loss on Atari); `score_rewards`/`episode_over` are what the
+    reported episode returns add up (the true game score of whole games)."""
+    obs: dict
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    score_rewards: np.ndarray
+    episode_over: np.ndarray
+
+
+def _as_dict(obs) -> dict:
+    return obs if isinstance(obs, dict) else {"obs": obs}
+
+
 class BatchEnv:
-    """`num_envs` envs stepped as one batch. Shapes: obs [E, *obs_shape], rewards/terminated/truncated [E]."""
+    """`num_envs` envs stepped as one batch (an EnvPool instance or a Gymnasium vector env)."""
 
-    def __init__(self, env, num_envs: int):
-        self._env, self.num_envs = env, num_envs
+    def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
+        self._env, self.num_envs, self.spec = env, num_envs, spec
+        self._true_score = true_score_from_info
+        action = spec.action
+        if action.kind == "continuous":
+            self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
 
-    def reset(self) -> np.ndarray:
+    def reset(self) -> dict:
         obs, _ = self._env.reset()
-        return obs
+        return _as_dict(obs)
 
-    def step(self, actions: np.ndarray):
-        obs, rewards, terminated, truncated, _ = self._env.step(actions)
-        return obs, rewards, terminated, truncated
+    def step(self, actions: np.ndarray) -> StepResult:
+        if self.spec.action.kind == "continuous":
+            actions = np.clip(actions, self._low, self._high)  # the env gets clipped actions
+        obs, rewards, terminated, truncated, info = self._env.step(actions)
+        if self._true_score:
+            score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)
+        else:
+            score, over = rewards, np.logical_or(terminated, truncated)
+        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over)
+
+    def render(self):
+        return self._env.render()
 
     def close(self) -> None:
         self._env.close()
 
 
+# ---- backends ---------------------------------------------------------------------------------
 def _envpool_ids() -> set:
     import envpool
 
     return set(envpool.list_all_envs())
 
 
+def _is_user_class(env_id: str) -> bool:
+    return ":" in env_id
+
+
 def resolve_backend(env_id: str, backend: str) -> str:
     if backend != "auto":
         return backend
-    if env_id in _REGISTRY:
+    if env_id in _REGISTRY or _is_user_class(env_id):
         return "gymnasium"
     return "envpool" if env_id in _envpool_ids() else "gymnasium"
 
 
-def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int) -> BatchEnv:
-    """Make `num_envs` envs of `env_id` on one CPU thread (a worker owns one core)."""
+def _user_factory(env_id: str) -> Callable:
+    """`package.module:Name` -> a zero-argument factory of gymnasium.Env."""
+    import gymnasium as gym
+
+    module_name, _, attr = env_id.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
+    if not callable(target):
+        raise EnvError(f"--env {env_id}: {attr} is not a gymnasium.Env class or factory")
+    if isinstance(target, type) and not issubclass(target, gym.Env):
+        raise EnvError(f"--env {env_id}: {attr} is a class but not a gymnasium.Env")
+    return target
+
+
+def _gym_factory(env_id: str) -> Callable:
+    import gymnasium as gym
+
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id]
+    if _is_user_class(env_id):
+        return _user_factory(env_id)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); "
+                       f"check the spelling or import the package that registers it") from None
+    return lambda: gym.make(env_id)
+
+
+def _envpool_kwargs(family: str, training: bool) -> dict:
+    """Atari: episodic life and reward clipping only while training (evaluation plays whole games)."""
+    return {"episodic_life": training, "reward_clip": training} if family == "atari" else {}
+
+
+def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec,
+                   training: bool = True, render_mode=None) -> BatchEnv:
+    """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core)."""
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
         import envpool
 
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
             warnings.simplefilter("ignore")
-            env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed)
+            env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed,
+                               **_envpool_kwargs(spec.family, training))
             env.observation_space  # built (and cached) on first use
-    else:
-        import gymnasium as gym
+        return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
+    import gymnasium as gym
 
-        if env_id in _REGISTRY:
-            factory = _REGISTRY[env_id]
-            env = gym.vector.SyncVectorEnv([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-        else:
-            env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
-        env.reset(seed=seed)
-    return BatchEnv(env, num_envs)
+    factory = _gym_factory(env_id)
+    make = (lambda: factory(render_mode=render_mode)) if render_mode else factory
+    env = gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    env.reset(seed=seed)
+    return BatchEnv(env, num_envs, spec)
 
 
-def _spaces(env_id: str, backend: str):
+# ---- spaces -> EnvSpec ------------------------------------------------------------------------
+def _obs_entries(env_id: str, space) -> tuple:
+    from gymnasium import spaces
+
+    items = space.spaces.items() if isinstance(space, spaces.Dict) else [("obs", space)]
+    entries = []
+    for key, sub in items:
+        if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
+            raise EnvError(f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
+                           f"(vectors, uint8 images) and a flat Dict of them")
+        dtype = "uint8" if sub.dtype == np.uint8 else "float32"
+        entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
+    return tuple(entries)
+
+
+def _action_spec(env_id: str, space) -> ActionSpec:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return ActionSpec("discrete", nvec=(int(space.n),))
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return ActionSpec("multi_discrete", nvec=tuple(int(n) for n in space.nvec))
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
+        return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(float(x) for x in space.low),
+                          high=tuple(float(x) for x in space.high))
+    raise EnvError(f"--env {env_id}: action space {space} is not supported "
+                   f"(Discrete, MultiDiscrete or a 1-D float Box are)")
+
+
+def _check_gym_api(env_id: str, env) -> None:
+    """One reset() call must return (obs, info) as in Gymnasium."""
+    try:
+        result = env.reset(seed=0)
+    except Exception as exc:  # a user's env: any failure is reported as such
+        raise EnvError(f"--env {env_id}: reset() raised {exc.__class__.__name__}: {exc}") from None
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+        raise EnvError(f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, "
+                       f"got {type(result).__name__}")
+    if not env.observation_space.contains(result[0]):
+        raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
+
+
+def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
+    """Observation entries, action spec and family, checked against what the engine handles."""
+    backend = resolve_backend(env_id, backend)
     if backend == "envpool":
         import envpool
 
@@ -87,33 +218,31 @@ def _spaces(env_id: str, backend: str):
             raise EnvError(f"--env {env_id}: EnvPool has no such id (use --env_backend gymnasium for Gymnasium ids)")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            spec = envpool.make_spec(env_id)
-            return spec.observation_space, spec.action_space
-    import gymnasium as gym
-
-    if env_id in _REGISTRY:
-        env = _REGISTRY[env_id]()
+            pool_spec = envpool.make_spec(env_id)
+            obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
+        is_atari = hasattr(pool_spec.config, "episodic_life")
+        frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
+        env = _gym_factory(env_id)()
         try:
-            env = gym.make(env_id)
-        except gym.error.Error as exc:
-            raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); "
-                           f"check the spelling or import the package that registers it") from None
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
+            _check_gym_api(env_id, env)
+            obs_space, action_space = env.observation_space, env.action_space
+        finally:
+            env.close()
+        is_atari, frameskip = False, 1
+    action = _action_spec(env_id, action_space)
+    family = "atari" if is_atari else ("continuous" if action.kind == "continuous" else "classic")
+    return EnvSpec(obs=_obs_entries(env_id, obs_space), action=action, family=family, frameskip=frameskip)
 
 
-def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
-    """Observation shape/dtype and action count, checked against what the engine handles."""
-    from gymnasium import spaces
-
-    backend = resolve_backend(env_id, backend)
-    obs_space, action_space = _spaces(env_id, backend)
-    if not isinstance(obs_space, spaces.Box):
-        raise EnvError(f"--env {env_id}: observation space {obs_space} is not supported (a Box is needed)")
-    if not isinstance(action_space, spaces.Discrete):
-        raise EnvError(f"--env {env_id}: action space {action_space} is not supported (Discrete is needed)")
-    return EnvSpec(obs_shape=tuple(obs_space.shape), obs_dtype=np.dtype(obs_space.dtype).name,
-                   num_actions=int(action_space.n))
+# Flag defaults per family; the user's own flags always win.
+FAMILY_DEFAULTS = {
+    "classic": {},
+    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "num_envs_per_worker": 16, "rollout": 128,
+              "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
+              "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
+    "continuous": {"encoder": "mlp", "activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
+                   "normalize_input": True, "normalize_returns": True, "num_envs_per_worker": 32, "rollout": 64,
+                   "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
+                   "lr_schedule": "constant", "entropy_coeff": 0.0},
+}

@@ -49,7 +49,18 @@ class SamplerConfig:
 
 @dataclass
 class ModelConfig:
-    hidden_size: int = _f(64, "Width of each of the two tanh hidden layers of the actor and of the critic MLPs.")
+    encoder: str = _f("auto", "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
+                              "residual), or 'auto' (Nature CNN); vector observations always get an MLP.",
+                      choices=("auto", "nature_cnn", "impala_cnn", "mlp"))
+    hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
+    mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
+    activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))
+    actor_critic: str = _f("separate", "'shared': one encoder feeds the policy and value heads; 'separate': "
+                                       "the actor and the critic each have their own encoder.",
+                           choices=("shared", "separate"))
+    normalize_input: bool = _f(False, "Normalize vector observations by running mean/std (kept by the learner, "
+                                      "used by the policy worker, saved in checkpoints). Images are scaled to [0, 1].")
+    normalize_returns: bool = _f(False, "Scale value targets by running return statistics (value normalization).")
 
 
 @dataclass
@@ -148,7 +159,7 @@ class Config:
                     "--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
                     "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
                     "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
-                    "--hidden_size": self.model.hidden_size}
+                    "--hidden_size": self.model.hidden_size, "--mlp_layers": self.model.mlp_layers}
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
@@ -208,9 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv=None) -> Config:
-    """Parse the command line into a Config; argparse errors exit with code 2 and one line."""
-    args = vars(build_parser().parse_args(argv))
+def parse_config(argv=None, family_defaults=None) -> Config:
+    """Parse the command line into a Config; argparse errors exit with code 2 and one line.
+    `family_defaults(env_id, env_backend)` -> {flag name: value} replaces the defaults of the env's
+    family; flags the user gives always win."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    if family_defaults is not None:
+        overrides = family_defaults(args["env.env"], args["env.env_backend"])
+        dests = {dest.split(".", 1)[1]: dest for dest in args}
+        parser.set_defaults(**{dests[name]: value for name, value in overrides.items()})
+        args = vars(parser.parse_args(argv))
     grouped: dict = {name: {} for name in GROUPS}
     for dest, value in args.items():
         group_name, name = dest.split(".", 1)

@@ -18,7 +18,7 @@ from sf_engine import ppo
 from sf_engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from sf_engine.device import resolve_device
 from sf_engine.ipc import ParentWatch, get_many, init_child, stat
-from sf_engine.model import ActorCritic, flatten_parameters, log_prob_entropy
+from sf_engine.model import ActorCritic, flatten_state
 from sf_engine.shared_buffers import SharedBuffers
 
 _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
@@ -30,8 +30,8 @@ class Learner:
         self.checkpoint_dir, self.env_steps_base = checkpoint_dir, env_steps_base
         self.device = resolve_device(cfg.run.device)
         torch.manual_seed(cfg.env.seed)
-        self.model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.model.hidden_size).to(self.device)
-        self.params = flatten_parameters(self.model)
+        self.model = ActorCritic(spec, cfg.model).to(self.device)
+        self.params = flatten_state(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
         self._load_latest()
@@ -83,30 +83,35 @@ class Learner:
             self.save()
 
     def _gather(self, slots: list) -> dict:
-        """Copy the slots out of shared memory, time-major: obs [T+1, N, *obs_shape], others [T, N]."""
+        """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
+        [T, N, ...] (N = slots x envs per split)."""
         index = np.asarray(slots)
-        batch = {}
-        obs = self.buffers.obs[index]  # [S, T+1, E, ...]
-        batch["obs"] = torch.from_numpy(obs.swapaxes(0, 1).reshape(obs.shape[1], -1, *obs.shape[3:]))
-        for name in _STEP_FIELDS:
-            arr = getattr(self.buffers, name)[index]  # [S, T, E]
-            batch[name] = torch.from_numpy(np.ascontiguousarray(arr.swapaxes(0, 1)).reshape(arr.shape[1], -1))
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+        def time_major(array):  # [S, R, E, ...] -> [R, S * E, ...]
+            picked = array[index].swapaxes(0, 1)
+            return torch.from_numpy(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]))
+
+        batch = {name: time_major(getattr(self.buffers, name)) for name in _STEP_FIELDS}
+        batch["obs"] = {key: time_major(array) for key, array in self.buffers.obs.items()}
+        return {k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
+                for k, v in batch.items()}
 
     def _targets(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and value targets [T, N] from the learner's current values."""
-        lcfg, obs = self.lcfg, batch["obs"]
+        """Advantages and value targets [T, N]. GAE uses the behaviour values and the learner's value of
+        the bootstrap row; V-trace re-evaluates the whole batch with the current weights."""
+        lcfg, model = self.lcfg, self.model
+        num_steps, num_traj = batch["rewards"].shape
         dones = batch["terminated"] | batch["truncated"]
         with torch.no_grad():
-            flat_obs = obs.reshape(-1, *obs.shape[2:])
             if not lcfg.with_vtrace:
-                values = self.model.values(flat_obs).reshape(obs.shape[:2])
+                last_values = model.denormalize_values(model.values({k: v[-1] for k, v in batch["obs"].items()}))
+                values = torch.cat([batch["values"], last_values.unsqueeze(0)])
                 return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
                                lcfg.gamma, lcfg.gae_lambda)
-            logits, values = self.model(flat_obs)
-            num_steps, num_traj = batch["rewards"].shape
-            values = values.reshape(obs.shape[:2])
-            target_log_probs, _ = log_prob_entropy(logits[:num_steps * num_traj], batch["actions"].reshape(-1))
+            params, values = model({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()})
+            values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
+            actions = batch["actions"].reshape(num_steps * num_traj, *batch["actions"].shape[2:])
+            target_log_probs, _ = model.log_prob_entropy(params[:num_steps * num_traj], actions)
             vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs.reshape(num_steps, num_traj),
                                         batch["rewards"], values, batch["terminated"], dones, batch["valid"],
                                         lcfg.gamma, lcfg.vtrace_rho_bar, lcfg.vtrace_c_bar)
@@ -120,10 +125,12 @@ class Learner:
         keep = valid & (lag <= self.lcfg.max_policy_lag)
         advantages, returns = self._targets(batch)
         index = keep.reshape(-1).nonzero().squeeze(1)
-        samples = {"obs": batch["obs"][:-1].reshape(-1, *batch["obs"].shape[2:])[index],
-                   "actions": batch["actions"].reshape(-1)[index],
-                   "log_probs": batch["log_probs"].reshape(-1)[index],
-                   "advantages": advantages.reshape(-1)[index], "returns": returns.reshape(-1)[index]}
+        flat = lambda x: x.reshape(-1, *x.shape[2:])[index]  # noqa: E731  [T, N, ...] -> kept samples
+        samples = {"obs": {key: flat(value[:-1]) for key, value in batch["obs"].items()},
+                   "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
+                   "advantages": flat(advantages), "returns": flat(returns)}
+        if index.numel():
+            self.model.update_normalizers(samples["obs"], samples["returns"])
         assembled = time.monotonic()
         self.stage_sec["batch_assembly"] += assembled - start
         metrics = self._ppo_epochs(samples) if index.numel() else {}
@@ -146,19 +153,20 @@ class Learner:
                 group["lr"] = self.lcfg.learning_rate * fraction_left
 
     def _ppo_epochs(self, samples: dict) -> dict:
-        lcfg, num_samples = self.lcfg, samples["actions"].numel()
+        lcfg, num_samples = self.lcfg, samples["log_probs"].numel()
         self._set_learning_rate()
         totals = torch.zeros(6)
         num_updates = 0
         for _ in range(lcfg.num_epochs):
             for minibatch in torch.randperm(num_samples, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
-                if minibatch.numel() < 2:
+                if minibatch.numel() < 2 or self.buffers.stop[0]:  # a stopping run does not wait for epochs
                     continue
-                logits, values = self.model(samples["obs"][minibatch])
-                log_probs, entropy = log_prob_entropy(logits, samples["actions"][minibatch])
+                params, values = self.model({key: obs[minibatch] for key, obs in samples["obs"].items()})
+                log_probs, entropy = self.model.log_prob_entropy(params, samples["actions"][minibatch])
                 policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = ppo.ppo_losses(
                     log_probs, samples["log_probs"][minibatch], ppo.normalize(samples["advantages"][minibatch]),
-                    values, samples["returns"][minibatch], entropy, lcfg.ppo_clip_ratio)
+                    values, self.model.normalize_returns(samples["returns"][minibatch]), entropy,
+                    lcfg.ppo_clip_ratio)
                 loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

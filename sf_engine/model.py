@@ -1,7 +1,8 @@
-"""Actor-critic networks, action sampling, and the flat parameter vector that is shared between processes.
+"""Encoders, actor-critic heads, action distributions, normalizers, and the flat shared weights.
 
-Runs in the policy worker (inference) and the learner (training). Shapes: obs [B, *obs_shape] ->
-logits [B, num_actions], values [B].
+Runs in the policy worker (inference) and the learner (training). Observations arrive as a dict
+key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled here, on the device).
+Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [B].
 """
 from __future__ import annotations
 
@@ -10,62 +11,264 @@ import math
 import torch
 from torch import nn
 
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
-def _layer(in_size: int, out_size: int, gain: float) -> nn.Linear:
+
+def _init(layer: nn.Module, gain: float) -> nn.Module:
     """Orthogonal init as in the PPO literature (sqrt(2) hidden, 0.01 policy head, 1 value head)."""
-    layer = nn.Linear(in_size, out_size)
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
 
 
-def _mlp(in_size: int, hidden: int, out_size: int, out_gain: float) -> nn.Sequential:
-    return nn.Sequential(_layer(in_size, hidden, math.sqrt(2)), nn.Tanh(),
-                         _layer(hidden, hidden, math.sqrt(2)), nn.Tanh(),
-                         _layer(hidden, out_size, out_gain))
+class RunningMeanStd(nn.Module):
+    """Running mean/variance (Chan et al. parallel merge). Buffers, so they travel with the weights."""
+
+    def __init__(self, shape: tuple):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.full((), 1e-4))
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor) -> None:
+        """Merge the statistics of `batch` [N, *shape] (learner only)."""
+        batch = batch.float()
+        n = batch.shape[0]
+        delta = batch.mean(0) - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var.copy_((self.var * self.count + batch.var(0, unbiased=False) * n + delta.pow(2) * self.count * n / total)
+                       / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
+
+
+class NatureCNN(nn.Module):
+    """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
+
+    def __init__(self, shape: tuple):
+        super().__init__()
+        channels = shape[0]
+        self.convs = nn.Sequential(
+            _init(nn.Conv2d(channels, 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            size = self.convs(torch.zeros(1, *shape)).shape[1]
+        self.fc = nn.Sequential(_init(nn.Linear(size, 512), math.sqrt(2)), nn.ReLU())
+        self.out_size = 512
+
+    def forward(self, x):
+        return self.fc(self.convs(x))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """Espeholt et al. 2018: 3 stages of conv + max-pool + 2 residual blocks, then 256 units (ReLU)."""
+
+    def __init__(self, shape: tuple, depths=(16, 32, 32)):
+        super().__init__()
+        layers, channels = [], shape[0]
+        for depth in depths:
+            layers += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(depth), _ResidualBlock(depth)]
+            channels = depth
+        self.convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            size = self.convs(torch.zeros(1, *shape)).shape[1]
+        self.fc = nn.Sequential(_init(nn.Linear(size, 256), math.sqrt(2)), nn.ReLU())
+        self.out_size = 256
+
+    def forward(self, x):
+        return self.fc(self.convs(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str):
+        super().__init__()
+        modules, size = [], in_size
+        for _ in range(layers):
+            modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), _ACTIVATIONS[activation]()]
+            size = hidden_size
+        self.net = nn.Sequential(*modules)
+        self.out_size = size
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _is_image(shape: tuple, dtype: str) -> bool:
+    return len(shape) == 3 and dtype == "uint8"
+
+
+class Encoder(nn.Module):
+    """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
+
+    def __init__(self, spec, mcfg):
+        super().__init__()
+        self.keys, self.image_keys = [], set()
+        self.nets = nn.ModuleDict()
+        self.normalizers = nn.ModuleDict()
+        cnn = ImpalaCNN if mcfg.encoder == "impala_cnn" else NatureCNN
+        for key, shape, dtype in spec.obs:
+            self.keys.append(key)
+            if _is_image(shape, dtype) and mcfg.encoder != "mlp":
+                self.image_keys.add(key)
+                self.nets[key] = cnn(shape).to(memory_format=torch.channels_last)
+            else:
+                self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
+                if mcfg.normalize_input and dtype != "uint8":
+                    self.normalizers[key] = RunningMeanStd((int(math.prod(shape)),))
+        self.out_size = sum(net.out_size for net in self.nets.values())
+
+    def prepare(self, key: str, x: torch.Tensor) -> torch.Tensor:
+        """Stored dtype -> network input: images to float in [0, 1] (channels-last), vectors flattened
+        and normalized."""
+        if key in self.image_keys:
+            return x.float().div_(255.0).contiguous(memory_format=torch.channels_last)
+        x = x.reshape(x.shape[0], -1).float()
+        return self.normalizers[key].normalize(x) if key in self.normalizers else x
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        outs = [self.nets[key](self.prepare(key, obs[key])) for key in self.keys]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+class ActionDistribution:
+    """Categorical (per dimension for MultiDiscrete) or diagonal Gaussian with a learned log-std.
+    Parameters [B, P]: concatenated logits, or Gaussian means (log-std is a separate parameter)."""
+
+    def __init__(self, action_spec):
+        self.kind, self.nvec = action_spec.kind, list(action_spec.nvec)
+        self.num_params = sum(self.nvec) if self.kind != "continuous" else action_spec.shape[0]
+
+    def _split(self, params):
+        return params.split(self.nvec, dim=-1)
+
+    def sample(self, params, log_std=None):
+        """Returns actions ([B] int64, [B, K] int64, or [B, A] float32 unclipped) and log-probs [B]."""
+        if self.kind == "continuous":
+            std = log_std.exp()
+            actions = params + std * torch.randn_like(params)
+            return actions, self.log_prob_entropy(params, actions, log_std)[0]
+        chosen = []
+        for logits in self._split(params):
+            gumbel = torch.empty_like(logits).exponential_().log_().neg_()  # Gumbel-max sampling
+            chosen.append(torch.argmax(logits + gumbel, dim=-1))
+        actions = chosen[0] if self.kind == "discrete" else torch.stack(chosen, dim=-1)
+        return actions, self.log_prob_entropy(params, actions)[0]
+
+    def log_prob_entropy(self, params, actions, log_std=None):
+        """Log-probabilities [B] of `actions` and entropies [B]."""
+        if self.kind == "continuous":
+            log_std = log_std.expand_as(params)
+            log_prob = -0.5 * ((actions - params) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+            entropy = 0.5 + 0.5 * math.log(2 * math.pi) + log_std
+            return log_prob.sum(-1), entropy.sum(-1)
+        columns = actions.unsqueeze(-1) if self.kind == "discrete" else actions
+        log_prob, entropy = 0.0, 0.0
+        for i, logits in enumerate(self._split(params)):
+            log_pi = torch.log_softmax(logits, dim=-1)
+            log_prob = log_prob + log_pi.gather(1, columns[:, i:i + 1]).squeeze(1)
+            entropy = entropy - (log_pi.exp() * log_pi).sum(-1)
+        return log_prob, entropy
+
+    def mode(self, params):
+        if self.kind == "continuous":
+            return params
+        best = [logits.argmax(-1) for logits in self._split(params)]
+        return best[0] if self.kind == "discrete" else torch.stack(best, dim=-1)
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs over a flattened vector observation."""
+    """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two)."""
 
-    def __init__(self, obs_shape: tuple, num_actions: int, hidden_size: int):
+    def __init__(self, spec, mcfg):
         super().__init__()
-        obs_size = int(math.prod(obs_shape))
-        self.actor = _mlp(obs_size, hidden_size, num_actions, 0.01)
-        self.critic = _mlp(obs_size, hidden_size, 1, 1.0)
+        self.distribution = ActionDistribution(spec.action)
+        self.actor_encoder = Encoder(spec, mcfg)
+        self.critic_encoder = Encoder(spec, mcfg) if mcfg.actor_critic == "separate" else None
+        size = self.actor_encoder.out_size
+        self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
+        self.value_head = _init(nn.Linear(size, 1), 1.0)
+        self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
+        self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = obs.reshape(obs.shape[0], -1).float()
-        return self.actor(x), self.critic(x).squeeze(-1)
+    def forward(self, obs: dict):
+        """Distribution parameters [B, P] and normalized values [B]."""
+        features = self.actor_encoder(obs)
+        critic_features = features if self.critic_encoder is None else self.critic_encoder(obs)
+        return self.policy_head(features), self.value_head(critic_features).squeeze(-1)
 
-    def values(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs.reshape(obs.shape[0], -1).float()).squeeze(-1)
+    def values(self, obs: dict) -> torch.Tensor:
+        encoder = self.critic_encoder or self.actor_encoder
+        return self.value_head(encoder(obs)).squeeze(-1)
+
+    def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return values if rn is None else values * torch.sqrt(rn.var + 1e-8) + rn.mean
+
+    def normalize_returns(self, returns: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return returns if rn is None else (returns - rn.mean) / torch.sqrt(rn.var + 1e-8)
+
+    def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
+        """Learner only: merge a batch's observation and return statistics (valid samples only)."""
+        for key, normalizer in self.actor_encoder.normalizers.items():
+            normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+        if self.critic_encoder is not None:
+            for key, normalizer in self.critic_encoder.normalizers.items():
+                normalizer.load_state_dict(self.actor_encoder.normalizers[key].state_dict())
+        if self.return_normalizer is not None:
+            self.return_normalizer.update(returns)
+
+    def sample(self, obs: dict):
+        """Acting: actions, log-probs [B] and (denormalized) values [B]."""
+        params, values = self(obs)
+        actions, log_probs = self.distribution.sample(params, self.log_std)
+        return actions, log_probs, self.denormalize_values(values)
+
+    def log_prob_entropy(self, params, actions):
+        return self.distribution.log_prob_entropy(params, actions, self.log_std)
 
 
-def sample_actions(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Categorical sample by the Gumbel-max trick (one fused pass, no torch.distributions overhead).
-    Returns actions [B] (int64) and their log-probabilities [B]."""
-    gumbel = torch.empty_like(logits).exponential_().log_().neg_()
-    actions = torch.argmax(logits + gumbel, dim=-1)
-    log_probs = torch.log_softmax(logits, dim=-1).gather(1, actions.unsqueeze(1)).squeeze(1)
-    return actions, log_probs
+def _channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
 
 
-def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities of `actions` [B] and entropies [B] of the categorical given by `logits` [B, A]."""
-    log_pi = torch.log_softmax(logits, dim=-1)
-    entropy = -(log_pi.exp() * log_pi).sum(-1)
-    return log_pi.gather(1, actions.unsqueeze(1)).squeeze(1), entropy
-
-
-def flatten_parameters(model: nn.Module) -> torch.Tensor:
-    """Make every parameter a view into one flat tensor (returned), so that publishing and loading the
-    weights is a single copy."""
-    params = list(model.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params]).contiguous()
+def flatten_state(model: nn.Module) -> torch.Tensor:
+    """Make every parameter and floating buffer (normalizer statistics) a view into one flat float32
+    tensor (returned): publishing and loading the whole state is then one copy. Channels-last conv
+    weights keep their layout."""
+    tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
+    tensors += [("buffer", m, n, t) for m in model.modules() for n, t in m._buffers.items()
+                if t is not None and t.is_floating_point()]
+    pieces = [(t.detach().permute(0, 2, 3, 1) if _channels_last(t) else t.detach()).reshape(-1).float()
+              for _, _, _, t in tensors]
+    flat = torch.cat(pieces).contiguous()
     offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat[offset:offset + n].view_as(p)
-        offset += n
+    for kind, module, name, tensor in tensors:
+        chunk = flat[offset:offset + tensor.numel()]
+        if _channels_last(tensor):
+            out_c, in_c, height, width = tensor.shape
+            view = chunk.view(out_c, height, width, in_c).permute(0, 3, 1, 2)
+        else:
+            view = chunk.view_as(tensor)
+        if kind == "param":
+            tensor.data = view
+        else:
+            module._buffers[name] = view
+        offset += tensor.numel()
     return flat

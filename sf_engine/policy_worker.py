@@ -1,8 +1,9 @@
 """Policy worker: batches every pending inference request into one forward pass.
 
 Runs in the policy-worker process (or the runner in serial mode) on the run's device. Per request
-(worker, split, slot, row) it reads obs[slot, row] [E, *obs_shape] from shared memory and writes
-actions, log_probs, values and policy_version at [slot, row] [E]; then it tells the worker.
+(worker, split, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
+actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it tells
+the worker.
 Weights come from the learner's shared copy whenever its version moves (seqlock: never half-written).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from sf_engine.device import resolve_device
 from sf_engine.ipc import Empty, ParentWatch, get_many, init_child, stat
-from sf_engine.model import ActorCritic, flatten_parameters, sample_actions
+from sf_engine.model import ActorCritic, flatten_state
 from sf_engine.shared_buffers import SharedBuffers
 
 STATS_EVERY_SEC = 1.0
@@ -40,9 +41,9 @@ class PolicyWorker:
         self.buffers, self.queues = buffers, queues
         self.device = resolve_device(cfg.run.device)
         self.envs_per_split = cfg.sampler.envs_per_split
-        self.model = ActorCritic(spec.obs_shape, spec.num_actions, cfg.model.hidden_size).to(self.device)
+        self.model = ActorCritic(spec, cfg.model).to(self.device)
         self.model.requires_grad_(False)
-        self.params = flatten_parameters(self.model)
+        self.params = flatten_state(self.model)
         self.shared_params = None
         self.version = -1
         self.stage_sec = {"wait_requests": 0.0, "forward": 0.0, "weight_reload": 0.0}
@@ -74,12 +75,12 @@ class PolicyWorker:
     def _serve(self, requests: list) -> None:
         start = time.monotonic()
         buf, envs = self.buffers, self.envs_per_split
-        views = [buf.obs[slot, row] for _, _, slot, row in requests]
-        obs = views[0] if len(views) == 1 else np.concatenate(views)
+        obs = {}
+        for key, array in buf.obs.items():
+            views = [array[slot, row] for _, _, slot, row in requests]
+            obs[key] = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views)).to(self.device)
         with torch.inference_mode():
-            logits, values = self.model(torch.from_numpy(obs).to(self.device, non_blocking=True))
-            actions, log_probs = sample_actions(logits)
-            actions, log_probs, values = (x.cpu().numpy() for x in (actions, log_probs, values))
+            actions, log_probs, values = (x.cpu().numpy() for x in self.model.sample(obs))
         replies = defaultdict(list)
         for i, (worker, split, slot, row) in enumerate(requests):
             rows = slice(i * envs, (i + 1) * envs)

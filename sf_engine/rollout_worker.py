@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from envs import make_batch_env
+from envs import make_batch_env, register_env
 from sf_engine.ipc import ParentWatch, get_many, init_child, stat
 from sf_engine.shared_buffers import SharedBuffers
 
@@ -21,12 +21,12 @@ STATS_EVERY_SEC = 0.5
 
 
 class RolloutWorker:
-    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues):
+    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues, spec):
         self.idx, self.buffers, self.queues = worker_idx, buffers, queues
         self.rollout, self.num_splits = cfg.sampler.rollout, cfg.sampler.worker_num_splits
         self.envs_per_split = cfg.sampler.envs_per_split
         self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
-                                    seed=cfg.env.seed * 1_000_003 + worker_idx * self.num_splits + split)
+                                    seed=cfg.env.seed * 1_000_003 + worker_idx * self.num_splits + split, spec=spec)
                      for split in range(self.num_splits)]
         self.slot = [-1] * self.num_splits
         self.row = [0] * self.num_splits
@@ -45,7 +45,7 @@ class RolloutWorker:
     def start(self) -> None:
         """Reset every env and queue each split for a free slot."""
         for split, env in enumerate(self.envs):
-            self.pending_obs[split] = np.array(env.reset())
+            self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
             self.pending_valid[split] = np.ones(self.envs_per_split, bool)
             self.waiting_for_slot.append(split)
         self._take_free_slots(timeout_sec=0)
@@ -71,7 +71,8 @@ class RolloutWorker:
         for slot in get_many(self.queues.free_slots, timeout_sec, max_messages=len(self.waiting_for_slot)):
             split = self.waiting_for_slot.pop(0)
             self.slot[split], self.row[split] = slot, 0
-            self.buffers.obs[slot, 0] = self.pending_obs[split]
+            for key, value in self.pending_obs[split].items():
+                self.buffers.obs[key][slot, 0] = value
             self.buffers.valid[slot, 0] = self.pending_valid[split]
             self._request_actions(split)
 
@@ -83,16 +84,17 @@ class RolloutWorker:
         """Step split's envs with the actions the policy worker wrote, record the transition."""
         buf, slot, row = self.buffers, self.slot[split], self.row[split]
         start = time.monotonic()
-        obs, rewards, terminated, truncated = self.envs[split].step(buf.actions[slot, row])
+        result = self.envs[split].step(buf.actions[slot, row])
         self.stage_sec["env_step"] += time.monotonic() - start
-        buf.rewards[slot, row] = rewards
-        buf.terminated[slot, row] = terminated
-        buf.truncated[slot, row] = truncated
-        done = np.logical_or(terminated, truncated)
-        self._track_episodes(split, rewards, done, buf.valid[slot, row])
+        buf.rewards[slot, row] = result.rewards
+        buf.terminated[slot, row] = result.terminated
+        buf.truncated[slot, row] = result.truncated
+        done = np.logical_or(result.terminated, result.truncated)
+        self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row])
         buf.env_steps[self.idx] += self.envs_per_split
         row += 1
-        buf.obs[slot, row] = obs
+        for key, value in result.obs.items():
+            buf.obs[key][slot, row] = value
         if row < self.rollout:
             buf.valid[slot, row] = ~done  # the step after an episode end is the env's reset step
             self.row[split] = row
@@ -100,16 +102,17 @@ class RolloutWorker:
             return
         self.queues.full_slots.put(slot)
         self.slot[split] = -1
-        self.pending_obs[split] = np.array(obs)
+        self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
         self.pending_valid[split] = ~done
         self.waiting_for_slot.append(split)
         self._take_free_slots(timeout_sec=0)
 
-    def _track_episodes(self, split: int, rewards, done, valid) -> None:
-        self.episode_return[split] += rewards * valid
+    def _track_episodes(self, split: int, score_rewards, episode_over, valid) -> None:
+        """Returns of whole episodes as the user scores them (true game score on Atari)."""
+        self.episode_return[split] += score_rewards * valid
         self.episode_length[split] += valid
-        if done.any():
-            ended = np.flatnonzero(done)
+        if episode_over.any():
+            ended = np.flatnonzero(episode_over)
             self.finished_returns.extend(self.episode_return[split, ended].tolist())
             self.finished_lengths.extend(self.episode_length[split, ended].tolist())
             self.episode_return[split, ended] = 0.0
@@ -128,12 +131,15 @@ class RolloutWorker:
             env.close()
 
 
-def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues, log_path: str) -> None:
-    """Process target of rollout worker `worker_idx`."""
+def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues, spec, log_path: str,
+                       registered_envs: dict) -> None:
+    """Process target of rollout worker `worker_idx`; `registered_envs` are the runner's register_env()s."""
     init_child("rollout_worker", worker_idx, log_path)
+    for name, make_env in registered_envs.items():
+        register_env(name, make_env)
     buffers = SharedBuffers.attach(shm_path, layout)
     watch = ParentWatch()
-    worker = RolloutWorker(cfg, worker_idx, buffers, queues)
+    worker = RolloutWorker(cfg, worker_idx, buffers, queues, spec)
     worker.start()
     logging.info("ready: %d envs reset", cfg.sampler.num_envs_per_worker)
     try:

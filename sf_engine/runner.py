@@ -17,10 +17,10 @@ import shutil
 import sys
 import time
 
-from envs import probe_env_spec
-from envs.registry import resolve_backend
+from envs import FAMILY_DEFAULTS, EnvError, probe_env_spec
+from envs.registry import registered_envs
 from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint
-from sf_engine.config import Config, ConfigError
+from sf_engine.config import Config, ConfigError, parse_config
 from sf_engine.device import cuda_device_count
 from sf_engine.ipc import get_many, make_queues
 from sf_engine.shared_buffers import SharedBuffers, buffer_layout, required_bytes, shm_path
@@ -31,11 +31,16 @@ LEARNER_SAVE_TIMEOUT_SEC = 60.0
 _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
 
 
-def _start_forkserver(env_backend_is_envpool: bool):
+def start_forkserver(cfg: Config):
     """Start the forkserver now so its preloading (torch, envpool) overlaps the runner's own set-up.
-    torch._dynamo is what torch.optim imports on first use (about 1 s): preloaded once here."""
+    torch._dynamo is what torch.optim imports on first use (about 1 s): preloaded once here.
+    Returns None in serial mode (no child processes)."""
+    if cfg.run.mode == "serial":
+        return None
     ctx = multiprocessing.get_context("forkserver")
-    modules = ["envpool"] if env_backend_is_envpool else []
+    uses_envpool = cfg.env.env_backend == "envpool" or (cfg.env.env_backend == "auto" and ":" not in cfg.env.env
+                                                       and cfg.env.env not in registered_envs())
+    modules = ["envpool"] if uses_envpool else []
     ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.rollout_worker",
                                           "sf_engine.policy_worker", "sf_engine.learner"])
     multiprocessing.forkserver.ensure_running()
@@ -99,11 +104,11 @@ def _stop_reason(cfg: Config, stats: RunStats, start_time: float):
 
 
 class Runner:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, ctx=None):
+        """`ctx`: the started forkserver context (see start_forkserver); started here when not given."""
         cfg.validate()
         self.cfg, self.start_time = cfg, time.monotonic()
-        backend_is_envpool = resolve_backend(cfg.env.env, cfg.env.env_backend) == "envpool"
-        self.ctx = None if cfg.run.mode == "serial" else _start_forkserver(backend_is_envpool)
+        self.ctx = ctx if ctx is not None else start_forkserver(cfg)
         self.exp_dir = _prepare_experiment_dir(cfg)
         self.log_path = os.path.join(self.exp_dir, "train.log")
         _setup_logging(self.log_path)
@@ -152,7 +157,8 @@ class Runner:
         learner = Learner(self.cfg, self.buffers, self.queues, self.spec, checkpoint_dir(self.exp_dir),
                           self.env_steps_base)
         policy = PolicyWorker(self.cfg, self.buffers, self.queues, self.spec)
-        workers = [RolloutWorker(self.cfg, w, self.buffers, self.queues) for w in range(self.cfg.sampler.num_workers)]
+        workers = [RolloutWorker(self.cfg, w, self.buffers, self.queues, self.spec)
+                   for w in range(self.cfg.sampler.num_workers)]
         self._write_processes([("runner", 0, os.getpid())])
         for worker in workers:
             worker.start()
@@ -182,7 +188,8 @@ class Runner:
         targets = [("learner", 0, run_learner, (self.cfg, *common, self.spec, self.log_path,
                                                 checkpoint_dir(self.exp_dir), self.env_steps_base)),
                    ("policy_worker", 0, run_policy_worker, (self.cfg, *common, self.spec, self.log_path))]
-        targets += [("rollout_worker", w, run_rollout_worker, (self.cfg, w, *common, self.log_path))
+        targets += [("rollout_worker", w, run_rollout_worker,
+                     (self.cfg, w, *common, self.spec, self.log_path, registered_envs()))
                     for w in range(self.cfg.sampler.num_workers)]
         for role, index, target, args in targets:
             process = self.ctx.Process(target=target, args=args, name=f"{role}_{index}", daemon=True)
@@ -228,4 +235,20 @@ class ChildFailed(RuntimeError):
 
 
 def train(cfg: Config) -> int:
+    """Train with a ready Config (the programmatic entry point); returns the exit code."""
     return Runner(cfg).run()
+
+
+def family_defaults(env_id: str, env_backend: str) -> dict:
+    return FAMILY_DEFAULTS[probe_env_spec(env_id, env_backend).family]
+
+
+def main(argv=None) -> int:
+    """Entry point of train.py: flags (with the env family's defaults) -> training. Bad input prints
+    one line and returns 2. Envs registered with envs.register_env before this call can be used."""
+    try:
+        ctx = start_forkserver(parse_config(argv))  # preloading overlaps probing the env
+        return Runner(parse_config(argv, family_defaults=family_defaults), ctx).run()
+    except (ConfigError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

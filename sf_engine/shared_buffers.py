@@ -5,8 +5,9 @@ experiment, mapped by every process as numpy views (rollout workers never import
 creates and finally unlinks it; a file left by a dead run of the same experiment is removed on start.
 
 Slot field shapes (S = slots, T = rollout, E = envs per split):
-  obs            [S, T+1, E, *obs_shape]  row T is the bootstrap observation
-  actions        [S, T, E]                int64 action taken (ignored by the env on reset steps)
+  obs.<key>      [S, T+1, E, *shape]      one array per observation key, in the env's dtype (uint8 images
+                                          stay uint8); row T is the bootstrap observation
+  actions        [S, T, E, *action_shape] int64 (discrete) or float32 (continuous, unclipped sample)
   log_probs      [S, T, E]                float32 behaviour log-probability of the action
   values         [S, T, E]                float32 behaviour value estimate
   policy_version [S, T, E]                int64 version of the policy that acted
@@ -29,21 +30,44 @@ _ALIGN = 64
 
 
 @dataclass(frozen=True)
+class ActionSpec:
+    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high)."""
+    kind: str
+    nvec: tuple = ()
+    shape: tuple = ()
+    low: tuple = ()
+    high: tuple = ()
+
+    @property
+    def buffer_shape(self) -> tuple:
+        return {"discrete": (), "multi_discrete": (len(self.nvec),)}.get(self.kind, self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if self.kind == "continuous" else "int64"
+
+
+@dataclass(frozen=True)
 class EnvSpec:
-    """What the buffers and the model need to know of an env (probed once by the runner)."""
-    obs_shape: tuple
-    obs_dtype: str
-    num_actions: int
+    """What the buffers and the model need to know of an env (probed once by the runner).
+    obs: tuple of (key, shape, dtype); a plain Box observation is the single key 'obs'."""
+    obs: tuple
+    action: ActionSpec
+    family: str = "classic"
     frameskip: int = 1
+
+    @property
+    def is_dict(self) -> bool:
+        return [key for key, _, _ in self.obs] != ["obs"]
 
 
 def buffer_layout(cfg, spec: EnvSpec) -> dict:
     """name -> (shape, dtype) of every shared array of a run."""
     slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
     step = (slots, rollout, envs)
-    return {
-        "obs": ((slots, rollout + 1, envs) + tuple(spec.obs_shape), spec.obs_dtype),
-        "actions": (step, "int64"),
+    layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
+    return layout | {
+        "actions": (step + spec.action.buffer_shape, spec.action.dtype),
         "log_probs": (step, "float32"),
         "values": (step, "float32"),
         "policy_version": (step, "int64"),
@@ -91,10 +115,14 @@ class SharedBuffers:
         finally:
             os.close(fd)
         self.owner = create
+        self.obs = {}
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
-            setattr(self, name, array)
+            if name.startswith("obs."):
+                self.obs[name[4:]] = array
+            else:
+                setattr(self, name, array)
 
     @classmethod
     def create(cls, path: str, layout: dict) -> "SharedBuffers":

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from sf_engine import ppo
-from sf_engine.model import log_prob_entropy, sample_actions
+from sf_engine.model import ActionDistribution
+from sf_engine.shared_buffers import ActionSpec
 
 
 def random_rollout(seed, num_steps=17, num_traj=9):
@@ -130,15 +131,39 @@ def test_ppo_losses_hand_computed():
 
 def test_categorical_log_prob_entropy_and_sampling():
     torch.manual_seed(0)
+    dist = ActionDistribution(ActionSpec("discrete", nvec=(5,)))
     logits = torch.randn(64, 5)
     actions = torch.randint(0, 5, (64,))
-    log_probs, entropy = log_prob_entropy(logits, actions)
-    dist = torch.distributions.Categorical(logits=logits)
-    torch.testing.assert_close(log_probs, dist.log_prob(actions))
-    torch.testing.assert_close(entropy, dist.entropy())
+    log_probs, entropy = dist.log_prob_entropy(logits, actions)
+    reference = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(log_probs, reference.log_prob(actions))
+    torch.testing.assert_close(entropy, reference.entropy())
     # Gumbel-max sampling follows the softmax distribution
     logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(200_000, 3)
-    sampled, sampled_log_probs = sample_actions(logits)
+    sampled, sampled_log_probs = ActionDistribution(ActionSpec("discrete", nvec=(3,))).sample(logits)
     freq = torch.bincount(sampled, minlength=3).float() / len(sampled)
     torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=5e-3, rtol=0)
     torch.testing.assert_close(sampled_log_probs, torch.log_softmax(logits, -1)[0][sampled])
+
+
+def test_multi_discrete_is_a_product_of_categoricals():
+    torch.manual_seed(1)
+    dist = ActionDistribution(ActionSpec("multi_discrete", nvec=(3, 2, 4)))
+    logits = torch.randn(32, 9)
+    actions, log_probs = dist.sample(logits)
+    assert actions.shape == (32, 3) and (actions < torch.tensor([3, 2, 4])).all()
+    parts = [torch.distributions.Categorical(logits=chunk) for chunk in logits.split([3, 2, 4], dim=-1)]
+    expected = sum(p.log_prob(actions[:, i]) for i, p in enumerate(parts))
+    torch.testing.assert_close(log_probs, expected)
+    torch.testing.assert_close(dist.log_prob_entropy(logits, actions)[1], sum(p.entropy() for p in parts))
+
+
+def test_gaussian_log_prob_and_entropy_match_torch_distributions():
+    torch.manual_seed(2)
+    dist = ActionDistribution(ActionSpec("continuous", shape=(6,), low=(-1.0,) * 6, high=(1.0,) * 6))
+    means, log_std = torch.randn(128, 6), torch.randn(6) * 0.5
+    actions, log_probs = dist.sample(means, log_std)
+    reference = torch.distributions.Normal(means, log_std.exp())
+    torch.testing.assert_close(log_probs, reference.log_prob(actions).sum(-1))
+    torch.testing.assert_close(dist.log_prob_entropy(means, actions, log_std)[1], reference.entropy().sum(-1))
+    assert (actions.abs() > 1).any()  # the trained-on sample is not clipped (the env gets it clipped)

@@ -10,7 +10,7 @@ from sf_engine.ipc import get_many, make_queues
 from sf_engine.learner import Learner
 from sf_engine.policy_worker import PolicyWorker
 from sf_engine.rollout_worker import RolloutWorker
-from sf_engine.shared_buffers import EnvSpec, SharedBuffers, buffer_layout
+from sf_engine.shared_buffers import ActionSpec, EnvSpec, SharedBuffers, buffer_layout
 
 
 def small_config(tmp_path, **sampler) -> Config:
@@ -26,24 +26,26 @@ def small_config(tmp_path, **sampler) -> Config:
 
 def _child_writes(path, layout, slot):
     buffers = SharedBuffers.attach(path, layout)
-    buffers.obs[slot] = np.arange(buffers.obs[slot].size, dtype=np.float32).reshape(buffers.obs[slot].shape)
+    obs = buffers.obs["obs"]
+    obs[slot] = np.arange(obs[slot].size, dtype=np.float32).reshape(obs[slot].shape)
     buffers.actions[slot] = 7
     buffers.valid[slot] = True
 
 
 def test_slot_written_in_one_process_is_read_intact_in_another(tmp_path):
     cfg = small_config(tmp_path)
-    layout = buffer_layout(cfg, EnvSpec(obs_shape=(3, 2), obs_dtype="float32", num_actions=2))
+    layout = buffer_layout(cfg, EnvSpec(obs=(("obs", (3, 2), "float32"),), action=ActionSpec("discrete", nvec=(2,))))
     path = str(tmp_path / "shm_segment")
     buffers = SharedBuffers.create(path, layout)
     process = multiprocessing.get_context("spawn").Process(target=_child_writes, args=(path, layout, 1))
     process.start()
     process.join(60)
     assert process.exitcode == 0
-    expected = np.arange(buffers.obs[1].size, dtype=np.float32).reshape(buffers.obs[1].shape)
-    np.testing.assert_array_equal(buffers.obs[1], expected)
+    obs = buffers.obs["obs"]
+    expected = np.arange(obs[1].size, dtype=np.float32).reshape(obs[1].shape)
+    np.testing.assert_array_equal(obs[1], expected)
     assert (buffers.actions[1] == 7).all() and buffers.valid[1].all()
-    assert (buffers.obs[0] == 0).all() and (buffers.actions[0] == 0).all()  # other slots untouched
+    assert (obs[0] == 0).all() and (buffers.actions[0] == 0).all()  # other slots untouched
     buffers.release()
     assert not os.path.exists(path)
 
@@ -65,7 +67,7 @@ def test_no_slot_is_handed_out_twice(tmp_path):
     queues.free_slots.put_many(list(range(cfg.num_slots)))
     learner = Learner(cfg, buffers, queues, spec, str(tmp_path / "ckpt"), 0)
     policy = PolicyWorker(cfg, buffers, queues, spec)
-    workers = [RolloutWorker(cfg, w, buffers, queues) for w in range(cfg.sampler.num_workers)]
+    workers = [RolloutWorker(cfg, w, buffers, queues, spec) for w in range(cfg.sampler.num_workers)]
     for worker in workers:
         worker.start()
     trained_batches = 0
