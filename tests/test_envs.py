@@ -1,0 +1,194 @@
+"""Env families, spaces and models: each family trains in serial mode, user envs, episode boundaries,
+true game score under episodic life, uint8 images bit-exact, bad env input."""
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import REPO, read_json, run_train
+from envs import make_batch_env, probe_env_spec
+from sf_engine.config import parse_config
+from sf_engine.ipc import get_many, make_queues
+from sf_engine.learner import Learner
+from sf_engine.policy_worker import PolicyWorker
+from sf_engine.rollout_worker import RolloutWorker
+from sf_engine.runner import Runner, family_defaults
+from sf_engine.shared_buffers import SharedBuffers, buffer_layout
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+TINY = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
+        "--batch_size", "32", "--num_batches_per_epoch", "2", "--num_epochs", "1"]
+
+
+def serial_config(tmp_path, shm_dir, env, *flags):
+    argv = ["--env", env, "--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "family"]
+    return parse_config(argv + TINY + list(flags), family_defaults=family_defaults)
+
+
+@pytest.mark.parametrize("env, flags, family, encoder", [
+    ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
+    ("Breakout-v5", ["--train_for_env_steps", "400", "--encoder", "impala_cnn"], "atari", "impala_cnn"),
+    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+    ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "auto"),
+    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "shared"], "classic", "auto"),
+])
+def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, family, encoder):
+    cfg = serial_config(tmp_path, shm_dir, env, *flags)
+    runner = Runner(cfg)
+    assert runner.spec.family == family and cfg.model.encoder == encoder
+    assert runner.run() == 0
+    summary = read_json(tmp_path / "family" / "summary.json")
+    assert summary["learner_version"] >= 2 and summary["env_steps"] >= cfg.run.train_for_env_steps
+    if family == "atari":
+        assert summary["frames"] == 4 * summary["env_steps"]  # frames count the frameskip
+    assert os.listdir(shm_dir) == []
+
+
+def test_family_defaults_yield_to_the_users_flags(tmp_path, shm_dir):
+    cfg = serial_config(tmp_path, shm_dir, "Pong-v5")
+    assert (cfg.learner.learning_rate, cfg.learner.ppo_clip_ratio, cfg.learner.num_epochs) == (2.5e-4, 0.1, 1)
+    assert cfg.sampler.rollout == 16  # given on the command line
+    continuous = serial_config(tmp_path, shm_dir, "HalfCheetah-v4")
+    assert continuous.model.normalize_input and continuous.model.normalize_returns
+    assert continuous.model.actor_critic == "separate"
+
+
+class SerialRoles:
+    """Worker, policy worker and learner of a tiny run, stepped by hand."""
+
+    def __init__(self, cfg, tmp_path):
+        self.spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+        self.buffers = SharedBuffers.create(str(tmp_path / "segment"), buffer_layout(cfg, self.spec))
+        self.queues = make_queues(cfg.sampler.num_workers)
+        self.queues.free_slots.put_many(list(range(cfg.num_slots)))
+        self.learner = Learner(cfg, self.buffers, self.queues, self.spec, str(tmp_path / "ckpt"), 0)
+        self.policy = PolicyWorker(cfg, self.buffers, self.queues, self.spec)
+        self.worker = RolloutWorker(cfg, 0, self.buffers, self.queues, self.spec)
+        self.worker.start()
+
+    def full_slots(self, count: int) -> list:
+        slots = []
+        for _ in range(1000):
+            self.worker.step(0)
+            self.policy.step(0)
+            slots += get_many(self.queues.full_slots, 0)
+            if len(slots) >= count:
+                return slots
+        raise AssertionError("the worker did not fill slots")
+
+    def close(self):
+        self.worker.close()
+        self.buffers.release()
+
+
+def _next_value(value: int) -> int:
+    """ToyDictEnv's image value one env step later: steps 0..5 of episode e are 10e..10e+5."""
+    return value + 1 if value % 10 < 5 else (value // 10 + 1) * 10 % 256
+
+
+def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_dir):
+    cfg = serial_config(tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64",
+                        "--num_batches_per_epoch", "1")
+    roles = SerialRoles(cfg, tmp_path)
+    batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch])
+    image = batch["obs"]["image"]
+    assert image.dtype.is_floating_point is False and str(image.dtype) == "torch.uint8"
+    values = image.numpy()[:, :, 0, 0, 0].astype(int)  # [T+1, N]
+    assert (image.numpy() == values[:, :, None, None, None]).all()  # every pixel intact
+    for t in range(values.shape[0] - 1):
+        np.testing.assert_array_equal(values[t + 1], [_next_value(v) for v in values[t]])
+    # the step that follows an episode end is the env's reset step: never a valid transition
+    ends = batch["terminated"].numpy()
+    valid = batch["valid"].numpy()
+    np.testing.assert_array_equal(valid[1:], ~ends[:-1])
+    assert ((values[:-1] % 10 == 5) == ~valid).all()  # terminal obs rows are exactly the invalid ones
+    roles.close()
+
+
+def test_envpool_next_step_reset_is_never_trained_on(tmp_path, shm_dir):
+    cfg = serial_config(tmp_path, shm_dir, "CartPole-v1", "--rollout", "64", "--batch_size", "256",
+                        "--num_batches_per_epoch", "1")
+    roles = SerialRoles(cfg, tmp_path)
+    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    batch = roles.learner._gather(slots)
+    dones = (batch["terminated"] | batch["truncated"]).numpy()
+    valid = batch["valid"].numpy()
+    assert dones.any()
+    np.testing.assert_array_equal(valid[1:], ~dones[:-1])
+    trained = []
+    roles.learner._ppo_epochs = lambda samples: trained.append(samples["log_probs"].numel()) or {}
+    roles.learner.train_on(slots)
+    assert trained == [int(valid.sum())]
+    roles.worker.send_stats()
+    episodes = [m for m in get_many(roles.queues.stats, 0) if m["kind"] == "episodes"][-1]
+    assert episodes["count"] > 0 and all(length >= 8 for length in episodes["lengths"])
+    roles.close()
+
+
+def test_true_game_score_is_tracked_across_lives():
+    spec = probe_env_spec("Breakout-v5", "auto")
+    env = make_batch_env("Breakout-v5", "auto", 4, seed=3, spec=spec, training=True)
+    env.reset()
+    rng = np.random.default_rng(0)
+    life_losses, games = np.zeros(4, int), np.zeros(4, int)
+    clipped, scores = [], []
+    for _ in range(4000):
+        result = env.step(rng.integers(0, 4, size=4))
+        life_losses += result.terminated
+        games += result.episode_over
+        clipped.append(result.rewards)
+        scores.append(result.score_rewards)
+    env.close()
+    assert games.sum() >= 4
+    # training sees an episode end at every lost life, the reported episode is the whole 5-life game
+    assert (life_losses >= 5 * games).all() and (life_losses < 5 * (games + 1)).all()
+    clipped, scores = np.array(clipped), np.array(scores)
+    assert set(np.unique(clipped)) <= {0.0, 1.0} and scores.sum() >= clipped.sum()
+
+
+@pytest.mark.parametrize("env, words", [
+    ("toy_envs:NoSuchEnv", ["--env toy_envs:NoSuchEnv", "cannot import"]),
+    ("no_such_module:Env", ["--env no_such_module:Env", "cannot import"]),
+    ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"]),
+    ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"]),
+])
+def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words):
+    result = run_train(["--env", env, "--shm_dir", shm_dir], tmp_path, env={**os.environ, "PYTHONPATH": TESTS})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for word in words:
+        assert word in lines[0]
+    assert os.listdir(shm_dir) == []
+
+
+def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir):
+    script = tmp_path / "my_training.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{REPO!r}, {TESTS!r}]
+        from envs import register_env
+        from toy_envs import ToyDictEnv
+
+
+        def make_toy():
+            return ToyDictEnv()
+
+
+        if __name__ == "__main__":
+            register_env("MyToy-v0", make_toy)
+            from sf_engine.runner import main
+            sys.exit(main(sys.argv[1:]))
+    """))
+    import subprocess
+
+    result = subprocess.run([sys.executable, str(script), "--env", "MyToy-v0", "--train_dir", str(tmp_path),
+                             "--experiment", "mine", "--shm_dir", shm_dir, "--num_envs_per_worker", "8",
+                             "--batch_size", "256", "--train_for_env_steps", "20000"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = read_json(tmp_path / "mine" / "summary.json")
+    assert summary["episodes"] > 100 and summary["learner_version"] >= 2

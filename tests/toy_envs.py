@@ -1,0 +1,52 @@
+"""Small user-style envs for the tests (used as --env toy_envs:Name with tests/ on the path)."""
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+EPISODE_LENGTH = 5
+
+
+class ToyDictEnv(gym.Env):
+    """Dict observation (uint8 image + float vector), MultiDiscrete actions, 5-step episodes.
+    The image's pixels all equal (10 * episode + step) % 256, so what arrives anywhere can be checked.
+    Reward 1 when the first action component is 1."""
+
+    def __init__(self, render_mode=None):
+        self.observation_space = spaces.Dict({
+            "image": spaces.Box(0, 255, (3, 8, 8), np.uint8),
+            "vector": spaces.Box(-1.0, 1.0, (2,), np.float32)})
+        self.action_space = spaces.MultiDiscrete([3, 2])
+        self.episode, self.step_count = -1, 0
+
+    def _obs(self):
+        value = (10 * self.episode + self.step_count) % 256
+        return {"image": np.full((3, 8, 8), value, np.uint8),
+                "vector": np.array([self.step_count / EPISODE_LENGTH, -0.5], np.float32)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.step_count = self.episode + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.step_count += 1
+        reward = float(action[0] == 1)
+        return self._obs(), reward, self.step_count >= EPISODE_LENGTH, False, {}
+
+
+class BadResetEnv(ToyDictEnv):
+    """reset() returns the observation alone (the old Gym API)."""
+
+    def reset(self, seed=None, options=None):
+        return super().reset(seed=seed)[0]
+
+
+class DiscreteObsEnv(gym.Env):
+    observation_space = spaces.Discrete(4)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        return 0, 0.0, True, False, {}
