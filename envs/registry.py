@@ -238,7 +238,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
 # Flag defaults per family; the user's own flags always win.
 FAMILY_DEFAULTS = {
     "classic": {},
-    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "num_envs_per_worker": 16, "rollout": 128,
+    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "num_envs_per_worker": 32, "rollout": 128,
               "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
               "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
     "continuous": {"encoder": "mlp", "activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
