@@ -65,6 +65,23 @@ class NatureCNN(nn.Module):
         return self.fc(self.convs(x))
 
 
+class SmallCNN(nn.Module):
+    """For images too small for the Nature CNN's 8x8/4 first layer (MiniGrid-style views): three 3x3
+    convolutions at full resolution, then 256 units (ReLU)."""
+
+    def __init__(self, shape: tuple):
+        super().__init__()
+        self.convs = nn.Sequential(
+            _init(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(16, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(), nn.Flatten())
+        self.fc = nn.Sequential(_init(nn.Linear(32 * shape[1] * shape[2], 256), math.sqrt(2)), nn.ReLU())
+        self.out_size = 256
+
+    def forward(self, x):
+        return self.fc(self.convs(x))
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -113,20 +130,33 @@ def _is_image(shape: tuple, dtype: str) -> bool:
     return len(shape) == 3 and dtype == "uint8"
 
 
+def _channels_first(shape: tuple) -> bool:
+    """Images come as [C, H, W] (EnvPool) or [H, W, C] (most Gymnasium envs, C in 1..4)."""
+    return not (shape[-1] <= 4 < shape[0])
+
+
+def _cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
+    if encoder == "impala_cnn":
+        return ImpalaCNN(shape_chw)
+    return NatureCNN(shape_chw) if min(shape_chw[1:]) >= 36 else SmallCNN(shape_chw)
+
+
 class Encoder(nn.Module):
     """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
 
     def __init__(self, spec, mcfg):
         super().__init__()
-        self.keys, self.image_keys = [], set()
+        self.keys, self.image_keys, self.hwc_keys = [], set(), set()
         self.nets = nn.ModuleDict()
         self.normalizers = nn.ModuleDict()
-        cnn = ImpalaCNN if mcfg.encoder == "impala_cnn" else NatureCNN
         for key, shape, dtype in spec.obs:
             self.keys.append(key)
             if _is_image(shape, dtype) and mcfg.encoder != "mlp":
                 self.image_keys.add(key)
-                self.nets[key] = cnn(shape).to(memory_format=torch.channels_last)
+                if not _channels_first(shape):
+                    self.hwc_keys.add(key)
+                    shape = (shape[2], shape[0], shape[1])
+                self.nets[key] = _cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
             else:
                 self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
                 if mcfg.normalize_input and dtype != "uint8":
@@ -136,6 +166,8 @@ class Encoder(nn.Module):
     def prepare(self, key: str, x: torch.Tensor) -> torch.Tensor:
         """Stored dtype -> network input: images to float in [0, 1] (channels-last), vectors flattened
         and normalized."""
+        if key in self.hwc_keys:  # [B, H, W, C] is already the channels-last layout of [B, C, H, W]
+            return x.permute(0, 3, 1, 2).float().div_(255.0)
         if key in self.image_keys:
             return x.float().div_(255.0).contiguous(memory_format=torch.channels_last)
         x = x.reshape(x.shape[0], -1).float()
