@@ -16,5 +16,5 @@ setup(
         "psutil",
         "tensorboard",
     ],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest"], "perf": ["matplotlib"]},
 )
