@@ -9,6 +9,7 @@ Families (each with its own defaults, see `FAMILY_DEFAULTS`):
   atari       EnvPool Atari ids (Pong-v5, ...): 84x84 gray, frameskip 4, 4 stacked frames, up to 30
               no-op starts; for training also episodic life and reward clipping, while the true game
               score of whole games is what gets reported.
+  image       other envs with a uint8 image observation (Gymnasium ALE ids, MiniGrid-style views, ...).
   continuous  Box action spaces (EnvPool MuJoCo such as HalfCheetah-v4, or Gymnasium ids).
   classic     everything else (EnvPool classic control, Gymnasium ids, user envs).
 """
@@ -67,6 +68,8 @@ class BatchEnv:
         action = spec.action
         if action.kind == "continuous":
             self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
+        self._start = np.asarray(action.start or 0)
+        self._offset = bool(np.any(self._start))
 
     def reset(self) -> dict:
         obs, _ = self._env.reset()
@@ -75,6 +78,8 @@ class BatchEnv:
     def step(self, actions: np.ndarray) -> StepResult:
         if self.spec.action.kind == "continuous":
             actions = np.clip(actions, self._low, self._high)  # the env gets clipped actions
+        elif self._offset:  # Discrete(n, start=k): the policy picks 0..n-1
+            actions = actions + self._start
         obs, rewards, terminated, truncated, info = self._env.step(actions)
         if self._true_score:
             score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)
@@ -185,9 +190,10 @@ def _action_spec(env_id: str, space) -> ActionSpec:
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
-        return ActionSpec("discrete", nvec=(int(space.n),))
+        return ActionSpec("discrete", nvec=(int(space.n),), start=(int(space.start),))
     if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return ActionSpec("multi_discrete", nvec=tuple(int(n) for n in space.nvec))
+        return ActionSpec("multi_discrete", nvec=tuple(int(n) for n in space.nvec),
+                          start=tuple(int(x) for x in space.start))
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
         return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(float(x) for x in space.low),
                           high=tuple(float(x) for x in space.high))
@@ -230,9 +236,13 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
         finally:
             env.close()
         is_atari, frameskip = False, 1
-    action = _action_spec(env_id, action_space)
-    family = "atari" if is_atari else ("continuous" if action.kind == "continuous" else "classic")
-    return EnvSpec(obs=_obs_entries(env_id, obs_space), action=action, family=family, frameskip=frameskip)
+    action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
+    has_image = any(len(shape) >= 2 and dtype == "uint8" for _, shape, dtype in obs)
+    if is_atari:
+        family = "atari"
+    else:
+        family = "image" if has_image else ("continuous" if action.kind == "continuous" else "classic")
+    return EnvSpec(obs=obs, action=action, family=family, frameskip=frameskip)
 
 
 # Flag defaults per family; the user's own flags always win.
@@ -241,7 +251,10 @@ FAMILY_DEFAULTS = {
     "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "num_envs_per_worker": 32, "rollout": 128,
               "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
               "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
-    "continuous": {"encoder": "mlp", "activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
+    "image": {"actor_critic": "shared", "num_envs_per_worker": 16, "rollout": 128, "batch_size": 1024,
+              "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
+              "entropy_coeff": 0.01, "learner_threads": 2},
+    "continuous": {"activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
                    "normalize_input": True, "normalize_returns": True, "num_envs_per_worker": 32, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
                    "lr_schedule": "constant", "entropy_coeff": 0.0},

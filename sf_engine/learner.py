@@ -51,6 +51,8 @@ class Learner:
         state = load_checkpoint(path, self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # this run's --learning_rate, not the saved one
+            group["lr"] = self.lcfg.learning_rate
         self.version = int(state["version"])
         logging.info("resumed from %s (version %d)", path, self.version)
 
@@ -129,11 +131,13 @@ class Learner:
         samples = {"obs": {key: flat(value[:-1]) for key, value in batch["obs"].items()},
                    "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
                    "advantages": flat(advantages), "returns": flat(returns)}
-        if index.numel():
-            self.model.update_normalizers(samples["obs"], samples["returns"])
         assembled = time.monotonic()
         self.stage_sec["batch_assembly"] += assembled - start
-        metrics = self._ppo_epochs(samples) if index.numel() else {}
+        metrics = {}
+        if index.numel():
+            metrics = self._ppo_epochs(samples)
+            # after the epochs: the behaviour log-probs were computed with the statistics in force
+            self.model.update_normalizers(samples["obs"], samples["returns"])
         trained = time.monotonic()
         self.stage_sec["train"] += trained - assembled
         self.version += 1
@@ -142,7 +146,7 @@ class Learner:
         self.stage_sec["weight_publish"] += time.monotonic() - trained
         valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
         stat(self.queues, "train", version=self.version, samples=int(index.numel()),
-             dropped_lag=int((valid & ~keep).sum()), lag_min=float(valid_lag.min()),
+             dropped_lag=int((valid & ~keep).sum()), lag_count=int(valid.sum()), lag_min=float(valid_lag.min()),
              lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
              learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec), **metrics)
 

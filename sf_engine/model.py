@@ -170,6 +170,8 @@ class Encoder(nn.Module):
             return x.permute(0, 3, 1, 2).float().div_(255.0)
         if key in self.image_keys:
             return x.float().div_(255.0).contiguous(memory_format=torch.channels_last)
+        if x.dtype == torch.uint8:
+            return x.reshape(x.shape[0], -1).float().div_(255.0)
         x = x.reshape(x.shape[0], -1).float()
         return self.normalizers[key].normalize(x) if key in self.normalizers else x
 

@@ -23,17 +23,25 @@ from sf_engine.shared_buffers import SharedBuffers
 STATS_EVERY_SEC = 1.0
 
 
+WEIGHT_READ_TIMEOUT_SEC = 30.0
+
+
 def read_shared_params(param_seq: np.ndarray, shared: torch.Tensor, local: torch.Tensor) -> int:
     """Copy the learner's weights into `local` without ever keeping a half-written set; returns the
-    version copied. The learner makes param_seq odd while it writes and even (2 x version) after."""
-    while True:
+    version copied. The learner makes param_seq odd while it writes and even (2 x version) after.
+    On CUDA the copy is awaited before the sequence is checked again (copy_ only queues it)."""
+    deadline = time.monotonic() + WEIGHT_READ_TIMEOUT_SEC
+    while time.monotonic() < deadline:
         before = int(param_seq[0])
         if before % 2:
             time.sleep(0)
             continue
         local.copy_(shared)
+        if local.is_cuda:
+            torch.cuda.current_stream(local.device).synchronize()
         if int(param_seq[0]) == before:
             return before // 2
+    raise TimeoutError(f"the learner's weights stayed mid-write for {WEIGHT_READ_TIMEOUT_SEC:g} s")
 
 
 class PolicyWorker:

@@ -25,8 +25,10 @@ class RolloutWorker:
         self.idx, self.buffers, self.queues = worker_idx, buffers, queues
         self.rollout, self.num_splits = cfg.sampler.rollout, cfg.sampler.worker_num_splits
         self.envs_per_split = cfg.sampler.envs_per_split
+        # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
+        first_seed = cfg.env.seed * 1_000_003 + worker_idx * cfg.sampler.num_envs_per_worker
         self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
-                                    seed=cfg.env.seed * 1_000_003 + worker_idx * self.num_splits + split, spec=spec)
+                                    seed=first_seed + split * self.envs_per_split, spec=spec)
                      for split in range(self.num_splits)]
         self.slot = [-1] * self.num_splits
         self.row = [0] * self.num_splits

@@ -7,12 +7,14 @@ wait). In serial mode the same role classes are stepped in turn in this process.
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -47,21 +49,39 @@ def start_forkserver(cfg: Config):
     return ctx
 
 
+def _lock_experiment(exp_dir: str, experiment: str):
+    """One run per experiment at a time (they would share checkpoints and the shared-memory file)."""
+    os.makedirs(checkpoint_dir(exp_dir), exist_ok=True)
+    lock = open(os.path.join(exp_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise ConfigError(f"--experiment {experiment} is already running in another process: "
+                          f"wait for it or choose another --experiment") from None
+    return lock
+
+
 def _prepare_experiment_dir(cfg: Config) -> str:
+    """--restart clears the experiment; otherwise a resumed run must have the same env and model."""
     exp_dir = cfg.experiment_dir
-    if cfg.run.restart and os.path.isdir(exp_dir):
+    if cfg.run.restart:
         shutil.rmtree(checkpoint_dir(exp_dir), ignore_errors=True)
+        os.makedirs(checkpoint_dir(exp_dir), exist_ok=True)
         for pattern in _OWN_FILES:
             for path in glob.glob(os.path.join(exp_dir, pattern)):
                 os.unlink(path)
     saved = os.path.join(exp_dir, "config.json")
     if os.path.exists(saved) and latest_checkpoint(checkpoint_dir(exp_dir)):
         with open(saved) as f:
-            old_env = json.load(f).get("env", {}).get("env")
-        if old_env != cfg.env.env:
-            raise ConfigError(f"--experiment {cfg.run.experiment} was trained on {old_env}, not {cfg.env.env}: "
+            old = json.load(f)
+        changed = [f"--{name}" for name, value in old.get("model", {}).items()
+                   if getattr(cfg.model, name, value) != value]
+        if old.get("env", {}).get("env") != cfg.env.env:
+            changed.insert(0, "--env")
+        if changed:
+            raise ConfigError(f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
                               f"pass --restart to start over or choose another --experiment")
-    os.makedirs(checkpoint_dir(exp_dir), exist_ok=True)
     return exp_dir
 
 
@@ -92,6 +112,16 @@ def _setup_logging(log_path: str) -> None:
     root.addHandler(logfile)
 
 
+def _check_picklable_envs() -> None:
+    """register_env factories travel to the worker processes, so they must be picklable."""
+    for name, make_env in registered_envs().items():
+        try:
+            pickle.dumps(make_env)
+        except Exception:
+            raise ConfigError(f"--env {name}: its register_env factory cannot be sent to worker processes; "
+                              f"register a module-level function or class, not a lambda or closure") from None
+
+
 def _stop_reason(cfg: Config, stats: RunStats, start_time: float):
     if stats.env_steps >= cfg.run.train_for_env_steps:
         return f"env-step budget reached ({stats.env_steps:,} >= {cfg.run.train_for_env_steps:,})"
@@ -109,6 +139,7 @@ class Runner:
         cfg.validate()
         self.cfg, self.start_time = cfg, time.monotonic()
         self.ctx = ctx if ctx is not None else start_forkserver(cfg)
+        self.lock = _lock_experiment(cfg.experiment_dir, cfg.run.experiment)
         self.exp_dir = _prepare_experiment_dir(cfg)
         self.log_path = os.path.join(self.exp_dir, "train.log")
         _setup_logging(self.log_path)
@@ -116,7 +147,13 @@ class Runner:
         self.layout = buffer_layout(cfg, self.spec)
         self.shm_path = shm_path(cfg.run.shm_dir, self.exp_dir)
         _check_resources(cfg, self.layout, self.shm_path)
-        self.env_steps_base = env_steps_of(latest_checkpoint(checkpoint_dir(self.exp_dir)))
+        resume_from = latest_checkpoint(checkpoint_dir(self.exp_dir))
+        self.env_steps_base = env_steps_of(resume_from)
+        if resume_from:
+            logging.info("resuming experiment %s from %s (%s env steps; --restart starts over)",
+                         cfg.run.experiment, os.path.basename(resume_from), f"{self.env_steps_base:,}")
+        if self.ctx is not None:
+            _check_picklable_envs()
         cfg.save(os.path.join(self.exp_dir, "config.json"))
         self.buffers = SharedBuffers.create(self.shm_path, self.layout)
         self.queues = make_queues(cfg.sampler.num_workers, self.ctx)
@@ -141,6 +178,7 @@ class Runner:
             self.stats.stop()
             self._shutdown()
         summary = self.stats.close()
+        self.lock.close()
         logging.info("stopped: %s", reason)
         brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "env_steps_per_sec_windows")}
         logging.info("summary: %s", json.dumps(brief))

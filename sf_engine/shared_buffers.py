@@ -31,9 +31,11 @@ _ALIGN = 64
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high)."""
+    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
+    `start`: the env's first action value per dimension (Gymnasium's Discrete start)."""
     kind: str
     nvec: tuple = ()
+    start: tuple = ()
     shape: tuple = ()
     low: tuple = ()
     high: tuple = ()

@@ -71,8 +71,8 @@ class RunStats:
                 self.train = msg
                 self.learner_samples += msg["samples"]
                 self.samples_dropped_lag += msg["dropped_lag"]
-                self.lag_sum += msg["lag_mean"] * msg["samples"]
-                self.lag_count += msg["samples"]
+                self.lag_sum += msg["lag_mean"] * msg["lag_count"]
+                self.lag_count += msg["lag_count"]
                 self.lag_max = max(self.lag_max, msg["lag_max"])
                 self.stage_sec["learner"] = msg["stage_sec"]
             elif kind == "inference":

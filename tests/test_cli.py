@@ -71,3 +71,13 @@ def test_ctrl_c_saves_a_checkpoint_and_leaves_nothing_behind(tmp_path, shm_dir):
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert os.listdir(shm_dir) == []
     assert read_json(exp / "summary.json")["env_steps"] > 0
+
+
+def test_resuming_with_another_model_is_refused(tmp_path, shm_dir):
+    base = ["--experiment", "resume", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
+            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
+    assert run_train(base, tmp_path).returncode == 0
+    result = run_train(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path)
+    assert result.returncode == 2
+    assert "--hidden_size" in result.stderr and "--restart" in result.stderr
+    assert run_train(base + ["--hidden_size", "32", "--restart"], tmp_path).returncode == 0

@@ -30,10 +30,11 @@ def serial_config(tmp_path, shm_dir, env, *flags):
 @pytest.mark.parametrize("env, flags, family, encoder", [
     ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
     ("Breakout-v5", ["--train_for_env_steps", "400", "--encoder", "impala_cnn"], "atari", "impala_cnn"),
-    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "auto"),
     ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "auto"),
-    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
-    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "shared"], "classic", "auto"),
+    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "auto"),
+    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "auto"),
+    ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "auto"),
 ])
 def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, family, encoder):
     cfg = serial_config(tmp_path, shm_dir, env, *flags)
@@ -123,8 +124,9 @@ def test_envpool_next_step_reset_is_never_trained_on(tmp_path, shm_dir):
     roles.learner.train_on(slots)
     assert trained == [int(valid.sum())]
     roles.worker.send_stats()
-    episodes = [m for m in get_many(roles.queues.stats, 0) if m["kind"] == "episodes"][-1]
-    assert episodes["count"] > 0 and all(length >= 8 for length in episodes["lengths"])
+    messages = [m for m in get_many(roles.queues.stats, 0) if m["kind"] == "episodes"]
+    lengths = [length for m in messages for length in m["lengths"]]
+    assert sum(m["count"] for m in messages) > 0 and all(length >= 8 for length in lengths)
     roles.close()
 
 
@@ -163,6 +165,33 @@ def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words)
     for word in words:
         assert word in lines[0]
     assert os.listdir(shm_dir) == []
+
+
+def test_discrete_action_start_offset_reaches_the_env():
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    seen = []
+
+    class Offset(gym.Env):
+        observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        action_space = spaces.Discrete(3, start=-1)
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            seen.append(int(action))
+            return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    from envs import register_env
+
+    register_env("Offset-v0", Offset)
+    spec = probe_env_spec("Offset-v0", "auto")
+    env = make_batch_env("Offset-v0", "auto", 2, seed=0, spec=spec)
+    env.reset()
+    env.step(np.array([0, 2]))
+    assert seen == [-1, 1]
 
 
 def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir):

@@ -50,3 +50,22 @@ class DiscreteObsEnv(gym.Env):
 
     def step(self, action):
         return 0, 0.0, True, False, {}
+
+
+class ToyHWCImageEnv(gym.Env):
+    """A 7x7x3 uint8 image in [H, W, C] layout (as MiniGrid-style Gymnasium envs have), 3 actions."""
+
+    def __init__(self, render_mode=None):
+        self.observation_space = spaces.Box(0, 255, (7, 7, 3), np.uint8)
+        self.action_space = spaces.Discrete(3)
+        self.step_count = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.step_count = 0
+        return np.zeros((7, 7, 3), np.uint8), {}
+
+    def step(self, action):
+        self.step_count += 1
+        obs = np.full((7, 7, 3), 40 * self.step_count, np.uint8)
+        return obs, float(action == 2), self.step_count >= 6, False, {}
