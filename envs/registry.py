@@ -114,13 +114,20 @@ def resolve_backend(env_id: str, backend: str) -> str:
 
 
 def _user_factory(env_id: str) -> Callable:
-    """`package.module:Name` -> a zero-argument factory of gymnasium.Env."""
+    """`package.module:Name` -> a zero-argument factory of gymnasium.Env: Name is a class or factory in
+    the module, or a Gymnasium id that importing the module registers (e.g. minigrid:MiniGrid-Empty-5x5-v0)."""
     import gymnasium as gym
 
     module_name, _, attr = env_id.partition(":")
     try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
+    if not hasattr(module, attr) and attr in gym.registry:
+        return _GymId(attr)
+    try:
+        target = getattr(module, attr)
+    except AttributeError as exc:
         raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
     if not callable(target):
         raise EnvError(f"--env {env_id}: {attr} is not a gymnasium.Env class or factory")
@@ -139,9 +146,21 @@ def _gym_factory(env_id: str) -> Callable:
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:
-        raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); "
-                       f"check the spelling or import the package that registers it") from None
-    return lambda: gym.make(env_id)
+        raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "
+                       f"spelling, or name the package that registers it as --env package:{env_id}") from None
+    return _GymId(env_id)
+
+
+class _GymId:
+    """Picklable factory of a registered Gymnasium id (importing its module first when given)."""
+
+    def __init__(self, env_id: str):
+        self.env_id = env_id
+
+    def __call__(self, **kwargs):
+        import gymnasium as gym
+
+        return gym.make(self.env_id, **kwargs)
 
 
 def _envpool_kwargs(family: str, training: bool) -> dict:

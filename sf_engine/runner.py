@@ -167,6 +167,11 @@ class Runner:
                      self.cfg.run.experiment, self.cfg.env.env, self.cfg.env.env_backend, self.cfg.run.mode,
                      self.cfg.sampler.num_workers, self.cfg.sampler.num_envs_per_worker, self.cfg.num_slots,
                      self.cfg.sampler.rollout, self.cfg.sampler.envs_per_split)
+        idle = self.cfg.sampler.total_splits - self.cfg.slots_per_batch % self.cfg.sampler.total_splits
+        if self.cfg.run.mode == "sync" and idle < self.cfg.sampler.total_splits:
+            logging.info("sync mode: %d of %d env groups wait each round for a slot; a training batch of a "
+                         "multiple of %d slots keeps them all busy", idle, self.cfg.sampler.total_splits,
+                         self.cfg.sampler.total_splits)
         exit_code, reason = 0, None
         try:
             reason = self._run_serial() if self.ctx is None else self._run_processes()
