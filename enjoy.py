@@ -1,75 +1,201 @@
 #!/usr/bin/env python
-"""Replay a trained agent: loads <train_dir>/<experiment>/config.json and its newest checkpoint, runs
---num_episodes episodes on the CPU and prints each episode's return and length, then a summary line."""
+"""Replay a trained agent: loads <train_dir>/<experiment>/config.json and a checkpoint (the newest by
+default), plays --num_episodes episodes and prints each episode's return and length, then a summary
+line; --video records them (rgb frames from the env's renderer; the full-colour screen on Atari)."""
 import argparse
 import json
 import os
 import sys
+
+import numpy as np
+
+
+class EnjoyError(RuntimeError):
+    """A problem the user can fix: one line, exit code 2."""
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
     parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
+    parser.add_argument("--checkpoint", default="latest",
+                        help="'latest' (newest periodic checkpoint), 'best' (best evaluation return, written "
+                             "with train.py --eval_every_sec), or a path to a checkpoint file.")
     parser.add_argument("--num_episodes", type=int, default=10, help="Episodes to play.")
-    parser.add_argument("--deterministic", action="store_true", help="Take the most likely action instead of sampling.")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="Take the most likely action (mode, or Gaussian mean) instead of sampling.")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="Device of the policy.")
+    parser.add_argument("--video", default=None, help="Record the episodes to this .mp4 or .gif file.")
+    parser.add_argument("--video_fps", type=int, default=None, help="Frames per second of the video "
+                        "(default: the env's render_fps, or 30).")
+    parser.add_argument("--max_frames", type=int, default=10_000, help="At most this many frames in the video.")
     parser.add_argument("--seed", type=int, default=12345, help="Seed of the evaluation env.")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.video and not args.video.lower().endswith((".mp4", ".gif")):
+        parser.error(f"--video {args.video}: the file name must end in .mp4 or .gif")
+    if args.num_episodes < 1:
+        parser.error("--num_episodes must be at least 1")
+    return args
 
 
-def play(policy, env, num_episodes: int, deterministic: bool):
-    """Yield (return, length) of `num_episodes` whole episodes of a one-env BatchEnv."""
-    import numpy as np
+def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
+    from sf_engine.checkpoint import BEST_NAME, checkpoint_dir, latest_checkpoint
+
+    if choice == "latest":
+        path = latest_checkpoint(checkpoint_dir(exp_dir))
+        if path is None:
+            raise EnjoyError(f"experiment {experiment} has no checkpoint yet: train it first "
+                             f"(python train.py --experiment {experiment})")
+        return path
+    if choice == "best":
+        path = os.path.join(checkpoint_dir(exp_dir), BEST_NAME)
+        if not os.path.exists(path):
+            raise EnjoyError(f"experiment {experiment} has no best checkpoint: train it with --eval_every_sec "
+                             f"or use --checkpoint latest")
+        return path
+    if not os.path.isfile(choice):
+        raise EnjoyError(f"--checkpoint {choice}: no such file")
+    return choice
+
+
+def load_policy(cfg, spec, path: str, device):
+    """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
+    from sf_engine.checkpoint import load_checkpoint
+    from sf_engine.model import ActorCritic
+
+    try:
+        state = load_checkpoint(path, device)
+    except Exception as exc:  # torch raises several types for a truncated or corrupted file
+        raise EnjoyError(f"checkpoint {path} is truncated or corrupted ({exc.__class__.__name__}); "
+                         f"pass an older one with --checkpoint PATH") from None
+    saved = state.get("config", {})
+    if saved.get("env", {}).get("env", cfg.env.env) != cfg.env.env or saved.get("model", {}) not in ({}, vars(cfg.model)):
+        raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
+                         f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
+    policy = ActorCritic(spec, cfg.model).to(device)
+    try:
+        policy.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as exc:
+        raise EnjoyError(f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    return policy.eval()
+
+
+class VideoEnv:
+    """The env the agent plays, plus the full-colour frames of what it plays for the video.
+    Atari: a twin EnvPool env at 210x160 RGB, same seed and actions (ALE is deterministic), so the
+    video shows the real screen while the policy sees its 84x84 gray stack. Others: Gymnasium's
+    rgb_array renderer."""
+
+    def __init__(self, cfg, spec, seed: int, record: bool, max_frames: int):
+        from envs import make_batch_env
+
+        self.twin, self.frames, self.max_frames = None, [], max_frames
+        self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
+        backend = cfg.env.env_backend
+        if record and spec.family != "atari":
+            backend = "gymnasium"  # the renderer is Gymnasium's
+        self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                                  render_mode="rgb_array" if record and spec.family != "atari" else None)
+        if record and spec.family == "atari":
+            import envpool
+
+            self.twin = envpool.make(cfg.env.env, env_type="gymnasium", num_envs=1, num_threads=1, seed=seed,
+                                     episodic_life=False, reward_clip=False, img_height=210, img_width=160,
+                                     gray_scale=False, stack_num=1)
+        self.record = record
+
+    def _capture(self, twin_obs=None):
+        if not self.record or len(self.frames) >= self.max_frames:
+            return
+        frame = twin_obs[0, -3:].transpose(1, 2, 0) if self.twin is not None else self.env.render()[0]
+        self.frames.append(np.ascontiguousarray(frame))
+
+    def reset(self):
+        obs = self.env.reset()
+        self._capture(self.twin.reset()[0] if self.twin is not None else None)
+        return obs
+
+    def step(self, actions):
+        result = self.env.step(actions)
+        self._capture(self.twin.step(actions)[0] if self.twin is not None else None)
+        return result
+
+
+def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
+    """Yield (return, length) of `num_episodes` whole episodes (true game score on Atari)."""
     import torch
 
     obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
     with torch.inference_mode():
         while episodes < num_episodes:
-            tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in obs.items()}
+            tensors = {key: torch.from_numpy(np.asarray(value)).to(device) for key, value in obs.items()}
             if deterministic:
                 actions = policy.distribution.mode(policy(tensors)[0])
             else:
                 actions = policy.sample(tensors)[0]
-            result = env.step(actions.numpy())
+            actions = actions.cpu().numpy()
+            result = env.step(actions)
             obs = result.obs
             episode_return, length = episode_return + float(result.score_rewards[0]), length + 1
             if result.episode_over[0]:
                 yield episode_return, length
                 episodes, episode_return, length = episodes + 1, 0.0, 0
-                obs = env.step(actions.numpy()).obs  # the env's reset step (action ignored)
+                obs = env.step(actions).obs  # the env's reset step (action ignored)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def write_video(path: str, frames: list, fps: int) -> None:
+    import imageio.v2 as imageio
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if path.lower().endswith(".gif"):
+        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+    else:
+        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+
+
+def run(args) -> int:
     exp_dir = os.path.join(args.train_dir, args.experiment)
     if not os.path.exists(os.path.join(exp_dir, "config.json")):
-        print(f"error: no experiment at {exp_dir}: check --experiment and --train_dir", file=sys.stderr)
-        return 2
-    import numpy as np
-
-    from envs import make_batch_env, probe_env_spec
-    from sf_engine.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint
+        raise EnjoyError(f"no experiment at {exp_dir} (config.json missing): check --experiment and --train_dir")
+    from envs import probe_env_spec
     from sf_engine.config import Config
-    from sf_engine.model import ActorCritic
+    from sf_engine.device import resolve_device
 
     with open(os.path.join(exp_dir, "config.json")) as f:
         cfg = Config.from_dict(json.load(f))
-    path = latest_checkpoint(checkpoint_dir(exp_dir))
-    if path is None:
-        print(f"error: experiment {args.experiment} has no checkpoint yet: train it first", file=sys.stderr)
-        return 2
+    path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
+    device = resolve_device(args.device)
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    policy = ActorCritic(spec, cfg.model)
-    policy.load_state_dict(load_checkpoint(path)["model"])
-    env = make_batch_env(cfg.env.env, cfg.env.env_backend, 1, seed=args.seed, spec=spec, training=False)
+    policy = load_policy(cfg, spec, path, device)
+    env = VideoEnv(cfg, spec, args.seed, record=bool(args.video), max_frames=args.max_frames)
     results = []
-    for episode, (episode_return, length) in enumerate(play(policy, env, args.num_episodes, args.deterministic)):
-        print(f"episode {episode}: return {episode_return:.1f}, length {length}")
+    for episode, (episode_return, length) in enumerate(play(policy, env, args.num_episodes, args.deterministic,
+                                                            device)):
+        print(f"episode {episode}: return {episode_return:.1f}, length {length}", flush=True)
         results.append((episode_return, length))
     returns = np.array([r for r, _ in results])
     print(f"{len(results)} episodes of {cfg.env.env} from {os.path.basename(path)}: return "
           f"{returns.mean():.1f} +- {returns.std():.1f}, length {np.mean([n for _, n in results]):.1f}")
+    if args.video:
+        fps = args.video_fps or env.fps or int(getattr(env.env._env, "metadata", {}).get("render_fps") or 30)
+        frames = env.frames
+        write_video(args.video, frames, fps)
+        print(f"video: {args.video} ({len(frames)} frames of {frames[0].shape[1]}x{frames[0].shape[0]} at {fps} fps)")
     return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    from envs import EnvError
+
+    try:
+        return run(args)
+    except (EnjoyError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ setup(
     install_requires=[
         "torch>=2.1",
         "numpy",
-        "gymnasium>=1.0",
+        "gymnasium[classic-control]>=1.0",
         "envpool>=0.8",
         "faster-fifo>=1.4",
         "psutil",
         "tensorboard",
+        "imageio",
+        "imageio-ffmpeg",
     ],
     extras_require={"test": ["pytest"], "perf": ["matplotlib"]},
 )

@@ -10,6 +10,7 @@ import os
 import re
 
 _NAME = re.compile(r"checkpoint_v(\d+)_s(\d+)\.pt$")
+BEST_NAME = "best.pt"  # the weights with the best evaluation return (written by the evaluator)
 
 
 def checkpoint_dir(experiment_dir: str) -> str:
@@ -31,18 +32,23 @@ def env_steps_of(path) -> int:
     return int(_NAME.search(path).group(2)) if path else 0
 
 
-def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str:
-    """Write `state` (torch.save) atomically and keep only the newest `keep` checkpoints."""
+def save_state_atomic(path: str, state: dict) -> None:
+    """torch.save to a temporary file, fsync, rename: a reader sees the old file or the new one."""
     import torch
 
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"checkpoint_v{version:09d}_s{env_steps:013d}.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str:
+    """Write `state` atomically and keep only the newest `keep` checkpoints."""
+    path = os.path.join(directory, f"checkpoint_v{version:09d}_s{env_steps:013d}.pt")
+    save_state_atomic(path, state)
     for old in list_checkpoints(directory)[:-keep]:
         os.unlink(old)
     return path

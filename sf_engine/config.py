@@ -104,6 +104,11 @@ class RunConfig:
     keep_checkpoints: int = _f(3, "How many recent checkpoints to keep.")
     restart: bool = _f(False, "Start over: delete the experiment's previous checkpoints and logs.")
     status_every_sec: float = _f(5.0, "Period of the one-line terminal status.")
+    eval_every_sec: float = _f(0.0, "Evaluate every this many seconds (0: never): --eval_episodes greedy episodes on "
+                                    "separate envs, logged as eval/return_mean; the best weights go to "
+                                    "checkpoints/best.pt.")
+    eval_episodes: int = _f(10, "Episodes per evaluation (played in parallel, one per evaluation env).")
+    eval_max_steps: int = _f(100_000, "Upper bound on the env steps of one evaluation.")
     sampling_only: bool = _f(False, "Measure the sampler alone: the learner hands slots straight back without "
                                     "training (the policy stays at its initial or resumed weights).")
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
@@ -159,7 +164,8 @@ class Config:
                     "--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
                     "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
                     "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
-                    "--hidden_size": self.model.hidden_size, "--mlp_layers": self.model.mlp_layers}
+                    "--hidden_size": self.model.hidden_size, "--mlp_layers": self.model.mlp_layers,
+                    "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps}
         for flag, value in positive.items():
             if value < 1:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
@@ -183,6 +189,8 @@ class Config:
                 raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
         if lrn.learning_rate <= 0:
             raise ConfigError(f"--learning_rate must be positive (got {lrn.learning_rate})")
+        if run.eval_every_sec < 0:
+            raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
         if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
             raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
         if lrn.max_policy_lag < 0:

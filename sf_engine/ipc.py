@@ -7,6 +7,7 @@ Queues carry small messages only (indices, versions, stats dicts), never traject
   free_slots        learner/runner -> rollout worker  slot index that may be filled again
   stats             every role     -> runner          dict with a "kind" key
   params            learner        -> policy worker   the shared weight tensor, once at start-up
+  eval_params       learner        -> evaluator       the same, when evaluation is on
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Queues:
     free_slots: Queue
     stats: Queue
     params: object
+    eval_params: object
 
 
 class LocalParamChannel:
@@ -50,11 +52,13 @@ class LocalParamChannel:
 
 def make_queues(num_workers: int, mp_context=None) -> Queues:
     """`mp_context` None means serial mode (no child processes)."""
-    params = LocalParamChannel() if mp_context is None else mp_context.Queue()
+    def param_channel():
+        return LocalParamChannel() if mp_context is None else mp_context.Queue()
+
     return Queues(policy_requests=Queue(_QUEUE_BYTES),
                   actions_ready=[Queue(_QUEUE_BYTES) for _ in range(num_workers)],
                   full_slots=Queue(_QUEUE_BYTES), free_slots=Queue(_QUEUE_BYTES),
-                  stats=Queue(4 * _QUEUE_BYTES), params=params)
+                  stats=Queue(4 * _QUEUE_BYTES), params=param_channel(), eval_params=param_channel())
 
 
 def get_many(q: Queue, timeout_sec: float, max_messages: int = 10_000) -> list:

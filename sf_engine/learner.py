@@ -40,6 +40,8 @@ class Learner:
             self.shared_params.share_memory_()
         self.publish()
         queues.params.put(self.shared_params)
+        if cfg.run.eval_every_sec > 0:
+            queues.eval_params.put(self.shared_params)
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.stage_sec = {"wait_data": 0.0, "batch_assembly": 0.0, "train": 0.0, "weight_publish": 0.0}

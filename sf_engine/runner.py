@@ -44,7 +44,7 @@ def start_forkserver(cfg: Config):
                                                        and cfg.env.env not in registered_envs())
     modules = ["envpool"] if uses_envpool else []
     ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.rollout_worker",
-                                          "sf_engine.policy_worker", "sf_engine.learner"])
+                                          "sf_engine.policy_worker", "sf_engine.learner", "sf_engine.evaluator"])
     multiprocessing.forkserver.ensure_running()
     return ctx
 
@@ -200,6 +200,11 @@ class Runner:
         learner = Learner(self.cfg, self.buffers, self.queues, self.spec, checkpoint_dir(self.exp_dir),
                           self.env_steps_base)
         policy = PolicyWorker(self.cfg, self.buffers, self.queues, self.spec)
+        evaluator = None
+        if self.cfg.run.eval_every_sec > 0:
+            from sf_engine.evaluator import Evaluator
+
+            evaluator = Evaluator(self.cfg, self.buffers, self.queues, self.spec, checkpoint_dir(self.exp_dir))
         workers = [RolloutWorker(self.cfg, w, self.buffers, self.queues, self.spec)
                    for w in range(self.cfg.sampler.num_workers)]
         self._write_processes([("runner", 0, os.getpid())])
@@ -211,6 +216,8 @@ class Runner:
                     worker.step(0)
                 policy.step(0)
                 learner.step(0)
+                if evaluator is not None:
+                    evaluator.step(0)
                 reason = self._monitor(timeout_sec=0)
                 if reason:
                     return reason
@@ -234,6 +241,11 @@ class Runner:
         targets += [("rollout_worker", w, run_rollout_worker,
                      (self.cfg, w, *common, self.spec, self.log_path, registered_envs()))
                     for w in range(self.cfg.sampler.num_workers)]
+        if self.cfg.run.eval_every_sec > 0:
+            from sf_engine.evaluator import run_evaluator
+
+            targets.append(("evaluator", 0, run_evaluator, (self.cfg, *common, self.spec, self.log_path,
+                                                            checkpoint_dir(self.exp_dir), registered_envs())))
         for role, index, target, args in targets:
             process = self.ctx.Process(target=target, args=args, name=f"{role}_{index}", daemon=True)
             process.start()

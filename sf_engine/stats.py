@@ -50,6 +50,7 @@ class RunStats:
         self.window_rates: deque = deque(maxlen=1000)  # env steps/s of consecutive windows after warm-up
         self.last_tb = self.last_status = self.last_summary = self.start_time
         self.checkpoint_path = None
+        self.eval: dict = {}
 
     @property
     def env_steps(self) -> int:
@@ -79,6 +80,11 @@ class RunStats:
                 self.stage_sec["policy_worker"] = msg["stage_sec"]
             elif kind == "checkpoint":
                 self.checkpoint_path = msg["path"]
+            elif kind == "eval":
+                self.eval = msg
+                logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes (best %.1f)",
+                             msg["version"], msg["return_mean"], msg["return_std"], self.cfg.run.eval_episodes,
+                             msg["best"])
 
     def _rate(self, window_sec: float, column: int) -> float:
         now, newest = self.history[-1][0], self.history[-1]
@@ -132,6 +138,9 @@ class RunStats:
         if self.returns:
             out["episode/return"] = self.return_mean
             out["episode/length"] = sum(self.lengths) / len(self.lengths)
+        if self.eval:
+            out.update({"eval/return_mean": self.eval["return_mean"], "eval/return_best": self.eval["best"],
+                        "eval/length_mean": self.eval["length_mean"]})
         if self.train:
             out.update({f"policy_lag/{k}": self.train[f"lag_{k}"] for k in ("min", "mean", "max")})
             out.update({f"train/{k}": self.train[k] for k in _TRAIN_SCALARS if k in self.train})
@@ -170,6 +179,7 @@ class RunStats:
             "samples_dropped_lag": self.samples_dropped_lag, "stage_seconds": self.stage_sec,
             "env_steps_per_sec_windows": [round(r, 1) for r in self.window_rates],
             "checkpoint": self.checkpoint_path,
+            "eval_return_mean": self.eval.get("return_mean"), "eval_return_best": self.eval.get("best"),
         }
 
     def write_summary(self) -> dict:

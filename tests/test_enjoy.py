@@ -1,0 +1,106 @@
+"""enjoy.py and evaluation during training: replay, video, best checkpoint, one-line errors."""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import REPO, read_json, run_train
+
+SERIAL = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "64", "--batch_size", "1024"]
+
+
+def enjoy(*args, timeout=300):
+    return subprocess.run([sys.executable, os.path.join(REPO, "enjoy.py")] + list(args), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A short CartPole run with evaluation every 0.5 s."""
+    train_dir = tmp_path_factory.mktemp("enjoy")
+    result = run_train(["--experiment", "cartpole", "--train_for_env_steps", "150000", "--eval_every_sec", "0.5",
+                        "--eval_episodes", "4"] + SERIAL, train_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return train_dir
+
+
+def test_evaluation_logs_and_keeps_the_best_checkpoint(trained):
+    exp = trained / "cartpole"
+    assert (exp / "checkpoints" / "best.pt").exists()
+    summary = read_json(exp / "summary.json")
+    assert summary["eval_return_best"] >= summary["eval_return_mean"] > 0
+    events = EventAccumulator(str(exp))
+    events.Reload()
+    assert "eval/return_mean" in events.Tags()["scalars"]
+    assert len(events.Scalars("eval/return_mean")) >= 1
+
+
+@pytest.mark.parametrize("checkpoint", ["latest", "best"])
+def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
+    result = enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "3",
+                   "--checkpoint", checkpoint)
+    assert result.returncode == 0, result.stderr
+    episodes = re.findall(r"^episode (\d+): return ([0-9.]+), length (\d+)$", result.stdout, re.M)
+    assert [int(e[0]) for e in episodes] == [0, 1, 2]
+    summary = re.search(r"^3 episodes of CartPole-v1 from (\S+): return ([0-9.]+) \+- ([0-9.]+), length ([0-9.]+)$",
+                        result.stdout, re.M)
+    assert summary, result.stdout
+    mean = sum(float(e[1]) for e in episodes) / 3
+    assert float(summary.group(2)) == pytest.approx(mean, abs=0.06)
+    assert (summary.group(1) == "best.pt") == (checkpoint == "best")
+
+
+def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path):
+    import imageio.v3 as iio
+
+    video = tmp_path / "run.mp4"
+    result = enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
+                   "--video", str(video), "--deterministic")
+    assert result.returncode == 0, result.stderr
+    lengths = [int(n) for n in re.findall(r"^episode \d+: return [0-9.]+, length (\d+)$", result.stdout, re.M)]
+    frames = iio.imread(video)
+    # the first observation, every step, and each episode's reset step
+    assert frames.shape == (1 + sum(lengths) + len(lengths), 400, 600, 3)
+    assert frames.std() > 0
+    capped = tmp_path / "capped.mp4"
+    assert enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1", "--video",
+                 str(capped), "--max_frames", "40").returncode == 0
+    assert iio.imread(capped).shape[0] == 40
+
+
+def test_checkpoint_of_another_env_is_refused(trained, tmp_path):
+    other = run_train(["--experiment", "acrobot", "--env", "Acrobot-v1", "--train_for_env_steps", "5000"] + SERIAL,
+                      tmp_path)
+    assert other.returncode == 0, other.stderr
+    acrobot_checkpoint = glob.glob(str(tmp_path / "acrobot" / "checkpoints" / "checkpoint_*.pt"))[0]
+    result = enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--checkpoint", acrobot_checkpoint)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Acrobot-v1" in lines[0] and "cartpole" in lines[0], result.stderr
+
+
+def test_bad_input_is_one_line(trained, tmp_path):
+    def error_of(*args):
+        result = enjoy(*args)
+        assert result.returncode == 2, result.stdout
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        return lines[0]
+
+    assert "no experiment" in error_of("--train_dir", str(tmp_path), "--experiment", "missing")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "config.json").write_text(json.dumps({"env": {"env": "CartPole-v1"}}))
+    assert "no checkpoint yet" in error_of("--train_dir", str(tmp_path), "--experiment", "fresh")
+    assert "no best checkpoint" in error_of("--train_dir", str(tmp_path), "--experiment", "fresh",
+                                            "--checkpoint", "best")
+    latest = sorted(glob.glob(str(trained / "cartpole" / "checkpoints" / "checkpoint_*.pt")))[-1]
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(open(latest, "rb").read()[:2000])
+    message = error_of("--train_dir", str(trained), "--experiment", "cartpole", "--checkpoint", str(truncated))
+    assert "truncated or corrupted" in message
