@@ -14,6 +14,14 @@ def run_train(args, train_dir, timeout=180, **kwargs):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def one_line_error(result) -> str:
+    """The promised failure of a script: exit code 2 and exactly one 'error: ...' line on stderr."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

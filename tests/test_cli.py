@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, read_json, run_train
+from conftest import REPO, one_line_error, read_json, run_train
 
 
 def test_help_explains_every_flag(tmp_path):
@@ -33,15 +33,10 @@ def test_help_explains_every_flag(tmp_path):
     (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
 ])
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words):
-    start = time.monotonic()
-    result = run_train(["--shm_dir", shm_dir] + args, tmp_path)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    line = one_line_error(run_train(["--shm_dir", shm_dir] + args, tmp_path))
     for word in words:
-        assert word in lines[0]
+        assert word in line
     assert os.listdir(shm_dir) == []
-    assert time.monotonic() - start < 30
 
 
 def test_bad_flag_value_is_rejected_by_the_parser(tmp_path):
@@ -77,7 +72,6 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir):
     base = ["--experiment", "resume", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
     assert run_train(base, tmp_path).returncode == 0
-    result = run_train(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path)
-    assert result.returncode == 2
-    assert "--hidden_size" in result.stderr and "--restart" in result.stderr
+    line = one_line_error(run_train(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path))
+    assert "--hidden_size" in line and "--restart" in line
     assert run_train(base + ["--hidden_size", "32", "--restart"], tmp_path).returncode == 0

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO, read_json, run_train
+from conftest import REPO, one_line_error, read_json, run_train
 from envs import make_batch_env, probe_env_spec
 from sf_engine.config import parse_config
 from sf_engine.ipc import get_many, make_queues
@@ -158,12 +158,10 @@ def test_true_game_score_is_tracked_across_lives():
     ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"]),
 ])
 def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words):
-    result = run_train(["--env", env, "--shm_dir", shm_dir], tmp_path, env={**os.environ, "PYTHONPATH": TESTS})
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    line = one_line_error(run_train(["--env", env, "--shm_dir", shm_dir], tmp_path,
+                                    env={**os.environ, "PYTHONPATH": TESTS}))
     for word in words:
-        assert word in lines[0]
+        assert word in line
     assert os.listdir(shm_dir) == []
 
 
