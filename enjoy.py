@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -95,8 +96,18 @@ class VideoEnv:
         backend = cfg.env.env_backend
         if record and spec.family != "atari":
             backend = "gymnasium"  # the renderer is Gymnasium's
-        self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
-                                  render_mode="rgb_array" if record and spec.family != "atari" else None)
+        try:
+            warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
+            self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                                      render_mode="rgb_array" if record and spec.family != "atari" else None)
+            if record and self.twin is None and spec.family != "atari":
+                self.env.reset()
+                self.env.render()
+        except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
+            if not record:
+                raise
+            raise EnjoyError(f"--video: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
+                             f"{str(exc).splitlines()[0]}); replay without --video") from None
         if record and spec.family == "atari":
             import envpool
 
