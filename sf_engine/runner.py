@@ -185,7 +185,8 @@ class Runner:
         summary = self.stats.close()
         self.lock.close()
         logging.info("stopped: %s", reason)
-        brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "env_steps_per_sec_windows")}
+        brief = {k: v for k, v in summary.items()
+                 if k not in ("stage_seconds", "env_steps_per_sec_windows", "bottleneck_report")}
         logging.info("summary: %s", json.dumps(brief))
         return exit_code
 

@@ -13,12 +13,16 @@ from collections import deque
 
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+from sf_engine.bottleneck import diagnose, subtract
 
 WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
 WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
 TENSORBOARD_EVERY_SEC = 1.0
 SUMMARY_EVERY_SEC = 10.0
+BOTTLENECK_EVERY_SEC = 30.0
 _TRAIN_SCALARS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm",
                   "learning_rate")
 
@@ -51,6 +55,9 @@ class RunStats:
         self.last_tb = self.last_status = self.last_summary = self.start_time
         self.checkpoint_path = None
         self.eval: dict = {}
+        self.diagnosis = None
+        self.bottleneck_snapshot = (self.start_time, {})
+        self.inference_forwards, self.inference_samples = 0, 0
 
     @property
     def env_steps(self) -> int:
@@ -78,6 +85,8 @@ class RunStats:
                 self.stage_sec["learner"] = msg["stage_sec"]
             elif kind == "inference":
                 self.stage_sec["policy_worker"] = msg["stage_sec"]
+                self.inference_forwards += msg["forwards"]
+                self.inference_samples += msg["samples"]
             elif kind == "checkpoint":
                 self.checkpoint_path = msg["path"]
             elif kind == "eval":
@@ -101,6 +110,7 @@ class RunStats:
             self.first_step_time = now
         elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
             self.warmup = self.window_start = (now, steps)
+            self.bottleneck_snapshot = (now, {role: dict(stages) for role, stages in self.stage_sec.items()})
         elif self.window_start and now - self.window_start[0] >= WINDOW_SEC and self.stopped_at is None:
             self.window_rates.append((steps - self.window_start[1]) / (now - self.window_start[0]))
             self.window_start = (now, steps)
@@ -113,6 +123,20 @@ class RunStats:
         if now - self.last_summary >= SUMMARY_EVERY_SEC:
             self.write_summary()
             self.last_summary = now
+        if self.warmup and now - self.bottleneck_snapshot[0] >= BOTTLENECK_EVERY_SEC and self.stopped_at is None:
+            self.report_bottleneck(now)
+
+    def report_bottleneck(self, now: float) -> None:
+        """Name the binding stage over the last window (terminal, TensorBoard text and scalars)."""
+        then, old = self.bottleneck_snapshot
+        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then)
+        self.bottleneck_snapshot = (now, {role: dict(stages) for role, stages in self.stage_sec.items()})
+        logging.info("bottleneck (last %.0f s): %s", now - then, self.diagnosis.message)
+        values = [Summary.Value(tag=f"perf/{name}", simple_value=float(v))
+                  for name, v in self.diagnosis.fractions.items()]
+        summary = text_pb("perf/bottleneck", self.diagnosis.message)
+        summary.value.extend(values)
+        self.writer.add_event(Event(wall_time=time.time(), step=self.env_steps, summary=summary))
 
     def stop(self) -> None:
         """The run decided to stop: throughput and episode figures are final as of now (steps taken
@@ -134,6 +158,11 @@ class RunStats:
         out = {"perf/env_steps_per_sec_10s": self._rate(10.0, 1), "perf/env_steps_per_sec_60s": self._rate(60.0, 1),
                "perf/learner_samples_per_sec": self._rate(10.0, 2), "train/samples_dropped_lag": self.samples_dropped_lag}
         out["perf/frames_per_sec_10s"] = out["perf/env_steps_per_sec_10s"] * self.frameskip
+        if self.inference_forwards:
+            out["perf/inference_batch_mean"] = self.inference_samples / self.inference_forwards
+        if self.env_steps > self.env_steps_base:
+            out["perf/sample_reuse"] = (self.learner_samples * self.cfg.learner.num_epochs
+                                        / (self.env_steps - self.env_steps_base))
         out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * self.frameskip
         if self.returns:
             out["episode/return"] = self.return_mean
@@ -177,6 +206,10 @@ class RunStats:
             "policy_lag_max": self.lag_max if self.lag_count else None,
             "learner_version": self.train.get("version", 0), "learner_samples": self.learner_samples,
             "samples_dropped_lag": self.samples_dropped_lag, "stage_seconds": self.stage_sec,
+            "bottleneck": self.diagnosis.stage if self.diagnosis else None,
+            "bottleneck_report": self.diagnosis.message if self.diagnosis else None,
+            "inference_batch_mean": (self.inference_samples / self.inference_forwards
+                                     if self.inference_forwards else None),
             "env_steps_per_sec_windows": [round(r, 1) for r in self.window_rates],
             "checkpoint": self.checkpoint_path,
             "eval_return_mean": self.eval.get("return_mean"), "eval_return_best": self.eval.get("best"),
@@ -189,6 +222,8 @@ class RunStats:
 
     def close(self) -> dict:
         self.tick()
+        if self.diagnosis is None and self.stage_sec:  # a run shorter than one window: judge it whole
+            self.diagnosis = diagnose(self.stage_sec, time.monotonic() - self.start_time)
         self.write_tensorboard()
         self.writer.close()
         return self.write_summary()

@@ -1,0 +1,66 @@
+"""Which stage binds a run, and the knob to turn: a pure function of per-role stage seconds.
+
+Runs in the runner, over the stage seconds that the roles accumulated during a window of wall time
+(see each role's `stage_sec`). The learner's and the policy worker's busy fractions are the window
+less their waiting: the learner reports once per training batch, so its latest batch may still be
+running when the window closes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUSY = 0.8  # a role busier than this is saturated
+WAITING = 0.3  # a role waiting longer than this for another one is held up by it
+
+
+@dataclass
+class Diagnosis:
+    stage: str  # "learning", "inference", "sampling", or "balanced"
+    message: str
+    fractions: dict
+
+
+def _mean(values: list) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
+    """Fractions of the window: learner busy/waiting for data, policy worker busy, rollout workers
+    stepping envs / waiting for actions / waiting for a free slot (mean over workers)."""
+    learner = stage_sec.get("learner", {})
+    policy = stage_sec.get("policy_worker", {})
+    workers = [v for k, v in stage_sec.items() if k.startswith("rollout_worker")]
+    window = max(window_sec, 1e-9)
+    return {
+        "learner_busy": 1.0 - learner.get("wait_data", 0.0) / window if learner else 0.0,
+        "learner_wait_data": learner.get("wait_data", 0.0) / window,
+        "inference_busy": 1.0 - policy.get("wait_requests", 0.0) / window if policy else 0.0,
+        "workers_env_step": _mean([w.get("env_step", 0.0) for w in workers]) / window,
+        "workers_wait_actions": _mean([w.get("wait_actions", 0.0) for w in workers]) / window,
+        "workers_wait_slot": _mean([w.get("wait_slot", 0.0) for w in workers]) / window,
+    }
+
+
+def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
+    f = stage_fractions(stage_sec, window_sec)
+    pct = {k: f"{100 * v:.0f}%" for k, v in f.items()}
+    if f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING:
+        return Diagnosis("learning", f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
+                         f"{pct['workers_wait_slot']} for free slots: raise --batch_size or lower --num_epochs, "
+                         f"or use a GPU (--device cuda)", f)
+    if f["inference_busy"] >= BUSY and f["workers_wait_actions"] >= WAITING:
+        return Diagnosis("inference", f"inference-bound: policy worker busy {pct['inference_busy']}, workers wait "
+                         f"{pct['workers_wait_actions']} for actions: use a GPU (--device cuda) or a smaller model",
+                         f)
+    if f["workers_env_step"] >= 0.5 and f["learner_wait_data"] >= WAITING:
+        return Diagnosis("sampling", f"sampling-bound: workers step envs {pct['workers_env_step']} of the time, "
+                         f"the learner waits {pct['learner_wait_data']} for data: add --num_workers (up to the "
+                         f"cores) or raise --num_envs_per_worker", f)
+    return Diagnosis("balanced", f"balanced: learner busy {pct['learner_busy']}, policy worker busy "
+                     f"{pct['inference_busy']}, workers stepping envs {pct['workers_env_step']}", f)
+
+
+def subtract(newer: dict, older: dict) -> dict:
+    """Stage seconds accumulated between two snapshots of cumulative per-role stage seconds."""
+    return {role: {stage: sec - older.get(role, {}).get(stage, 0.0) for stage, sec in stages.items()}
+            for role, stages in newer.items()}

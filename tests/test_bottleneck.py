@@ -1,0 +1,37 @@
+"""The bottleneck report on synthetic stage figures names the right stage and knob."""
+import pytest
+
+from sf_engine.bottleneck import diagnose, stage_fractions, subtract
+
+
+def figures(learner=(0.0, 0.0), inference=0.0, workers=(0.0, 0.0, 0.0)):
+    """Stage seconds over a 10-s window: learner (busy, waiting for data), policy forward,
+    two rollout workers each (env step, waiting for actions, waiting for a slot)."""
+    env_step, wait_actions, wait_slot = workers
+    worker = {"env_step": env_step, "wait_actions": wait_actions, "wait_slot": wait_slot}
+    return {"learner": {"train": learner[0], "wait_data": learner[1]},  # busy + waiting = the window
+            "policy_worker": {"forward": inference, "wait_requests": 10.0 - inference},
+            "rollout_worker_0": dict(worker), "rollout_worker_1": dict(worker)}
+
+
+@pytest.mark.parametrize("stage_sec, stage, knob", [
+    (figures(learner=(9.7, 0.3), inference=2.0, workers=(2.0, 2.0, 6.0)), "learning", "--num_epochs"),
+    (figures(learner=(3.0, 7.0), inference=9.0, workers=(3.0, 6.5, 0.0)), "inference", "--device cuda"),
+    (figures(learner=(2.0, 8.0), inference=2.0, workers=(8.0, 1.5, 0.0)), "sampling", "--num_workers"),
+    (figures(learner=(7.0, 2.0), inference=5.0, workers=(4.0, 2.0, 1.0)), "balanced", "balanced"),
+])
+def test_diagnosis_names_the_binding_stage_and_the_knob(stage_sec, stage, knob):
+    diagnosis = diagnose(stage_sec, window_sec=10.0)
+    assert diagnosis.stage == stage
+    assert knob in diagnosis.message
+
+
+def test_fractions_and_windows():
+    newer = figures(learner=(9.0, 1.5), inference=4.0, workers=(5.0, 3.0, 2.0))
+    older = figures(learner=(4.0, 1.0), inference=1.0, workers=(1.0, 1.0, 1.0))
+    window = subtract(newer, older)
+    assert window["learner"] == {"train": 5.0, "wait_data": 0.5}
+    fractions = stage_fractions(window, 5.0)
+    assert fractions["learner_busy"] == pytest.approx(0.9)
+    assert fractions["workers_env_step"] == pytest.approx(0.8)
+    assert fractions["workers_wait_slot"] == pytest.approx(0.2)
