@@ -36,6 +36,8 @@ def parse_args(argv=None):
         parser.error(f"--video {args.video}: the file name must end in .mp4 or .gif")
     if args.num_episodes < 1:
         parser.error("--num_episodes must be at least 1")
+    if args.max_frames < 1:
+        parser.error("--max_frames must be at least 1")
     return args
 
 
@@ -59,27 +61,33 @@ def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
     return choice
 
 
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0]
+
+
 def load_policy(cfg, spec, path: str, device):
     """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
     from sf_engine.checkpoint import load_checkpoint
     from sf_engine.model import ActorCritic
 
     try:
-        state = load_checkpoint(path, device)
+        state = load_checkpoint(path, "cpu")
     except Exception as exc:  # torch raises several types for a truncated or corrupted file
         raise EnjoyError(f"checkpoint {path} is truncated or corrupted ({exc.__class__.__name__}); "
                          f"pass an older one with --checkpoint PATH") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
     saved = state.get("config", {})
     if saved.get("env", {}).get("env", cfg.env.env) != cfg.env.env or saved.get("model", {}) not in ({}, vars(cfg.model)):
         raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
                          f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
-    policy = ActorCritic(spec, cfg.model).to(device)
+    policy = ActorCritic(spec, cfg.model)
     try:
         policy.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as exc:
         raise EnjoyError(f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment}: "
-                         f"{str(exc).splitlines()[0]}") from None
-    return policy.eval()
+                         f"{_first_line(exc)}") from None
+    return policy.to(device).eval()
 
 
 class VideoEnv:
@@ -90,24 +98,29 @@ class VideoEnv:
 
     def __init__(self, cfg, spec, seed: int, record: bool, max_frames: int):
         from envs import make_batch_env
+        from envs.registry import resolve_backend
 
         self.twin, self.frames, self.max_frames = None, [], max_frames
         self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
         backend = cfg.env.env_backend
+        render_mode = None
         if record and spec.family != "atari":
-            backend = "gymnasium"  # the renderer is Gymnasium's
-        try:
-            warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
-            self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
-                                      render_mode="rgb_array" if record and spec.family != "atari" else None)
-            if record and self.twin is None and spec.family != "atari":
-                self.env.reset()
-                self.env.render()
-        except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
-            if not record:
-                raise
-            raise EnjoyError(f"--video: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
-                             f"{str(exc).splitlines()[0]}); replay without --video") from None
+            render_mode = "rgb_array"
+            if resolve_backend(cfg.env.env, backend) != "gymnasium":
+                backend = "gymnasium"  # the renderer is Gymnasium's
+                print(f"video: {cfg.env.env} is played through Gymnasium's implementation, which renders")
+            try:
+                warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
+                probe = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                                       render_mode=render_mode)
+                probe.reset()
+                probe.render()
+                probe.close()
+            except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
+                raise EnjoyError(f"--video: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
+                                 f"{_first_line(exc)}); replay without --video") from None
+        self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                                  render_mode=render_mode)
         if record and spec.family == "atari":
             import envpool
 
@@ -159,6 +172,8 @@ def write_video(path: str, frames: list, fps: int) -> None:
     import imageio.v2 as imageio
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    height, width = frames[0].shape[:2]
+    frames = [frame[:height // 2 * 2, :width // 2 * 2] for frame in frames]  # H.264 wants even sizes
     if path.lower().endswith(".gif"):
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     else:
@@ -173,9 +188,18 @@ def run(args) -> int:
     from sf_engine.config import Config
     from sf_engine.device import resolve_device
 
-    with open(os.path.join(exp_dir, "config.json")) as f:
-        cfg = Config.from_dict(json.load(f))
+    try:
+        with open(os.path.join(exp_dir, "config.json")) as f:
+            cfg = Config.from_dict(json.load(f))
+    except (ValueError, TypeError) as exc:
+        raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
+                         f"this version of train.py?") from None
     path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EnjoyError("--device cuda: no CUDA GPU is available here; use --device cpu")
     device = resolve_device(args.device)
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
     policy = load_policy(cfg, spec, path, device)

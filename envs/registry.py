@@ -245,7 +245,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             warnings.simplefilter("ignore")
             pool_spec = envpool.make_spec(env_id)
             obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
-        is_atari = hasattr(pool_spec.config, "episodic_life")
+        is_atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
         frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
         env = _gym_factory(env_id)()
@@ -256,7 +256,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             env.close()
         is_atari, frameskip = False, 1
     action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
-    has_image = any(len(shape) >= 2 and dtype == "uint8" for _, shape, dtype in obs)
+    has_image = any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in obs)  # as the model sees images
     if is_atari:
         family = "atari"
     else:

@@ -25,14 +25,17 @@ from sf_engine.shared_buffers import SharedBuffers
 EVAL_SEED_OFFSET = 1_000_000_007
 
 
-def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool = True):
-    """One whole episode per env of `env` (a BatchEnv). Returns (returns [E], lengths [E]) of the
-    true score; stops counting an env once its first episode is over."""
+def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool = True, should_stop=lambda: False):
+    """One whole episode per env of `env` (a BatchEnv). Returns (returns [E], lengths [E], finished [E])
+    of the true score; stops counting an env once its first episode is over. Gives up (finished False)
+    after `max_steps` steps or when `should_stop()`."""
     obs = env.reset()
     returns, lengths = np.zeros(env.num_envs), np.zeros(env.num_envs, np.int64)
     running = np.ones(env.num_envs, bool)
     with torch.inference_mode():
         for _ in range(max_steps):
+            if should_stop():
+                break
             tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in obs.items()}
             params, _ = model(tensors)
             actions = model.distribution.mode(params) if deterministic else model.sample(tensors)[0]
@@ -43,7 +46,7 @@ def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool =
             obs = result.obs
             if not running.any():
                 break
-    return returns, lengths
+    return returns, lengths, ~running
 
 
 class Evaluator:
@@ -56,7 +59,18 @@ class Evaluator:
                                   seed=cfg.env.seed + EVAL_SEED_OFFSET, spec=spec, training=False)
         self.shared_params = None
         self.next_eval_time = time.monotonic() + cfg.run.eval_every_sec
-        self.best_return = -np.inf
+        self.best_path = os.path.join(checkpoint_dir, BEST_NAME)
+        self.best_return = self._previous_best()
+
+    def _previous_best(self) -> float:
+        """A resumed run keeps the best evaluation of the runs before it."""
+        if not os.path.exists(self.best_path):
+            return -np.inf
+        try:
+            return float(torch.load(self.best_path, map_location="cpu", weights_only=False)["eval_return"])
+        except Exception as exc:  # an unreadable best checkpoint is replaced by the next evaluation
+            logging.warning("ignoring unreadable %s (%s)", self.best_path, exc.__class__.__name__)
+            return -np.inf
 
     def step(self, timeout_sec: float) -> None:
         """Evaluate when the period is over; otherwise wait at most `timeout_sec`."""
@@ -69,22 +83,29 @@ class Evaluator:
         if wait > 0:
             time.sleep(min(wait, timeout_sec))
             return
-        self.evaluate()
+        try:
+            self.evaluate()
+        except Exception:  # evaluation must never stop training
+            logging.exception("evaluation failed; training goes on")
         self.next_eval_time = time.monotonic() + self.cfg.run.eval_every_sec
 
-    def evaluate(self) -> float:
+    def evaluate(self):
+        """Mean return of the finished episodes (None if none finished); best.pt only when all did."""
         start = time.monotonic()
         version = read_shared_params(self.buffers.param_seq, self.shared_params, self.params)
-        returns, lengths = play_episodes(self.model, self.env, self.cfg.run.eval_max_steps)
-        mean = float(returns.mean())
-        if mean > self.best_return:
+        returns, lengths, finished = play_episodes(self.model, self.env, self.cfg.run.eval_max_steps,
+                                                   should_stop=lambda: bool(self.buffers.stop[0]))
+        if not finished.any():
+            logging.info("evaluation of version %d: no episode finished within --eval_max_steps", version)
+            return None
+        mean = float(returns[finished].mean())
+        if finished.all() and mean > self.best_return:
             self.best_return = mean
-            save_state_atomic(os.path.join(self.checkpoint_dir, BEST_NAME), {
-                "model": self.model.state_dict(), "version": version, "eval_return": mean,
-                "config": self.cfg.to_dict()})
-        stat(self.queues, "eval", version=version, return_mean=mean,
-             return_std=float(returns.std()), length_mean=float(lengths.mean()), best=self.best_return,
-             seconds=time.monotonic() - start)
+            save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
+                                               "eval_return": mean, "config": self.cfg.to_dict()})
+        stat(self.queues, "eval", version=version, return_mean=mean, return_std=float(returns[finished].std()),
+             length_mean=float(lengths[finished].mean()), episodes=int(finished.sum()),
+             unfinished=int((~finished).sum()), best=self.best_return, seconds=time.monotonic() - start)
         return mean
 
     def close(self) -> None:

@@ -204,7 +204,8 @@ def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, c
     watch = ParentWatch()
     try:
         learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base)
-        logging.info("ready: version %d published", learner.version)
+        logging.info("ready: version %d published, weights shared on %s", learner.version,
+                     learner.shared_params.device)
         while not buffers.stop[0] and watch.parent_alive():
             learner.step(timeout_sec=0.1)
         if not cfg.run.sampling_only:

@@ -226,6 +226,8 @@ class Runner:
             for worker in workers:
                 worker.send_stats()
                 worker.close()
+            if evaluator is not None:
+                evaluator.close()
             if not self.cfg.run.sampling_only:
                 learner.save()
 

@@ -91,9 +91,9 @@ class RunStats:
                 self.checkpoint_path = msg["path"]
             elif kind == "eval":
                 self.eval = msg
-                logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes (best %.1f)",
-                             msg["version"], msg["return_mean"], msg["return_std"], self.cfg.run.eval_episodes,
-                             msg["best"])
+                logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished "
+                             "(best %.1f)", msg["version"], msg["return_mean"], msg["return_std"], msg["episodes"],
+                             msg["unfinished"], msg["best"])
 
     def _rate(self, window_sec: float, column: int) -> float:
         now, newest = self.history[-1][0], self.history[-1]

@@ -40,6 +40,17 @@ def test_evaluation_logs_and_keeps_the_best_checkpoint(trained):
     assert len(events.Scalars("eval/return_mean")) >= 1
 
 
+def test_a_resumed_run_keeps_the_earlier_best(trained):
+    import torch
+
+    best = trained / "cartpole" / "checkpoints" / "best.pt"
+    before = torch.load(best, weights_only=False)["eval_return"]
+    result = run_train(["--experiment", "cartpole", "--train_for_env_steps", "170000", "--eval_every_sec", "0.5",
+                        "--eval_episodes", "2", "--eval_max_steps", "30"] + SERIAL, trained)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert torch.load(best, weights_only=False)["eval_return"] >= before  # unfinished episodes never win
+
+
 @pytest.mark.parametrize("checkpoint", ["latest", "best"])
 def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
     result = enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "3",

@@ -1,0 +1,59 @@
+"""Single-process ceiling: one batch of envs and the same policy's forward pass in one loop, no IPC.
+
+  python perf/ceiling.py --env CartPole-v1 --seconds 10
+Uses the env family's default model and envs per worker (as train.py would); one torch thread, like a
+policy worker. Prints one JSON line: env steps/s on one core, and that figure times the machine's
+cores, the ceiling our multi-process sampler is compared with.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--num_envs", type=int, default=None, help="default: the family's envs per worker")
+    args = parser.parse_args()
+    import numpy as np
+    import torch
+
+    from envs import make_batch_env, probe_env_spec
+    from sf_engine.config import parse_config
+    from sf_engine.model import ActorCritic
+    from sf_engine.runner import family_defaults
+
+    torch.set_num_threads(1)
+    cfg = parse_config(["--env", args.env], family_defaults=family_defaults)
+    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    num_envs = args.num_envs or cfg.sampler.num_envs_per_worker
+    env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=0, spec=spec)
+    model = ActorCritic(spec, cfg.model)
+    obs, steps = env.reset(), 0
+    with torch.inference_mode():
+        deadline, start = None, time.monotonic()
+        while True:
+            now = time.monotonic()
+            if deadline is None and now - start >= 2.0:  # warm-up
+                deadline, start, steps = now + args.seconds, now, 0
+            if deadline is not None and now >= deadline:
+                break
+            actions, _, _ = model.sample({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()})
+            obs = env.step(actions.numpy()).obs
+            steps += num_envs
+    rate = steps / (time.monotonic() - start)
+    cores = os.cpu_count()
+    print(json.dumps({"bench": "ceiling", "env": args.env, "num_envs": num_envs, "env_steps_per_sec": round(rate),
+                      "frames_per_sec": round(rate * spec.frameskip), "cores": cores,
+                      "ceiling_env_steps_per_sec_all_cores": round(rate * cores)}))
+
+
+if __name__ == "__main__":
+    main()
