@@ -44,7 +44,9 @@ class Learner:
             queues.eval_params.put(self.shared_params)
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
-        self.stage_sec = {"wait_data": 0.0, "batch_assembly": 0.0, "train": 0.0, "weight_publish": 0.0}
+        self.stage_sec = {"wait_data": 0.0, "batch_assembly": 0.0, "train": 0.0, "weight_publish": 0.0,
+                          "checkpoint": 0.0}
+        self.first_step_time = None  # stage seconds add up to the wall time since then
 
     def _load_latest(self) -> None:
         path = latest_checkpoint(self.checkpoint_dir)
@@ -75,6 +77,8 @@ class Learner:
         """Wait (at most `timeout_sec`) for full slots; train once a whole batch has arrived."""
         needed = self.cfg.slots_per_batch - len(self.pending_slots)
         start = time.monotonic()
+        if self.first_step_time is None:
+            self.first_step_time = start
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
         self.stage_sec["wait_data"] += time.monotonic() - start
         if self.cfg.run.sampling_only:
@@ -84,7 +88,9 @@ class Learner:
             slots, self.pending_slots = self.pending_slots, []
             self.train_on(slots)
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
+            start = time.monotonic()
             self.save()
+            self.stage_sec["checkpoint"] += time.monotonic() - start
 
     def _gather(self, slots: list) -> dict:
         """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
@@ -150,7 +156,8 @@ class Learner:
         stat(self.queues, "train", version=self.version, samples=int(index.numel()),
              dropped_lag=int((valid & ~keep).sum()), lag_count=int(valid.sum()), lag_min=float(valid_lag.min()),
              lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
-             learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec), **metrics)
+             learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec),
+             wall_sec=time.monotonic() - (self.first_step_time or start), **metrics)
 
     def _set_learning_rate(self) -> None:
         if self.lcfg.lr_schedule == "linear":

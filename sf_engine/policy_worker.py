@@ -54,18 +54,25 @@ class PolicyWorker:
         self.params = flatten_state(self.model)
         self.shared_params = None
         self.version = -1
-        self.stage_sec = {"wait_requests": 0.0, "forward": 0.0, "weight_reload": 0.0}
+        self.stage_sec = {"wait_requests": 0.0, "gather": 0.0, "forward": 0.0, "write_results": 0.0,
+                          "weight_reload": 0.0}
+        self.first_step_time = None  # stage seconds add up to the wall time since then
         self.num_forwards, self.num_samples = 0, 0
         self.last_stats_time = time.monotonic()
 
     def step(self, timeout_sec: float) -> None:
         """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
+        start = time.monotonic()
+        if self.first_step_time is None:
+            self.first_step_time = start
         if self.shared_params is None:
             try:
                 self.shared_params = self.queues.params.get(timeout=max(timeout_sec, 1e-3))
             except Empty:
                 return
-        start = time.monotonic()
+            finally:
+                self.stage_sec["wait_requests"] += time.monotonic() - start
+            start = time.monotonic()
         requests = get_many(self.queues.policy_requests, timeout_sec)
         self.stage_sec["wait_requests"] += time.monotonic() - start
         if requests:
@@ -87,8 +94,10 @@ class PolicyWorker:
         for key, array in buf.obs.items():
             views = [array[slot, row] for _, _, slot, row in requests]
             obs[key] = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views)).to(self.device)
+        gathered = time.monotonic()
         with torch.inference_mode():
             actions, log_probs, values = (x.cpu().numpy() for x in self.model.sample(obs))
+        computed = time.monotonic()
         replies = defaultdict(list)
         for i, (worker, split, slot, row) in enumerate(requests):
             rows = slice(i * envs, (i + 1) * envs)
@@ -101,11 +110,13 @@ class PolicyWorker:
             self.queues.actions_ready[worker].put_many(splits)
         self.num_forwards += 1
         self.num_samples += len(actions)
-        self.stage_sec["forward"] += time.monotonic() - start
+        self.stage_sec["gather"] += gathered - start
+        self.stage_sec["forward"] += computed - gathered
+        self.stage_sec["write_results"] += time.monotonic() - computed
 
     def send_stats(self) -> None:
         stat(self.queues, "inference", forwards=self.num_forwards, samples=self.num_samples,
-             stage_sec=dict(self.stage_sec))
+             stage_sec=dict(self.stage_sec), wall_sec=time.monotonic() - (self.first_step_time or time.monotonic()))
         self.num_forwards = self.num_samples = 0
         self.last_stats_time = time.monotonic()
 

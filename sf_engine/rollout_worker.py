@@ -41,8 +41,9 @@ class RolloutWorker:
         self.episode_length = np.zeros((self.num_splits, self.envs_per_split), np.int64)
         self.finished_returns: list = []
         self.finished_lengths: list = []
-        self.stage_sec = {"env_step": 0.0, "wait_actions": 0.0, "wait_slot": 0.0}
+        self.stage_sec = {"env_step": 0.0, "write_slot": 0.0, "wait_actions": 0.0, "wait_slot": 0.0}
         self.last_stats_time = time.monotonic()
+        self.first_step_time = None  # stage seconds add up to the wall time since then
 
     def start(self) -> None:
         """Reset every env and queue each split for a free slot."""
@@ -55,6 +56,8 @@ class RolloutWorker:
     def step(self, timeout_sec: float) -> None:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
         are ready. Blocks at most `timeout_sec` (0 in serial mode)."""
+        if self.first_step_time is None:
+            self.first_step_time = time.monotonic()
         if self.waiting_for_slot:
             start = time.monotonic()
             self._take_free_slots(timeout_sec if self.num_awaiting_actions == 0 else 0)
@@ -87,7 +90,14 @@ class RolloutWorker:
         buf, slot, row = self.buffers, self.slot[split], self.row[split]
         start = time.monotonic()
         result = self.envs[split].step(buf.actions[slot, row])
-        self.stage_sec["env_step"] += time.monotonic() - start
+        stepped = time.monotonic()
+        self.stage_sec["env_step"] += stepped - start
+        self._record(split, slot, row, result)
+        self.stage_sec["write_slot"] += time.monotonic() - stepped
+
+    def _record(self, split: int, slot: int, row: int, result) -> None:
+        """Write the transition into the slot; request the next actions or hand the full slot over."""
+        buf = self.buffers
         buf.rewards[slot, row] = result.rewards
         buf.terminated[slot, row] = result.terminated
         buf.truncated[slot, row] = result.truncated
@@ -124,7 +134,7 @@ class RolloutWorker:
         """Episodes finished since the last call (the last 100 of them in full) and stage times."""
         stat(self.queues, "episodes", worker=self.idx, count=len(self.finished_returns),
              returns=self.finished_returns[-100:], lengths=self.finished_lengths[-100:],
-             stage_sec=dict(self.stage_sec))
+             stage_sec=dict(self.stage_sec), wall_sec=time.monotonic() - (self.first_step_time or time.monotonic()))
         self.finished_returns, self.finished_lengths = [], []
         self.last_stats_time = time.monotonic()
 

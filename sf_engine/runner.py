@@ -186,7 +186,7 @@ class Runner:
         self.lock.close()
         logging.info("stopped: %s", reason)
         brief = {k: v for k, v in summary.items()
-                 if k not in ("stage_seconds", "env_steps_per_sec_windows", "bottleneck_report")}
+                 if k not in ("stage_seconds", "role_wall_seconds", "env_steps_per_sec_windows", "bottleneck_report")}
         logging.info("summary: %s", json.dumps(brief))
         return exit_code
 

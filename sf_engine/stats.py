@@ -46,6 +46,7 @@ class RunStats:
         self.learner_samples, self.samples_dropped_lag = 0, 0
         self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, 0.0
         self.stage_sec: dict = {}
+        self.role_wall_sec: dict = {}  # wall seconds each role's stage seconds cover
         self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
         self.first_step_time = None
         self.stopped_at: tuple | None = None
@@ -75,6 +76,7 @@ class RunStats:
                 self.returns.extend(msg["returns"])
                 self.lengths.extend(msg["lengths"])
                 self.stage_sec[f"rollout_worker_{msg['worker']}"] = msg["stage_sec"]
+                self.role_wall_sec[f"rollout_worker_{msg['worker']}"] = msg["wall_sec"]
             elif kind == "train":
                 self.train = msg
                 self.learner_samples += msg["samples"]
@@ -83,8 +85,10 @@ class RunStats:
                 self.lag_count += msg["lag_count"]
                 self.lag_max = max(self.lag_max, msg["lag_max"])
                 self.stage_sec["learner"] = msg["stage_sec"]
+                self.role_wall_sec["learner"] = msg["wall_sec"]
             elif kind == "inference":
                 self.stage_sec["policy_worker"] = msg["stage_sec"]
+                self.role_wall_sec["policy_worker"] = msg["wall_sec"]
                 self.inference_forwards += msg["forwards"]
                 self.inference_samples += msg["samples"]
             elif kind == "checkpoint":
@@ -206,6 +210,7 @@ class RunStats:
             "policy_lag_max": self.lag_max if self.lag_count else None,
             "learner_version": self.train.get("version", 0), "learner_samples": self.learner_samples,
             "samples_dropped_lag": self.samples_dropped_lag, "stage_seconds": self.stage_sec,
+            "role_wall_seconds": self.role_wall_sec,
             "bottleneck": self.diagnosis.stage if self.diagnosis else None,
             "bottleneck_report": self.diagnosis.message if self.diagnosis else None,
             "inference_batch_mean": (self.inference_samples / self.inference_forwards

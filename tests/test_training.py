@@ -38,6 +38,11 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
                 "episode_return_mean", "episodes", "policy_lag_mean", "policy_lag_max", "learner_version"):
         assert summary[key] is not None, key
     assert summary["env_steps"] >= 300_000 and summary["learner_version"] > 0
+    # per-stage time accounting covers each role's wall time (within 10%)
+    assert set(summary["role_wall_seconds"]) == {"learner", "policy_worker", "rollout_worker_0", "rollout_worker_1"}
+    for role, wall in summary["role_wall_seconds"].items():
+        assert abs(sum(summary["stage_seconds"][role].values()) - wall) <= 0.1 * wall, (role, summary["stage_seconds"])
+    assert summary["bottleneck"] in ("learning", "inference", "sampling", "balanced")
     assert summary["policy_lag_max"] >= 0
     assert read_json(exp / "config.json")["env"]["env"] == "CartPole-v1"
     assert {r["role"] for r in read_json(exp / "processes.json")["processes"]} == {"runner"}
