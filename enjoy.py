@@ -150,10 +150,12 @@ def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
     """Yield (return, length) of `num_episodes` whole episodes (true game score on Atari)."""
     import torch
 
+    from sf_engine.model import obs_tensors
+
     obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
     with torch.inference_mode():
         while episodes < num_episodes:
-            tensors = {key: torch.from_numpy(np.asarray(value)).to(device) for key, value in obs.items()}
+            tensors = obs_tensors(obs, device)
             if deterministic:
                 actions = policy.distribution.mode(policy(tensors)[0])
             else:

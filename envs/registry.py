@@ -105,12 +105,17 @@ def _is_user_class(env_id: str) -> bool:
     return ":" in env_id
 
 
+def may_use_envpool(env_id: str, backend: str) -> bool:
+    """Whether `env_id` may be an EnvPool env, decided without importing EnvPool (slow to import)."""
+    if backend != "auto":
+        return backend == "envpool"
+    return env_id not in _REGISTRY and not _is_user_class(env_id)
+
+
 def resolve_backend(env_id: str, backend: str) -> str:
     if backend != "auto":
         return backend
-    if env_id in _REGISTRY or _is_user_class(env_id):
-        return "gymnasium"
-    return "envpool" if env_id in _envpool_ids() else "gymnasium"
+    return "envpool" if may_use_envpool(env_id, backend) and env_id in _envpool_ids() else "gymnasium"
 
 
 def _user_factory(env_id: str) -> Callable:

@@ -22,12 +22,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--num_envs", type=int, default=None, help="default: the family's envs per worker")
     args = parser.parse_args()
-    import numpy as np
     import torch
 
     from envs import make_batch_env, probe_env_spec
     from sf_engine.config import parse_config
-    from sf_engine.model import ActorCritic
+    from sf_engine.model import ActorCritic, obs_tensors
     from sf_engine.runner import family_defaults
 
     torch.set_num_threads(1)
@@ -45,7 +44,7 @@ def main() -> None:
                 deadline, start, steps = now + args.seconds, now, 0
             if deadline is not None and now >= deadline:
                 break
-            actions, _, _ = model.sample({k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()})
+            actions, _, _ = model.sample(obs_tensors(obs))
             obs = env.step(actions.numpy()).obs
             steps += num_envs
     rate = steps / (time.monotonic() - start)

@@ -18,7 +18,7 @@ import torch
 from envs import make_batch_env, register_env
 from sf_engine.checkpoint import BEST_NAME, save_state_atomic
 from sf_engine.ipc import Empty, ParentWatch, init_child, stat
-from sf_engine.model import ActorCritic, flatten_state
+from sf_engine.model import ActorCritic, flatten_state, obs_tensors
 from sf_engine.policy_worker import read_shared_params
 from sf_engine.shared_buffers import SharedBuffers
 
@@ -36,7 +36,7 @@ def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool =
         for _ in range(max_steps):
             if should_stop():
                 break
-            tensors = {key: torch.from_numpy(np.asarray(value)) for key, value in obs.items()}
+            tensors = obs_tensors(obs)
             params, _ = model(tensors)
             actions = model.distribution.mode(params) if deterministic else model.sample(tensors)[0]
             result = env.step(actions.numpy())

@@ -193,10 +193,10 @@ class Learner:
         return {name: float(v) / max(num_updates, 1) for name, v in zip(names, totals)}
 
     def save(self) -> str:
+        env_steps = self.env_steps  # one reading for the file's contents and its name
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "version": self.version, "env_steps": self.env_steps, "config": self.cfg.to_dict()}
-        path = save_checkpoint(self.checkpoint_dir, state, self.version, self.env_steps,
-                               self.cfg.run.keep_checkpoints)
+                 "version": self.version, "env_steps": env_steps, "config": self.cfg.to_dict()}
+        path = save_checkpoint(self.checkpoint_dir, state, self.version, env_steps, self.cfg.run.keep_checkpoints)
         self.last_save_time = time.monotonic()
         stat(self.queues, "checkpoint", path=path)
         return path

@@ -282,6 +282,11 @@ def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
 
 
+def obs_tensors(obs: dict, device="cpu") -> dict:
+    """A batched env's observations (key -> numpy [B, ...]) as tensors on `device`, dtypes kept."""
+    return {key: torch.as_tensor(value, device=device) for key, value in obs.items()}
+
+
 def flatten_state(model: nn.Module) -> torch.Tensor:
     """Make every parameter and floating buffer (normalizer statistics) a view into one flat float32
     tensor (returned): publishing and loading the whole state is then one copy. Channels-last conv

@@ -20,7 +20,7 @@ import sys
 import time
 
 from envs import FAMILY_DEFAULTS, EnvError, probe_env_spec
-from envs.registry import registered_envs
+from envs.registry import may_use_envpool, registered_envs
 from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint
 from sf_engine.config import Config, ConfigError, parse_config
 from sf_engine.device import cuda_device_count
@@ -40,9 +40,7 @@ def start_forkserver(cfg: Config):
     if cfg.run.mode == "serial":
         return None
     ctx = multiprocessing.get_context("forkserver")
-    uses_envpool = cfg.env.env_backend == "envpool" or (cfg.env.env_backend == "auto" and ":" not in cfg.env.env
-                                                       and cfg.env.env not in registered_envs())
-    modules = ["envpool"] if uses_envpool else []
+    modules = ["envpool"] if may_use_envpool(cfg.env.env, cfg.env.env_backend) else []
     ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.rollout_worker",
                                           "sf_engine.policy_worker", "sf_engine.learner", "sf_engine.evaluator"])
     multiprocessing.forkserver.ensure_running()
