@@ -270,16 +270,19 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
 
 
 # Flag defaults per family; the user's own flags always win.
+# --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
+ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32}
+
 FAMILY_DEFAULTS = {
     "classic": {},
-    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "num_envs_per_worker": 32, "rollout": 128,
+    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "rollout": 128,
               "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
               "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
-    "image": {"actor_critic": "shared", "num_envs_per_worker": 16, "rollout": 128, "batch_size": 1024,
+    "image": {"actor_critic": "shared", "rollout": 128, "batch_size": 1024,
               "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
               "entropy_coeff": 0.01, "learner_threads": 2},
     "continuous": {"activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
-                   "normalize_input": True, "normalize_returns": True, "num_envs_per_worker": 32, "rollout": 64,
+                   "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
                    "lr_schedule": "constant", "entropy_coeff": 0.0},
 }

@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from envs import make_batch_env, probe_env_spec
+    from envs import ENVS_PER_WORKER_HINT, make_batch_env, probe_env_spec
     from sf_engine.config import parse_config
     from sf_engine.model import ActorCritic, obs_tensors
     from sf_engine.runner import family_defaults
@@ -32,7 +32,7 @@ def main() -> None:
     torch.set_num_threads(1)
     cfg = parse_config(["--env", args.env], family_defaults=family_defaults)
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    num_envs = args.num_envs or cfg.sampler.num_envs_per_worker
+    num_envs = args.num_envs or ENVS_PER_WORKER_HINT[spec.family]
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=0, spec=spec)
     model = ActorCritic(spec, cfg.model)
     obs, steps = env.reset(), 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BUSY = 0.8  # a role busier than this is saturated
+NEVER_WAITS = 0.95  # a learner this busy trains back to back: it sets the pace whatever the others do
 WAITING = 0.3  # a role waiting longer than this for another one is held up by it
 
 
@@ -44,7 +45,7 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
 def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
     f = stage_fractions(stage_sec, window_sec)
     pct = {k: f"{100 * v:.0f}%" for k, v in f.items()}
-    if f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING:
+    if f["learner_busy"] >= NEVER_WAITS or (f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING):
         return Diagnosis("learning", f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
                          f"{pct['workers_wait_slot']} for free slots: raise --batch_size or lower --num_epochs, "
                          f"or use a GPU (--device cuda)", f)

@@ -30,10 +30,25 @@ class EnvConfig:
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
 
 
+def int_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
 @dataclass
 class SamplerConfig:
-    num_workers: int = _f(2, "Rollout-worker processes, each stepping its own batch of envs on one CPU core.")
-    num_envs_per_worker: int = _f(128, "Envs owned by each rollout worker (stepped as one batch per split).")
+    num_workers: int | str = _f("auto", "Rollout-worker processes, each stepping its own batch of envs on one CPU "
+                                        "core; 'auto': sized at start from the cores and a short measurement of "
+                                        "env step, inference and training costs (the choice is printed).",
+                                type=int_or_auto)
+    num_envs_per_worker: int | str = _f("auto", "Envs owned by each rollout worker (stepped as one batch per "
+                                                "split); 'auto': enough that one split's step amortizes the round "
+                                                "trip to the policy worker, at least the env family's default.",
+                                        type=int_or_auto)
     worker_num_splits: int = _f(2, "Groups each worker splits its envs into: it steps one group while the "
                                    "other waits for actions (2 = double-buffered sampling).")
     rollout: int = _f(32, "Env steps per trajectory slot (the unit handed to the learner).")
@@ -160,7 +175,8 @@ class Config:
     def validate(self) -> None:
         """Turn an impossible combination into a one-line ConfigError naming the flags and the fix."""
         s, lrn, run = self.sampler, self.learner, self.run
-        positive = {"--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
+        sized = {"--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker}
+        positive = {**{flag: value for flag, value in sized.items() if value != "auto"},
                     "--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
                     "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
                     "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
@@ -171,16 +187,20 @@ class Config:
                 raise ConfigError(f"{flag} must be at least 1 (got {value})")
         if s.rollout < 2:
             raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
-        if s.num_envs_per_worker % s.worker_num_splits:
+        train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+        if "auto" in sized.values():  # checked again once auto sizing has chosen
+            if train_batch % s.rollout:
+                raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
+                                  f"--rollout ({s.rollout})")
+        elif s.num_envs_per_worker % s.worker_num_splits:
             raise ConfigError(f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
                               f"--worker_num_splits ({s.worker_num_splits})")
-        train_batch = lrn.batch_size * lrn.num_batches_per_epoch
-        if train_batch % self.samples_per_slot:
+        elif train_batch % self.samples_per_slot:
             raise ConfigError(
                 f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
                 f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {self.samples_per_slot}): "
                 f"change --batch_size or --num_envs_per_worker")
-        if run.mode == "sync" and self.slots_per_batch > 4 * s.total_splits:
+        if "auto" not in sized.values() and run.mode == "sync" and self.slots_per_batch > 4 * s.total_splits:
             raise ConfigError(
                 f"in --mode sync the training batch ({train_batch} samples) would take {self.slots_per_batch} "
                 f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker")

@@ -89,22 +89,25 @@ class PolicyWorker:
 
     def _serve(self, requests: list) -> None:
         start = time.monotonic()
-        buf, envs = self.buffers, self.envs_per_split
+        buf, n = self.buffers, len(requests)
+        # one fancy-indexed read and one write per array, whatever the number of requests
+        slots = np.fromiter((r[2] for r in requests), np.int64, n)
+        rows = np.fromiter((r[3] for r in requests), np.int64, n)
         obs = {}
         for key, array in buf.obs.items():
-            views = [array[slot, row] for _, _, slot, row in requests]
-            obs[key] = torch.from_numpy(views[0] if len(views) == 1 else np.concatenate(views)).to(self.device)
+            batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
+            obs[key] = torch.from_numpy(batch).to(self.device)
         gathered = time.monotonic()
         with torch.inference_mode():
             actions, log_probs, values = (x.cpu().numpy() for x in self.model.sample(obs))
         computed = time.monotonic()
+        per_request = (n, self.envs_per_split)
+        buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
+        buf.log_probs[slots, rows] = log_probs.reshape(per_request)
+        buf.values[slots, rows] = values.reshape(per_request)
+        buf.policy_version[slots, rows] = self.version
         replies = defaultdict(list)
-        for i, (worker, split, slot, row) in enumerate(requests):
-            rows = slice(i * envs, (i + 1) * envs)
-            buf.actions[slot, row] = actions[rows]
-            buf.log_probs[slot, row] = log_probs[rows]
-            buf.values[slot, row] = values[rows]
-            buf.policy_version[slot, row] = self.version
+        for worker, split, _, _ in requests:
             replies[worker].append(split)
         for worker, splits in replies.items():
             self.queues.actions_ready[worker].put_many(splits)

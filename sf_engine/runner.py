@@ -19,8 +19,9 @@ import shutil
 import sys
 import time
 
-from envs import FAMILY_DEFAULTS, EnvError, probe_env_spec
+from envs import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, EnvError, probe_env_spec
 from envs.registry import may_use_envpool, registered_envs
+from sf_engine.autosize import resolve_auto, usable_cores
 from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint
 from sf_engine.config import Config, ConfigError, parse_config
 from sf_engine.device import cuda_device_count
@@ -142,6 +143,12 @@ class Runner:
         self.log_path = os.path.join(self.exp_dir, "train.log")
         _setup_logging(self.log_path)
         self.spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+        for line in resolve_auto(cfg, self.spec, ENVS_PER_WORKER_HINT[self.spec.family]):
+            logging.info("auto sizing: %s", line)
+        cfg.validate()
+        if cfg.learner.learner_threads > usable_cores():
+            logging.warning("--learner_threads %d exceeds the %d usable cores: threads will contend; "
+                            "use --learner_threads %d", cfg.learner.learner_threads, usable_cores(), usable_cores())
         self.layout = buffer_layout(cfg, self.spec)
         self.shm_path = shm_path(cfg.run.shm_dir, self.exp_dir)
         _check_resources(cfg, self.layout, self.shm_path)

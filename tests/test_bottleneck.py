@@ -16,6 +16,8 @@ def figures(learner=(0.0, 0.0), inference=0.0, workers=(0.0, 0.0, 0.0)):
 
 @pytest.mark.parametrize("stage_sec, stage, knob", [
     (figures(learner=(9.7, 0.3), inference=2.0, workers=(2.0, 2.0, 6.0)), "learning", "--num_epochs"),
+    # the learner never waits for data (one worker feeding it just in time, cores shared): still learner-bound
+    (figures(learner=(9.8, 0.2), inference=6.0, workers=(2.5, 4.0, 2.0)), "learning", "--batch_size"),
     (figures(learner=(3.0, 7.0), inference=9.0, workers=(3.0, 6.5, 0.0)), "inference", "--device cuda"),
     (figures(learner=(2.0, 8.0), inference=2.0, workers=(8.0, 1.5, 0.0)), "sampling", "--num_workers"),
     (figures(learner=(7.0, 2.0), inference=5.0, workers=(4.0, 2.0, 1.0)), "balanced", "balanced"),

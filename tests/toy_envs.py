@@ -1,4 +1,6 @@
 """Small user-style envs for the tests (used as --env toy_envs:Name with tests/ on the path)."""
+import time
+
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
@@ -69,3 +71,19 @@ class ToyHWCImageEnv(gym.Env):
         self.step_count += 1
         obs = np.full((7, 7, 3), 40 * self.step_count, np.uint8)
         return obs, float(action == 2), self.step_count >= 6, False, {}
+
+
+class SlowEnv(gym.Env):
+    """A vector-observation env whose step waits 2 ms (a simulator behind I/O, say): it costs wall time,
+    little CPU."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        time.sleep(0.002)
+        return np.zeros(4, np.float32), 1.0, False, False, {}

@@ -1,0 +1,192 @@
+"""`--num_workers auto` and `--num_envs_per_worker auto`: size the sampler from the cores and a short
+measurement (well under a second) of what one env step, one inference and one training sample cost.
+
+Runs in the runner before the buffers are laid out. The rule is a throughput balance:
+  envs per split  the fewest (dividing the training batch into whole slots, at least the family's hint)
+                  whose batched step takes >= TARGET_SPLIT_SEC, so a round trip to the policy worker
+                  is a small part of a split's cycle;
+  workers         enough that sampling keeps up with what the learner and the policy worker can consume
+                  within the cores: workers >= HEADROOM x demand x wall time of one env step (the
+                  demand: env steps/s that learning and inference can take); a CPU-bound env gets
+                  at most the cores' share left after inference and learning, an env that mostly waits
+                  (sleeps, I/O) may get more workers than cores, up to MAX_WORKERS_PER_CORE per core.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+TARGET_SPLIT_SEC = 2e-3
+MAX_ENVS_PER_SPLIT = 256
+MAX_WORKERS_PER_CORE = 4
+HEADROOM = 1.5  # a worker's cycle also holds writing the slot and the round trip to the policy worker
+PROBE_SEC = 0.25
+LEARN_PROBE_ELEMENTS = 2_000_000
+
+
+@dataclass
+class Costs:
+    """Seconds per env step of one env (wall and CPU, measured in a batch) and CPU seconds per sample
+    of inference and of training (all epochs)."""
+    env_wall: float
+    env_cpu: float
+    inference: float
+    learn: float
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def random_actions(action_spec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
+    if action_spec.kind == "continuous":
+        return rng.uniform(action_spec.low, action_spec.high, (num_envs, *action_spec.shape)).astype(np.float32)
+    start = np.asarray(action_spec.start or (0,) * len(action_spec.nvec))
+    actions = start + rng.integers(0, action_spec.nvec, (num_envs, len(action_spec.nvec)))
+    return actions[:, 0] if action_spec.kind == "discrete" else actions
+
+
+def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
+    """Run fn until min_sec and min_reps are both reached; (wall, cpu, reps)."""
+    wall0, cpu0, reps = time.perf_counter(), time.process_time(), 0
+    while reps < min_reps or time.perf_counter() - wall0 < min_sec:
+        fn()
+        reps += 1
+    return time.perf_counter() - wall0, time.process_time() - cpu0, reps
+
+
+def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict]:
+    """Wall and CPU seconds per env step (one env, stepped in a batch of num_envs); one reset obs batch."""
+    from envs import make_batch_env
+
+    env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)
+    try:
+        obs = env.reset()
+        rng = np.random.default_rng(0)
+        actions = [random_actions(spec.action, num_envs, rng) for _ in range(8)]
+        env.step(actions[0])  # first steps may allocate
+        count = iter(range(1 << 62))
+        wall, cpu, reps = _timed(lambda: env.step(actions[next(count) % 8]), PROBE_SEC)
+    finally:
+        env.close()
+    steps = reps * num_envs
+    return wall / steps, min(cpu, wall) / steps, obs
+
+
+def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
+    """CPU seconds per sample of acting (policy worker, 1 thread) and of training (forward, backward and
+    optimizer step on a minibatch, learner threads, times the epochs). CPU time, not wall time: the
+    forkserver may be busy on the other cores meanwhile."""
+    import torch
+
+    from sf_engine.model import ActorCritic, obs_tensors
+
+    threads = torch.get_num_threads()
+    model = ActorCritic(spec, cfg.model)
+    first = next(iter(obs.values()))
+    reps = -(-batch // len(first))
+    inputs = obs_tensors({k: np.concatenate([v] * reps)[:batch] for k, v in obs.items()})
+    try:
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            model.sample(inputs)
+            _, cpu, n = _timed(lambda: model.sample(inputs), PROBE_SEC / 2)
+        inference = cpu / (n * batch)
+        torch.set_num_threads(cfg.learner.learner_threads)
+        # big enough that per-call overhead does not count, small enough to take a moment with a CNN
+        elements = sum(v[0].numel() for v in inputs.values())
+        minibatch = max(16, min(cfg.learner.batch_size, LEARN_PROBE_ELEMENTS // elements))
+        reps = -(-minibatch // len(first))
+        train_inputs = obs_tensors({k: np.concatenate([v] * reps)[:minibatch] for k, v in obs.items()})
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
+
+        def train_step():
+            params, values = model(train_inputs)
+            loss = params.square().mean() + values.square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+        train_step()
+        _, cpu, n = _timed(train_step, PROBE_SEC / 2)
+    finally:
+        torch.set_num_threads(threads)
+    return inference, cpu / (n * minibatch) * cfg.learner.num_epochs
+
+
+def measure(cfg, spec, probe_envs: int) -> Costs:
+    env_wall, env_cpu, obs = measure_env(cfg, spec, probe_envs)
+    inference, learn = measure_model(cfg, spec, obs, batch=max(probe_envs, 64))
+    return Costs(env_wall, env_cpu, inference, 0.0 if cfg.run.sampling_only else learn)
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_envs_per_split(costs: Costs, slot_divisor: int, hint: int) -> int:
+    """Fewest envs per split (a divisor of slot_divisor, at least `hint`) whose step takes
+    TARGET_SPLIT_SEC; the largest allowed when none does."""
+    allowed = [d for d in _divisors(slot_divisor) if d <= MAX_ENVS_PER_SPLIT] or [1]
+    for d in allowed:
+        if d >= min(hint, allowed[-1]) and d * costs.env_wall >= TARGET_SPLIT_SEC:
+            return d
+    return allowed[-1]
+
+
+def choose_num_workers(costs: Costs, cores: int, learner_threads: int = 1) -> tuple[int, float]:
+    """Workers whose env steps keep up with what learning and inference can consume on `cores`;
+    returns (workers, the demand in env steps/s that sized them)."""
+    per_step_cpu = costs.env_cpu + costs.inference + costs.learn
+    demand = cores / per_step_cpu  # every core busy with the three
+    if costs.learn > 0:
+        demand = min(demand, min(learner_threads, cores) / costs.learn)  # the learner: one process
+    demand = min(demand, 1.0 / costs.inference)  # the policy worker: one process
+    env_cores = HEADROOM * demand * costs.env_cpu  # cores busy stepping envs at that rate
+    workers = math.ceil(HEADROOM * demand * costs.env_wall)
+    if costs.env_cpu >= 0.5 * costs.env_wall:  # CPU-bound: more workers than cores only contend
+        workers = min(workers, max(1, math.ceil(env_cores)), cores)
+    return max(1, min(workers, MAX_WORKERS_PER_CORE * cores)), demand
+
+
+def resolve_auto(cfg, spec, envs_per_worker_hint: int) -> list:
+    """Replace 'auto' in cfg.sampler.num_workers / num_envs_per_worker by measured choices (in place);
+    returns the lines that explain the choice (none when nothing was auto)."""
+    s = cfg.sampler
+    auto_workers, auto_envs = s.num_workers == "auto", s.num_envs_per_worker == "auto"
+    if not (auto_workers or auto_envs):
+        return []
+    cores = usable_cores()
+    hint_envs = envs_per_worker_hint
+    if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
+        if auto_workers:
+            s.num_workers = 1
+        if auto_envs:
+            s.num_envs_per_worker = hint_envs
+        return [f"serial mode, nothing to balance: {s.num_workers} workers x {s.num_envs_per_worker} envs"]
+    probe = hint_envs // s.worker_num_splits if auto_envs else int(s.num_envs_per_worker) // s.worker_num_splits
+    costs = measure(cfg, spec, max(1, probe))
+    lines = [f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
+             f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
+             f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
+    if auto_envs:
+        train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
+        slot_divisor = train_batch // s.rollout if train_batch % s.rollout == 0 else 1
+        per_split = choose_envs_per_split(costs, slot_divisor, max(1, hint_envs // s.worker_num_splits))
+        s.num_envs_per_worker = per_split * s.worker_num_splits
+        lines.append(f"--num_envs_per_worker auto = {s.num_envs_per_worker}: {per_split} envs per split step in "
+                     f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
+                     f"round trip to the policy worker is a small part of it; whole slots per training batch)")
+    if auto_workers:
+        s.num_workers, demand = choose_num_workers(costs, cores, cfg.learner.learner_threads)
+        lines.append(f"--num_workers auto = {s.num_workers}: learning and inference can take about "
+                     f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
+                     f"{1 / costs.env_wall:,.0f}")
+    return lines

@@ -1,0 +1,57 @@
+"""--num_workers auto / --num_envs_per_worker auto: the balance rule, and real measurements."""
+import os
+import sys
+
+import pytest
+
+from envs import ENVS_PER_WORKER_HINT, probe_env_spec
+from sf_engine.autosize import Costs, choose_envs_per_split, choose_num_workers, resolve_auto
+from sf_engine.config import parse_config
+from sf_engine.runner import family_defaults
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_learner_bound_fast_env_needs_few_workers():
+    # CartPole-like: 2.5 us per env step, learning 6 us per sample: the learner takes ~166k steps/s,
+    # which half a core of env stepping supplies
+    workers, demand = choose_num_workers(Costs(2.5e-6, 2.5e-6, 1e-6, 6e-6), cores=2)
+    assert workers == 1 and demand == pytest.approx(1 / 6e-6, rel=0.01)
+
+
+def test_cpu_bound_env_never_gets_more_workers_than_cores():
+    workers, _ = choose_num_workers(Costs(1e-3, 1e-3, 1e-6, 1e-6), cores=2)
+    assert workers == 2
+
+
+def test_waiting_env_gets_more_workers_than_cores_up_to_the_cap():
+    workers, _ = choose_num_workers(Costs(2e-3, 1e-5, 1e-5, 1e-5), cores=2)
+    assert workers == 8  # 4 per core
+
+
+def test_envs_per_split_amortize_the_round_trip_and_divide_the_batch():
+    assert choose_envs_per_split(Costs(2.5e-6, 2.5e-6, 0, 0), slot_divisor=128, hint=64) == 128  # largest divisor
+    assert choose_envs_per_split(Costs(3e-4, 3e-4, 0, 0), slot_divisor=32, hint=16) == 16  # 4.8 ms >= 2 ms
+    assert choose_envs_per_split(Costs(3e-4, 3e-4, 0, 0), slot_divisor=32, hint=2) == 8  # 2.4 ms
+    assert choose_envs_per_split(Costs(1e-5, 1e-5, 0, 0), slot_divisor=48, hint=16) == 48
+
+
+def _auto(env_id):
+    cfg = parse_config(["--env", env_id], family_defaults=family_defaults)
+    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    lines = resolve_auto(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
+    assert any("--num_workers auto" in line for line in lines) and len(lines) == 3
+    cfg.validate()  # the choice is a valid configuration
+    return cfg.sampler
+
+
+def test_auto_picks_more_workers_for_a_slow_env_than_a_fast_one():
+    fast, slow = _auto("CartPole-v1"), _auto("toy_envs:SlowEnv")
+    assert slow.num_workers > fast.num_workers, (slow, fast)
+    assert slow.num_envs_per_worker <= fast.num_envs_per_worker
+
+
+def test_serial_mode_needs_no_measurement():
+    cfg = parse_config(["--mode", "serial"], family_defaults=family_defaults)
+    resolve_auto(cfg, probe_env_spec("CartPole-v1", "auto"), 128)
+    assert (cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker) == (1, 128)
