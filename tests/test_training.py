@@ -12,7 +12,7 @@ from conftest import REPO, read_json, run_train
 from sf_engine.config import Config
 from sf_engine.runner import train
 
-SMALL = ["--num_envs_per_worker", "64", "--batch_size", "1024"]
+SMALL = ["--num_workers", "2", "--num_envs_per_worker", "64", "--batch_size", "1024"]
 
 
 def test_serial_mode_learns_cartpole(tmp_path, shm_dir):
