@@ -42,13 +42,17 @@ def parse_args(argv=None):
 
 
 def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
-    from sf_engine.checkpoint import BEST_NAME, checkpoint_dir, latest_checkpoint
+    from sf_engine.checkpoint import BEST_NAME, checkpoint_dir, latest_valid_checkpoint
 
     if choice == "latest":
-        path = latest_checkpoint(checkpoint_dir(exp_dir))
+        path, skipped = latest_valid_checkpoint(checkpoint_dir(exp_dir))
+        if path is None and skipped:
+            raise EnjoyError(f"experiment {experiment} has no usable checkpoint ({skipped[-1][1]})")
         if path is None:
             raise EnjoyError(f"experiment {experiment} has no checkpoint yet: train it first "
                              f"(python train.py --experiment {experiment})")
+        for _, reason in skipped:
+            print(f"skipping checkpoint: {reason}: using the one before it", flush=True)
         return path
     if choice == "best":
         path = os.path.join(checkpoint_dir(exp_dir), BEST_NAME)
@@ -67,14 +71,13 @@ def _first_line(exc: Exception) -> str:
 
 def load_policy(cfg, spec, path: str, device):
     """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
-    from sf_engine.checkpoint import load_checkpoint
+    from sf_engine.checkpoint import CheckpointError, load_checkpoint
     from sf_engine.model import ActorCritic
 
     try:
         state = load_checkpoint(path, "cpu")
-    except Exception as exc:  # torch raises several types for a truncated or corrupted file
-        raise EnjoyError(f"checkpoint {path} is truncated or corrupted ({exc.__class__.__name__}); "
-                         f"pass an older one with --checkpoint PATH") from None
+    except CheckpointError as exc:
+        raise EnjoyError(f"checkpoint {exc}: pass an older one with --checkpoint PATH") from None
     if not isinstance(state, dict) or "model" not in state:
         raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
     saved = state.get("config", {})

@@ -63,5 +63,5 @@ def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
 
 def subtract(newer: dict, older: dict) -> dict:
     """Stage seconds accumulated between two snapshots of cumulative per-role stage seconds."""
-    return {role: {stage: sec - older.get(role, {}).get(stage, 0.0) for stage, sec in stages.items()}
-            for role, stages in newer.items()}
+    return {role: {stage: max(0.0, sec - older.get(role, {}).get(stage, 0.0)) for stage, sec in stages.items()}
+            for role, stages in newer.items()}  # a restarted process starts its counts from 0

@@ -1,16 +1,27 @@
-"""Checkpoints: written by the learner atomically (temp file, fsync, rename), newest found by name.
+"""Checkpoints: written by the learner atomically (temp file, fsync, rename) with a checksum, newest
+found by name; a corrupt or truncated file is skipped for the one before it.
 
 File name `checkpoint_v{version:09d}_s{env_steps:013d}.pt`, so the runner can read the env-step
-count of a run to resume without importing torch.
+count of a run to resume without importing torch. File contents: torch.save bytes, then a trailer of
+MAGIC and the SHA-256 of those bytes.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
+import io
+import logging
 import os
 import re
 
 _NAME = re.compile(r"checkpoint_v(\d+)_s(\d+)\.pt$")
 BEST_NAME = "best.pt"  # the weights with the best evaluation return (written by the evaluator)
+MAGIC = b"SFENGINE-SHA256:"
+_TRAILER = len(MAGIC) + 32
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (truncated, corrupted, not a checkpoint)."""
 
 
 def checkpoint_dir(experiment_dir: str) -> str:
@@ -32,17 +43,60 @@ def env_steps_of(path) -> int:
     return int(_NAME.search(path).group(2)) if path else 0
 
 
+def read_verified(path: str) -> bytes:
+    """The torch.save bytes of a checkpoint whose checksum matches; CheckpointError otherwise."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc.strerror})") from None
+    body, trailer = data[:-_TRAILER], data[-_TRAILER:]
+    if len(data) < _TRAILER or not trailer.startswith(MAGIC):
+        raise CheckpointError(f"{path} is truncated or corrupted (no checksum at its end)")
+    if hashlib.sha256(body).digest() != trailer[len(MAGIC):]:
+        raise CheckpointError(f"{path} is truncated or corrupted (checksum mismatch)")
+    return body
+
+
+def latest_valid_checkpoint(directory: str):
+    """(path of the newest checkpoint whose checksum matches or None, [(skipped path, reason), ...])."""
+    skipped = []
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            read_verified(path)
+            return path, skipped
+        except CheckpointError as exc:
+            skipped.append((path, str(exc)))
+    return None, skipped
+
+
+def remove_temporary_files(directory: str) -> None:
+    """Half-written checkpoints of a run that was killed while saving."""
+    for path in glob.glob(os.path.join(directory, "*.tmp")):
+        os.unlink(path)
+
+
 def save_state_atomic(path: str, state: dict) -> None:
-    """torch.save to a temporary file, fsync, rename: a reader sees the old file or the new one."""
+    """torch.save with a checksum to a temporary file, fsync, rename: a reader sees the old file or the
+    new one. On an OSError (disk full, ...) the temporary file is removed and the old file stays."""
     import torch
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    body = buffer.getvalue()
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.write(MAGIC + hashlib.sha256(body).digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str:
@@ -55,6 +109,20 @@ def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, k
 
 
 def load_checkpoint(path: str, device="cpu") -> dict:
+    """A checkpoint's state after checking its checksum (CheckpointError when it does not match)."""
     import torch
 
-    return torch.load(path, map_location=device, weights_only=False)
+    body = read_verified(path)
+    try:
+        return torch.load(io.BytesIO(body), map_location=device, weights_only=False)
+    except Exception as exc:
+        raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
+
+
+def load_latest_valid(directory: str, device="cpu"):
+    """(path, state) of the newest usable checkpoint, logging every newer one that was skipped;
+    (None, None) when there is none."""
+    path, skipped = latest_valid_checkpoint(directory)
+    for bad, reason in skipped:
+        logging.warning("skipping checkpoint: %s", reason)
+    return (path, load_checkpoint(path, device)) if path else (None, None)

@@ -127,6 +127,10 @@ class RunConfig:
     sampling_only: bool = _f(False, "Measure the sampler alone: the learner hands slots straight back without "
                                     "training (the policy stays at its initial or resumed weights).")
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
+    stuck_timeout_sec: float = _f(60.0, "A process whose heartbeat stops this long is stuck (a hung env, say): "
+                                        "a rollout or policy worker is restarted, a stuck learner stops the run.")
+    max_worker_restarts: int = _f(10, "Stop the run (cleanly, with a checkpoint) once workers have been "
+                                      "restarted more than this many times within 5 minutes.")
 
 
 GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
@@ -213,6 +217,11 @@ class Config:
             raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
         if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
             raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+        if run.stuck_timeout_sec <= 0:
+            raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
+        if run.max_worker_restarts < 0:
+            raise ConfigError(f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
+                              f"0 stops the run at the first worker failure")
         if lrn.max_policy_lag < 0:
             raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
         if not run.experiment or os.sep in run.experiment:

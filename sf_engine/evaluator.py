@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 
 import numpy as np
 import torch
 
 from envs import make_batch_env, register_env
-from sf_engine.checkpoint import BEST_NAME, save_state_atomic
-from sf_engine.ipc import Empty, ParentWatch, init_child, stat
+from sf_engine.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
+from sf_engine.ipc import Empty, ParentWatch, init_child, report_fault, stat
 from sf_engine.model import ActorCritic, flatten_state, obs_tensors
 from sf_engine.policy_worker import read_shared_params
 from sf_engine.shared_buffers import SharedBuffers
@@ -67,13 +68,14 @@ class Evaluator:
         if not os.path.exists(self.best_path):
             return -np.inf
         try:
-            return float(torch.load(self.best_path, map_location="cpu", weights_only=False)["eval_return"])
-        except Exception as exc:  # an unreadable best checkpoint is replaced by the next evaluation
-            logging.warning("ignoring unreadable %s (%s)", self.best_path, exc.__class__.__name__)
+            return float(load_checkpoint(self.best_path)["eval_return"])
+        except CheckpointError as exc:  # an unreadable best checkpoint is replaced by the next evaluation
+            logging.warning("ignoring %s", exc)
             return -np.inf
 
     def step(self, timeout_sec: float) -> None:
         """Evaluate when the period is over; otherwise wait at most `timeout_sec`."""
+        self.buffers.beat("evaluator")
         if self.shared_params is None:
             try:
                 self.shared_params = self.queues.eval_params.get(timeout=max(timeout_sec, 1e-3))
@@ -94,19 +96,26 @@ class Evaluator:
         start = time.monotonic()
         version = read_shared_params(self.buffers.param_seq, self.shared_params, self.params)
         returns, lengths, finished = play_episodes(self.model, self.env, self.cfg.run.eval_max_steps,
-                                                   should_stop=lambda: bool(self.buffers.stop[0]))
+                                                   should_stop=self._should_stop)
         if not finished.any():
             logging.info("evaluation of version %d: no episode finished within --eval_max_steps", version)
             return None
         mean = float(returns[finished].mean())
         if finished.all() and mean > self.best_return:
             self.best_return = mean
-            save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
-                                               "eval_return": mean, "config": self.cfg.to_dict()})
+            try:
+                save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
+                                                   "eval_return": mean, "config": self.cfg.to_dict()})
+            except OSError as exc:
+                logging.warning("best.pt not written (%s); the previous one is kept", exc.strerror or exc)
         stat(self.queues, "eval", version=version, return_mean=mean, return_std=float(returns[finished].std()),
              length_mean=float(lengths[finished].mean()), episodes=int(finished.sum()),
              unfinished=int((~finished).sum()), best=self.best_return, seconds=time.monotonic() - start)
         return mean
+
+    def _should_stop(self) -> bool:
+        self.buffers.beat("evaluator")  # an evaluation may take long: it is still alive
+        return bool(self.buffers.stop[0])
 
     def close(self) -> None:
         self.env.close()
@@ -120,12 +129,13 @@ def run_evaluator(cfg, shm_path: str, layout: dict, queues, spec, log_path: str,
     for name, make_env in registered_envs.items():
         register_env(name, make_env)
     buffers = SharedBuffers.attach(shm_path, layout)
-    watch = ParentWatch()
+    buffers.beat("evaluator")
+    watch = ParentWatch(queues.lifeline)
     try:
         evaluator = Evaluator(cfg, buffers, queues, spec, checkpoint_dir)
         while not buffers.stop[0] and watch.parent_alive():
             evaluator.step(timeout_sec=0.2)
         evaluator.close()
     except Exception:
-        logging.exception("evaluator failed")
-        raise
+        report_fault(queues, "evaluator", 0)
+        sys.exit(1)

@@ -9,15 +9,16 @@ older policy).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
 import torch
 
 from sf_engine import ppo
-from sf_engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from sf_engine.checkpoint import load_checkpoint, save_checkpoint
 from sf_engine.device import resolve_device
-from sf_engine.ipc import ParentWatch, get_many, init_child, stat
+from sf_engine.ipc import ParentWatch, get_many, init_child, report_fault, stat
 from sf_engine.model import ActorCritic, flatten_state
 from sf_engine.shared_buffers import SharedBuffers
 
@@ -25,7 +26,9 @@ _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "
 
 
 class Learner:
-    def __init__(self, cfg, buffers: SharedBuffers, queues, spec, checkpoint_dir: str, env_steps_base: int):
+    def __init__(self, cfg, buffers: SharedBuffers, queues, spec, checkpoint_dir: str, env_steps_base: int,
+                 resume_from=None):
+        """`resume_from`: the checkpoint to continue from (the runner picked the newest valid one)."""
         self.cfg, self.lcfg, self.buffers, self.queues = cfg, cfg.learner, buffers, queues
         self.checkpoint_dir, self.env_steps_base = checkpoint_dir, env_steps_base
         self.device = resolve_device(cfg.run.device)
@@ -34,7 +37,8 @@ class Learner:
         self.params = flatten_state(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
-        self._load_latest()
+        if resume_from:
+            self._load(resume_from)
         self.shared_params = self.params.detach().clone()
         if self.device.type == "cpu":
             self.shared_params.share_memory_()
@@ -48,10 +52,7 @@ class Learner:
                           "checkpoint": 0.0}
         self.first_step_time = None  # stage seconds add up to the wall time since then
 
-    def _load_latest(self) -> None:
-        path = latest_checkpoint(self.checkpoint_dir)
-        if path is None:
-            return
+    def _load(self, path: str) -> None:
         state = load_checkpoint(path, self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -79,10 +80,16 @@ class Learner:
         start = time.monotonic()
         if self.first_step_time is None:
             self.first_step_time = start
+        self.buffers.beat("learner")
+        if self.buffers.params_wanted[0]:  # a restarted policy worker needs the shared weights
+            self.buffers.params_wanted[0] = 0
+            self.queues.params.put(self.shared_params)
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
         self.stage_sec["wait_data"] += time.monotonic() - start
         if self.cfg.run.sampling_only:
-            self.queues.free_slots.put_many(self.pending_slots)
+            if self.pending_slots:
+                stat(self.queues, "recycled", steps=self._consume_rows(self.pending_slots))
+                self.queues.free_slots.put_many(self.pending_slots)
             self.pending_slots = []
         elif len(self.pending_slots) == self.cfg.slots_per_batch:
             slots, self.pending_slots = self.pending_slots, []
@@ -91,6 +98,13 @@ class Learner:
             start = time.monotonic()
             self.save()
             self.stage_sec["checkpoint"] += time.monotonic() - start
+
+    def _consume_rows(self, slots: list) -> int:
+        """The env steps held in `slots`, which leave the books of steps not yet trained on."""
+        rows = self.buffers.slot_rows
+        steps = int(rows[slots].sum()) * self.cfg.sampler.envs_per_split
+        rows[slots] = 0
+        return steps
 
     def _gather(self, slots: list) -> dict:
         """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
@@ -150,11 +164,12 @@ class Learner:
         self.stage_sec["train"] += trained - assembled
         self.version += 1
         self.publish()
+        self._consume_rows(slots)
         self.queues.free_slots.put_many(list(slots))
         self.stage_sec["weight_publish"] += time.monotonic() - trained
         valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
         stat(self.queues, "train", version=self.version, samples=int(index.numel()),
-             dropped_lag=int((valid & ~keep).sum()), lag_count=int(valid.sum()), lag_min=float(valid_lag.min()),
+             dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()), lag_min=float(valid_lag.min()),
              lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
              learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec),
              wall_sec=time.monotonic() - (self.first_step_time or start), **metrics)
@@ -174,6 +189,7 @@ class Learner:
             for minibatch in torch.randperm(num_samples, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
                 if minibatch.numel() < 2 or self.buffers.stop[0]:  # a stopping run does not wait for epochs
                     continue
+                self.buffers.beat("learner")
                 params, values = self.model({key: obs[minibatch] for key, obs in samples["obs"].items()})
                 log_probs, entropy = self.model.log_prob_entropy(params, samples["actions"][minibatch])
                 policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = ppo.ppo_losses(
@@ -192,25 +208,35 @@ class Learner:
         names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
         return {name: float(v) / max(num_updates, 1) for name, v in zip(names, totals)}
 
-    def save(self) -> str:
+    def save(self):
+        """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on.
+        Returns the path, or None when the write failed."""
         env_steps = self.env_steps  # one reading for the file's contents and its name
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "version": self.version, "env_steps": env_steps, "config": self.cfg.to_dict()}
-        path = save_checkpoint(self.checkpoint_dir, state, self.version, env_steps, self.cfg.run.keep_checkpoints)
         self.last_save_time = time.monotonic()
+        try:
+            path = save_checkpoint(self.checkpoint_dir, state, self.version, env_steps,
+                                   self.cfg.run.keep_checkpoints)
+        except OSError as exc:
+            logging.warning("checkpoint of version %d not written (%s); the previous one is kept",
+                            self.version, exc.strerror or exc)
+            stat(self.queues, "checkpoint_failed", reason=str(exc.strerror or exc))
+            return None
         stat(self.queues, "checkpoint", path=path)
         return path
 
 
 def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, checkpoint_dir: str,
-                env_steps_base: int) -> None:
+                env_steps_base: int, resume_from=None) -> None:
     """Process target of the learner. Saves a checkpoint when the run stops."""
     init_child("learner", 0, log_path)
     torch.set_num_threads(cfg.learner.learner_threads)
     buffers = SharedBuffers.attach(shm_path, layout)
-    watch = ParentWatch()
+    buffers.beat("learner")
+    watch = ParentWatch(queues.lifeline)
     try:
-        learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base)
+        learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base, resume_from)
         logging.info("ready: version %d published, weights shared on %s", learner.version,
                      learner.shared_params.device)
         while not buffers.stop[0] and watch.parent_alive():
@@ -218,5 +244,5 @@ def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, c
         if not cfg.run.sampling_only:
             learner.save()
     except Exception:
-        logging.exception("learner failed")
-        raise
+        report_fault(queues, "learner", 0)
+        sys.exit(1)

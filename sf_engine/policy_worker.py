@@ -1,14 +1,15 @@
 """Policy worker: batches every pending inference request into one forward pass.
 
 Runs in the policy-worker process (or the runner in serial mode) on the run's device. Per request
-(worker, split, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
-actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it tells
-the worker.
+(worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
+actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
+token back to the worker.
 Weights come from the learner's shared copy whenever its version moves (seqlock: never half-written).
 """
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import defaultdict
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from sf_engine.device import resolve_device
-from sf_engine.ipc import Empty, ParentWatch, get_many, init_child, stat
+from sf_engine.ipc import Empty, ParentWatch, get_many, init_child, report_fault, stat
 from sf_engine.model import ActorCritic, flatten_state
 from sf_engine.shared_buffers import SharedBuffers
 
@@ -65,6 +66,7 @@ class PolicyWorker:
         start = time.monotonic()
         if self.first_step_time is None:
             self.first_step_time = start
+        self.buffers.beat("policy_worker")
         if self.shared_params is None:
             try:
                 self.shared_params = self.queues.params.get(timeout=max(timeout_sec, 1e-3))
@@ -107,10 +109,10 @@ class PolicyWorker:
         buf.values[slots, rows] = values.reshape(per_request)
         buf.policy_version[slots, rows] = self.version
         replies = defaultdict(list)
-        for worker, split, _, _ in requests:
-            replies[worker].append(split)
-        for worker, splits in replies.items():
-            self.queues.actions_ready[worker].put_many(splits)
+        for worker, token, _, _ in requests:
+            replies[worker].append(token)
+        for worker, tokens in replies.items():
+            self.queues.actions_ready[worker].send(tokens)
         self.num_forwards += 1
         self.num_samples += len(actions)
         self.stage_sec["gather"] += gathered - start
@@ -129,12 +131,13 @@ def run_policy_worker(cfg, shm_path: str, layout: dict, queues, spec, log_path: 
     init_child("policy_worker", 0, log_path)
     torch.set_num_threads(1)
     buffers = SharedBuffers.attach(shm_path, layout)
-    watch = ParentWatch()
+    buffers.beat("policy_worker")
+    watch = ParentWatch(queues.lifeline)
     try:
         worker = PolicyWorker(cfg, buffers, queues, spec)
         logging.info("ready: model built on %s", worker.device)
         while not buffers.stop[0] and watch.parent_alive():
             worker.step(timeout_sec=0.1)
     except Exception:
-        logging.exception("policy worker failed")
-        raise
+        report_fault(queues, "policy_worker", 0)
+        sys.exit(1)

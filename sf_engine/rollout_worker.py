@@ -5,28 +5,38 @@ split waits for its actions from the policy worker, the worker steps the other (
 A split's cycle: write obs at [slot, row] -> request actions -> step envs with actions[slot, row] ->
 write rewards/dones at row and obs at row + 1 -> ... -> at row == rollout hand the slot to the learner
 and take a free one.
+
+A restarted worker (same index, next `generation`) gets fresh envs with new seeds. Requests and replies
+carry a token `generation x splits + split`, so replies meant for a dead predecessor are ignored.
+The worker marks the slots it fills in `slot_owner` and counts their rows in `slot_rows`, so the runner
+can take back a dead worker's half-written slots.
 """
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import numpy as np
 
 from envs import make_batch_env, register_env
-from sf_engine.ipc import ParentWatch, get_many, init_child, stat
+from sf_engine.ipc import ParentWatch, get_many, init_child, report_fault, stat
 from sf_engine.shared_buffers import SharedBuffers
 
 STATS_EVERY_SEC = 0.5
+SLOT_POLL_SEC = 0.0005  # how often a worker with nothing else to do looks for a free slot
 
 
 class RolloutWorker:
-    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues, spec):
-        self.idx, self.buffers, self.queues = worker_idx, buffers, queues
+    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues, spec, generation: int = 0):
+        self.idx, self.buffers, self.queues, self.generation = worker_idx, buffers, queues, generation
+        self.replies = queues.actions_ready[worker_idx]
         self.rollout, self.num_splits = cfg.sampler.rollout, cfg.sampler.worker_num_splits
         self.envs_per_split = cfg.sampler.envs_per_split
         # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
-        first_seed = cfg.env.seed * 1_000_003 + worker_idx * cfg.sampler.num_envs_per_worker
+        s = cfg.sampler
+        first_seed = (cfg.env.seed * 1_000_003 + worker_idx * s.num_envs_per_worker
+                      + generation * s.num_workers * s.num_envs_per_worker)
         self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
                                     seed=first_seed + split * self.envs_per_split, spec=spec)
                      for split in range(self.num_splits)]
@@ -51,31 +61,42 @@ class RolloutWorker:
             self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
             self.pending_valid[split] = np.ones(self.envs_per_split, bool)
             self.waiting_for_slot.append(split)
-        self._take_free_slots(timeout_sec=0)
+        self._take_free_slots()
 
     def step(self, timeout_sec: float) -> None:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
-        are ready. Blocks at most `timeout_sec` (0 in serial mode)."""
+        are ready. Blocks at most `timeout_sec` (0 in serial mode). Free slots are polled, never waited
+        for on the shared queue (see ipc: a killed waiter would break it for everybody)."""
         if self.first_step_time is None:
             self.first_step_time = time.monotonic()
+        self.buffers.beat("rollout_worker", self.idx)
         if self.waiting_for_slot:
             start = time.monotonic()
-            self._take_free_slots(timeout_sec if self.num_awaiting_actions == 0 else 0)
+            self._take_free_slots()
+            if self.num_awaiting_actions == 0:
+                deadline = start + timeout_sec
+                while self.waiting_for_slot and self.num_awaiting_actions == 0 and time.monotonic() < deadline:
+                    time.sleep(SLOT_POLL_SEC)
+                    self._take_free_slots()
             self.stage_sec["wait_slot"] += time.monotonic() - start
         if self.num_awaiting_actions:
             start = time.monotonic()
-            ready = get_many(self.queues.actions_ready[self.idx], timeout_sec)
+            ready = self.replies.receive(timeout_sec)
             self.stage_sec["wait_actions"] += time.monotonic() - start
-            for split in ready:
-                self.num_awaiting_actions -= 1
-                self._advance(split)
+            for token in ready:
+                generation, split = divmod(token, self.num_splits)
+                if generation == self.generation:  # else: the reply to a dead predecessor's request
+                    self.num_awaiting_actions -= 1
+                    self._advance(split)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
 
-    def _take_free_slots(self, timeout_sec: float) -> None:
-        for slot in get_many(self.queues.free_slots, timeout_sec, max_messages=len(self.waiting_for_slot)):
+    def _take_free_slots(self) -> None:
+        for slot in get_many(self.queues.free_slots, 0, max_messages=len(self.waiting_for_slot)):
             split = self.waiting_for_slot.pop(0)
             self.slot[split], self.row[split] = slot, 0
+            self.buffers.slot_owner[slot] = self.idx
+            self.buffers.slot_rows[slot] = 0
             for key, value in self.pending_obs[split].items():
                 self.buffers.obs[key][slot, 0] = value
             self.buffers.valid[slot, 0] = self.pending_valid[split]
@@ -83,7 +104,8 @@ class RolloutWorker:
 
     def _request_actions(self, split: int) -> None:
         self.num_awaiting_actions += 1
-        self.queues.policy_requests.put((self.idx, split, self.slot[split], self.row[split]))
+        token = self.generation * self.num_splits + split
+        self.queues.policy_requests.put((self.idx, token, self.slot[split], self.row[split]))
 
     def _advance(self, split: int) -> None:
         """Step split's envs with the actions the policy worker wrote, record the transition."""
@@ -103,8 +125,9 @@ class RolloutWorker:
         buf.truncated[slot, row] = result.truncated
         done = np.logical_or(result.terminated, result.truncated)
         self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row])
-        buf.env_steps[self.idx] += self.envs_per_split
         row += 1
+        buf.env_steps[self.idx] += self.envs_per_split  # counted with the row that holds the step
+        buf.slot_rows[slot] = row
         for key, value in result.obs.items():
             buf.obs[key][slot, row] = value
         if row < self.rollout:
@@ -112,12 +135,13 @@ class RolloutWorker:
             self.row[split] = row
             self._request_actions(split)
             return
+        buf.slot_owner[slot] = -1
         self.queues.full_slots.put(slot)
         self.slot[split] = -1
         self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
         self.pending_valid[split] = ~done
         self.waiting_for_slot.append(split)
-        self._take_free_slots(timeout_sec=0)
+        self._take_free_slots()
 
     def _track_episodes(self, split: int, score_rewards, episode_over, valid) -> None:
         """Returns of whole episodes as the user scores them (true game score on Atari)."""
@@ -144,22 +168,30 @@ class RolloutWorker:
 
 
 def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues, spec, log_path: str,
-                       registered_envs: dict) -> None:
-    """Process target of rollout worker `worker_idx`; `registered_envs` are the runner's register_env()s."""
+                       registered_envs: dict, generation: int = 0) -> None:
+    """Process target of rollout worker `worker_idx`; `registered_envs` are the runner's register_env()s.
+    An exception (an env raising in reset or step) goes to the runner as a 'fault' message with its
+    traceback, which the runner logs once before restarting the worker; the process exits with 1."""
     init_child("rollout_worker", worker_idx, log_path)
     for name, make_env in registered_envs.items():
         register_env(name, make_env)
     buffers = SharedBuffers.attach(shm_path, layout)
-    watch = ParentWatch()
-    worker = RolloutWorker(cfg, worker_idx, buffers, queues, spec)
-    worker.start()
-    logging.info("ready: %d envs reset", cfg.sampler.num_envs_per_worker)
+    buffers.beat("rollout_worker", worker_idx)
+    watch = ParentWatch(queues.lifeline)
+    worker = None
     try:
+        worker = RolloutWorker(cfg, worker_idx, buffers, queues, spec, generation)
+        worker.start()
+        logging.info("ready: %d envs reset (generation %d)", cfg.sampler.num_envs_per_worker, generation)
         while not buffers.stop[0] and watch.parent_alive():
             worker.step(timeout_sec=0.1)
         worker.send_stats()
     except Exception:
-        logging.exception("rollout worker %d failed", worker_idx)
-        raise
+        report_fault(queues, "rollout_worker", worker_idx)
+        sys.exit(1)
     finally:
-        worker.close()
+        if worker is not None:
+            try:
+                worker.close()
+            except Exception:  # an env that failed may fail to close too; the process ends anyway
+                pass

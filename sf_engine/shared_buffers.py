@@ -16,12 +16,17 @@ Slot field shapes (S = slots, T = rollout, E = envs per split):
   truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
   valid          [S, T, E]                bool, False on the reset step that follows an episode end
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
-param_seq [1] int64 (seqlock of the shared weights: odd while the learner writes), stop [1] int64.
+param_seq [1] int64 (seqlock of the shared weights: odd while the learner writes), stop [1] int64,
+heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
+`heartbeat_index`), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
+slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [1] int64
+(set by the runner when a restarted policy worker needs the shared weights again).
 """
 from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,7 +85,16 @@ def buffer_layout(cfg, spec: EnvSpec) -> dict:
         "env_steps": ((cfg.sampler.num_workers,), "int64"),
         "param_seq": ((1,), "int64"),
         "stop": ((1,), "int64"),
+        "heartbeat": ((3 + cfg.sampler.num_workers,), "float64"),
+        "slot_owner": ((slots,), "int64"),
+        "slot_rows": ((slots,), "int64"),
+        "params_wanted": ((1,), "int64"),
     }
+
+
+def heartbeat_index(role: str, index: int = 0) -> int:
+    """Entry of `role` in the heartbeat array."""
+    return {"learner": 0, "policy_worker": 1, "evaluator": 2}.get(role, 3 + index)
 
 
 def _offsets(layout: dict) -> tuple[dict, int]:
@@ -130,7 +144,13 @@ class SharedBuffers:
     def create(cls, path: str, layout: dict) -> "SharedBuffers":
         if os.path.exists(path):
             os.unlink(path)  # leftover of a dead run of this experiment
-        return cls(path, layout, create=True)
+        buffers = cls(path, layout, create=True)
+        buffers.slot_owner[:] = -1
+        return buffers
+
+    def beat(self, role: str, index: int = 0) -> None:
+        """A process's sign of life (the runner restarts one whose heartbeat stops)."""
+        self.heartbeat[heartbeat_index(role, index)] = time.monotonic()
 
     @classmethod
     def attach(cls, path: str, layout: dict) -> "SharedBuffers":

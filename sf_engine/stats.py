@@ -59,6 +59,12 @@ class RunStats:
         self.diagnosis = None
         self.bottleneck_snapshot = (self.start_time, {})
         self.inference_forwards, self.inference_samples = 0, 0
+        # faults and the books of env steps (sampled = trained + dropped for lag + not trainable (reset
+        # steps) + recycled untrained (sampling only) + dropped with a failed worker + in flight at stop)
+        self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the runner takes it
+        self.worker_restarts, self.policy_worker_restarts, self.checkpoint_failures = 0, 0, 0
+        self.steps_not_trainable, self.steps_recycled, self.steps_dropped_faults = 0, 0, 0
+        self.steps_in_flight_at_stop = None
 
     @property
     def env_steps(self) -> int:
@@ -81,6 +87,7 @@ class RunStats:
                 self.train = msg
                 self.learner_samples += msg["samples"]
                 self.samples_dropped_lag += msg["dropped_lag"]
+                self.steps_not_trainable += msg["not_trainable"]
                 self.lag_sum += msg["lag_mean"] * msg["lag_count"]
                 self.lag_count += msg["lag_count"]
                 self.lag_max = max(self.lag_max, msg["lag_max"])
@@ -93,6 +100,14 @@ class RunStats:
                 self.inference_samples += msg["samples"]
             elif kind == "checkpoint":
                 self.checkpoint_path = msg["path"]
+            elif kind == "checkpoint_failed":
+                self.checkpoint_failures += 1
+                logging.warning("checkpoint not written (%s): the previous one is kept, training goes on",
+                                msg["reason"])
+            elif kind == "recycled":
+                self.steps_recycled += msg["steps"]
+            elif kind == "fault":
+                self.faults[(msg["role"], msg["index"])] = msg["traceback"]
             elif kind == "eval":
                 self.eval = msg
                 logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished "
@@ -124,7 +139,7 @@ class RunStats:
         if now - self.last_status >= self.cfg.run.status_every_sec:
             logging.info(self.status_line())
             self.last_status = now
-        if now - self.last_summary >= SUMMARY_EVERY_SEC:
+        if now - self.last_summary >= min(SUMMARY_EVERY_SEC, self.cfg.run.status_every_sec):
             self.write_summary()
             self.last_summary = now
         if self.warmup and now - self.bottleneck_snapshot[0] >= BOTTLENECK_EVERY_SEC and self.stopped_at is None:
@@ -168,6 +183,9 @@ class RunStats:
             out["perf/sample_reuse"] = (self.learner_samples * self.cfg.learner.num_epochs
                                         / (self.env_steps - self.env_steps_base))
         out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * self.frameskip
+        out.update({"faults/worker_restarts": self.worker_restarts,
+                    "faults/policy_worker_restarts": self.policy_worker_restarts,
+                    "faults/checkpoint_failures": self.checkpoint_failures})
         if self.returns:
             out["episode/return"] = self.return_mean
             out["episode/length"] = sum(self.lengths) / len(self.lengths)
@@ -218,7 +236,20 @@ class RunStats:
             "env_steps_per_sec_windows": [round(r, 1) for r in self.window_rates],
             "checkpoint": self.checkpoint_path,
             "eval_return_mean": self.eval.get("return_mean"), "eval_return_best": self.eval.get("best"),
+            "worker_restarts": self.worker_restarts, "policy_worker_restarts": self.policy_worker_restarts,
+            "checkpoint_failures": self.checkpoint_failures, "env_step_books": self.books(),
         }
+
+    def books(self) -> dict:
+        """Where every env step of this run went; `unaccounted` is 0 when none was lost (known once the
+        run has stopped and the steps in flight were counted)."""
+        books = {"sampled": self.env_steps - self.env_steps_base, "trained": self.learner_samples,
+                 "dropped_lag": self.samples_dropped_lag, "not_trainable": self.steps_not_trainable,
+                 "recycled_untrained": self.steps_recycled, "dropped_faults": self.steps_dropped_faults,
+                 "in_flight_at_stop": self.steps_in_flight_at_stop}
+        if self.steps_in_flight_at_stop is not None:
+            books["unaccounted"] = books["sampled"] - sum(v for k, v in books.items() if k != "sampled")
+        return books
 
     def write_summary(self) -> dict:
         data = self.summary()

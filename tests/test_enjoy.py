@@ -41,14 +41,14 @@ def test_evaluation_logs_and_keeps_the_best_checkpoint(trained):
 
 
 def test_a_resumed_run_keeps_the_earlier_best(trained):
-    import torch
+    from sf_engine.checkpoint import load_checkpoint
 
     best = trained / "cartpole" / "checkpoints" / "best.pt"
-    before = torch.load(best, weights_only=False)["eval_return"]
+    before = load_checkpoint(best)["eval_return"]
     result = run_train(["--experiment", "cartpole", "--train_for_env_steps", "170000", "--eval_every_sec", "0.5",
                         "--eval_episodes", "2", "--eval_max_steps", "30"] + SERIAL, trained)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert torch.load(best, weights_only=False)["eval_return"] >= before  # unfinished episodes never win
+    assert load_checkpoint(best)["eval_return"] >= before  # unfinished episodes never win
 
 
 @pytest.mark.parametrize("checkpoint", ["latest", "best"])

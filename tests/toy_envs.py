@@ -1,4 +1,5 @@
 """Small user-style envs for the tests (used as --env toy_envs:Name with tests/ on the path)."""
+import os
 import time
 
 import gymnasium as gym
@@ -87,3 +88,50 @@ class SlowEnv(gym.Env):
     def step(self, action):
         time.sleep(0.002)
         return np.zeros(4, np.float32), 1.0, False, False, {}
+
+
+class _FaultOnce(gym.Env):
+    """A CartPole-sized env that misbehaves once per test run, on its FAULT_STEP-th step: the first
+    env to get there creates the file named by $SF_TEST_FAULT_MARKER and misbehaves; envs made after
+    that (the restarted worker's) behave. Without the variable it always misbehaves."""
+
+    FAULT_STEP = 100
+    observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.steps = 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.FAULT_STEP and self._claim_fault():
+            self.misbehave()
+        return np.zeros(4, np.float32), 1.0, self.steps % 50 == 0, False, {}
+
+    @staticmethod
+    def _claim_fault() -> bool:
+        marker = os.environ.get("SF_TEST_FAULT_MARKER")
+        if marker is None:
+            return True
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return False
+
+
+class RaiseOnceEnv(_FaultOnce):
+    def misbehave(self):
+        raise RuntimeError("simulated env failure on step 100")
+
+
+class HangOnceEnv(_FaultOnce):
+    FAULT_STEP = 50
+
+    def misbehave(self):
+        while True:
+            time.sleep(1.0)

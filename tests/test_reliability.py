@@ -1,0 +1,223 @@
+"""Reliability: failed workers are restarted, stops are clean, nothing is left behind, checkpoints are
+checked."""
+import errno
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, one_line_error, read_json, run_train
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ASYNC = ["--num_workers", "2", "--num_envs_per_worker", "16", "--batch_size", "512", "--rollout", "32"]
+
+
+def start_train(args, train_dir, experiment, **env):
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(train_dir),
+           "--experiment", experiment, "--status_every_sec", "1"] + list(args)
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": TESTS, **env})
+
+
+def wait_for_children(exp_dir, count, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = os.path.join(exp_dir, "processes.json")
+        if os.path.exists(path):
+            rows = [r for r in read_json(path)["processes"] if r["role"] != "runner"]
+            if len(rows) >= count:
+                return rows
+        time.sleep(0.3)
+    raise AssertionError(f"{count} children never started")
+
+
+def wait_for_steps(exp_dir, more_than, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = os.path.join(exp_dir, "summary.json")
+        if os.path.exists(path) and read_json(path)["env_steps"] > more_than:
+            return read_json(path)["env_steps"]
+        time.sleep(0.5)
+    raise AssertionError(f"env steps never passed {more_than}")
+
+
+def alive(pids):
+    alive_pids = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive_pids.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive_pids
+
+
+def books_balance(summary):
+    books = summary["env_step_books"]
+    assert books["unaccounted"] == 0, books
+    return books
+
+
+def test_a_killed_rollout_worker_is_restarted_and_training_goes_on(tmp_path, shm_dir):
+    exp = str(tmp_path / "kill")
+    proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_seconds", "30", "--save_every_sec", "5"],
+                       tmp_path, "kill")
+    rows = wait_for_children(exp, 4)
+    wait_for_steps(exp, 50_000)
+    victim = next(r["pid"] for r in rows if r["role"] == "rollout_worker" and r["index"] == 0)
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(3)
+    after_kill = read_json(os.path.join(exp, "summary.json"))["env_steps"]
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    summary = read_json(os.path.join(exp, "summary.json"))
+    assert summary["worker_restarts"] >= 1 and "killed by SIGKILL" in out
+    assert summary["env_steps"] > after_kill + 50_000  # sampling and training went on
+    assert summary["learner_version"] > 10
+    books_balance(summary)
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.parametrize("env_id, extra, words", [
+    ("toy_envs:RaiseOnceEnv", [], ["RuntimeError: simulated env failure on step 100", "died (exit code 1)"]),
+    ("toy_envs:HangOnceEnv", ["--stuck_timeout_sec", "3"], ["stuck (no heartbeat for"]),
+])
+def test_a_failing_or_hanging_env_gets_its_worker_restarted(tmp_path, shm_dir, env_id, extra, words):
+    proc = start_train(ASYNC + ["--env", env_id, "--shm_dir", shm_dir, "--train_for_seconds", "25"] + extra,
+                       tmp_path, "fault", SF_TEST_FAULT_MARKER=str(tmp_path / "fault_marker"))
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    for word in words:
+        assert word in out, out
+    assert f"on env {env_id}" in out
+    assert out.count("Traceback") <= 1  # logged once, by the runner
+    summary = read_json(tmp_path / "fault" / "summary.json")
+    assert summary["worker_restarts"] == 1
+    assert summary["learner_version"] >= 5  # training went on after the restart
+    books_balance(summary)
+    assert os.listdir(shm_dir) == []
+
+
+def test_repeated_worker_failures_stop_the_run_cleanly(tmp_path, shm_dir):
+    # without the marker variable every env fails on its 100th step
+    result = run_train(ASYNC + ["--env", "toy_envs:RaiseOnceEnv", "--shm_dir", shm_dir, "--max_worker_restarts", "2",
+                                "--experiment", "broken"], tmp_path, timeout=120,
+                       env={**os.environ, "PYTHONPATH": TESTS})
+    assert result.returncode == 1, result.stdout
+    assert "3 worker failures within" in result.stdout and "--max_worker_restarts" in result.stdout
+    assert glob.glob(str(tmp_path / "broken" / "checkpoints" / "checkpoint_*.pt"))
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_sigint_and_sigterm_stop_cleanly_within_10_s(tmp_path, shm_dir, sig, code):
+    exp = str(tmp_path / "stop")
+    proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_seconds", "300"], tmp_path, "stop")
+    children = [r["pid"] for r in wait_for_children(exp, 4)]
+    wait_for_steps(exp, 0)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # what a terminal does on Ctrl-C: the whole process group
+    else:
+        proc.send_signal(sig)  # what a scheduler or `kill` does: the runner only
+    start = time.monotonic()
+    out, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 10.0, out
+    assert proc.returncode == code, out
+    assert not alive(children)
+    assert os.listdir(shm_dir) == []
+    from sf_engine.checkpoint import latest_checkpoint, load_checkpoint
+
+    state = load_checkpoint(latest_checkpoint(os.path.join(exp, "checkpoints")))
+    assert state["env_steps"] > 0 and "model" in state
+    books_balance(read_json(os.path.join(exp, "summary.json")))
+
+
+def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(tmp_path, shm_dir):
+    exp = str(tmp_path / "crash")
+    args = ASYNC + ["--shm_dir", shm_dir, "--save_every_sec", "2"]
+    proc = start_train(args + ["--train_for_seconds", "300"], tmp_path, "crash")
+    children = [r["pid"] for r in wait_for_children(exp, 4)]
+    deadline = time.monotonic() + 60
+    while not glob.glob(os.path.join(exp, "checkpoints", "checkpoint_*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(children)
+    assert len(os.listdir(shm_dir)) == 1  # the dead runner could not remove its segment
+    result = run_train(args + ["--experiment", "crash", "--train_for_seconds", "8"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resuming experiment crash" in result.stdout
+    assert os.listdir(shm_dir) == []
+
+
+def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, shm_dir):
+    base = ["--experiment", "corrupt", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
+            "--num_envs_per_worker", "8", "--batch_size", "256"]
+    assert run_train(base + ["--train_for_env_steps", "3000"], tmp_path).returncode == 0
+    assert run_train(base + ["--train_for_env_steps", "6000"], tmp_path).returncode == 0
+    paths = sorted(glob.glob(str(tmp_path / "corrupt" / "checkpoints" / "checkpoint_*.pt")))
+    assert len(paths) == 2
+    data = bytearray(open(paths[-1], "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(paths[-1], "wb").write(bytes(data))
+    result = run_train(base + ["--train_for_env_steps", "9000"], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{paths[-1]} is truncated or corrupted (checksum mismatch): using the checkpoint before it" in result.stdout
+    assert f"from {os.path.basename(paths[0])}" in result.stdout
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from sf_engine import checkpoint
+
+    path = str(tmp_path / "checkpoint.pt")
+    checkpoint.save_state_atomic(path, {"version": 1})
+
+    def disk_full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        checkpoint.save_state_atomic(path, {"version": 2})
+    assert checkpoint.load_checkpoint(path) == {"version": 1}
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # no temporary file left
+
+
+def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monkeypatch):
+    from envs import probe_env_spec
+    from sf_engine import learner as learner_module
+    from sf_engine.config import parse_config
+    from sf_engine.ipc import get_many, make_queues
+    from sf_engine.shared_buffers import SharedBuffers, buffer_layout
+
+    cfg = parse_config(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256"])
+    spec = probe_env_spec("CartPole-v1", "auto")
+    layout = buffer_layout(cfg, spec)
+    buffers = SharedBuffers.create(str(tmp_path / "shm"), layout)
+    queues = make_queues(1)
+    learner = learner_module.Learner(cfg, buffers, queues, spec, str(tmp_path / "checkpoints"), 0)
+    first = learner.save()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(learner_module, "save_checkpoint", disk_full)
+    learner.version += 1
+    assert learner.save() is None
+    assert os.listdir(tmp_path / "checkpoints") == [os.path.basename(first)]
+    kinds = [m["kind"] for m in get_many(queues.stats, 0)]
+    assert "checkpoint_failed" in kinds
+    buffers.release()
+
+
+def test_not_enough_memory_is_one_line_with_the_fix(tmp_path, shm_dir):
+    line = one_line_error(run_train(["--shm_dir", shm_dir, "--num_workers", "200", "--num_envs_per_worker", "8",
+                                     "--batch_size", "256"], tmp_path))
+    assert "MiB of memory" in line and "--num_workers" in line
