@@ -337,6 +337,7 @@ class Runner:
                 cause = self._failure(role, index, child)
                 if cause:
                     self._recover(role, index, cause)
+                    break  # a recovery may replace other children too: look again at the new set
 
     def _failure(self, role: str, index: int, child: "Child"):
         """Why this child must be replaced (died, or stuck past --stuck_timeout_sec), or None."""

@@ -63,20 +63,22 @@ def books_balance(summary):
     return books
 
 
-def test_a_killed_rollout_worker_is_restarted_and_training_goes_on(tmp_path, shm_dir):
+@pytest.mark.parametrize("role, counter", [("rollout_worker", "worker_restarts"),
+                                           ("policy_worker", "policy_worker_restarts")])
+def test_a_killed_worker_is_restarted_and_training_goes_on(tmp_path, shm_dir, role, counter):
     exp = str(tmp_path / "kill")
     proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_seconds", "30", "--save_every_sec", "5"],
                        tmp_path, "kill")
     rows = wait_for_children(exp, 4)
     wait_for_steps(exp, 50_000)
-    victim = next(r["pid"] for r in rows if r["role"] == "rollout_worker" and r["index"] == 0)
+    victim = next(r["pid"] for r in rows if r["role"] == role and r["index"] == 0)
     os.kill(victim, signal.SIGKILL)
     time.sleep(3)
     after_kill = read_json(os.path.join(exp, "summary.json"))["env_steps"]
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     summary = read_json(os.path.join(exp, "summary.json"))
-    assert summary["worker_restarts"] >= 1 and "killed by SIGKILL" in out
+    assert summary[counter] == 1 and "killed by SIGKILL" in out
     assert summary["env_steps"] > after_kill + 50_000  # sampling and training went on
     assert summary["learner_version"] > 10
     books_balance(summary)
