@@ -153,16 +153,14 @@ def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
     """Yield (return, length) of `num_episodes` whole episodes (true game score on Atari)."""
     import torch
 
-    from sf_engine.model import obs_tensors
+    from sf_engine.model import act, obs_tensors
 
     obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
+    fresh_state = (lambda: policy.initial_state(1, device)) if policy.recurrent else (lambda: None)
+    state = fresh_state()
     with torch.inference_mode():
         while episodes < num_episodes:
-            tensors = obs_tensors(obs, device)
-            if deterministic:
-                actions = policy.distribution.mode(policy(tensors)[0])
-            else:
-                actions = policy.sample(tensors)[0]
+            actions, state = act(policy, obs_tensors(obs, device), state, deterministic)
             actions = actions.cpu().numpy()
             result = env.step(actions)
             obs = result.obs
@@ -171,6 +169,7 @@ def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
                 yield episode_return, length
                 episodes, episode_return, length = episodes + 1, 0.0, 0
                 obs = env.step(actions).obs  # the env's reset step (action ignored)
+                state = fresh_state()  # the recurrent state starts over with the episode
 
 
 def write_video(path: str, frames: list, fps: int) -> None:

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from envs.partially_observed import MASKED_ENVS, MaskedObsBatchEnv
 from sf_engine.shared_buffers import ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
@@ -107,12 +108,14 @@ def _is_user_class(env_id: str) -> bool:
 
 def may_use_envpool(env_id: str, backend: str) -> bool:
     """Whether `env_id` may be an EnvPool env, decided without importing EnvPool (slow to import)."""
+    env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend == "envpool"
     return env_id not in _REGISTRY and not _is_user_class(env_id)
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
+    env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend
     return "envpool" if may_use_envpool(env_id, backend) and env_id in _envpool_ids() else "gymnasium"
@@ -176,6 +179,10 @@ def _envpool_kwargs(family: str, training: bool) -> dict:
 def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec,
                    training: bool = True, render_mode=None) -> BatchEnv:
     """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core)."""
+    if env_id in MASKED_ENVS:
+        base_id, keep = MASKED_ENVS[env_id]
+        base = make_batch_env(base_id, backend, num_envs, seed, spec, training, render_mode)
+        return MaskedObsBatchEnv(base, keep)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
         import envpool
@@ -240,6 +247,12 @@ def _check_gym_api(env_id: str, env) -> None:
 
 def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
     """Observation entries, action spec and family, checked against what the engine handles."""
+    if env_id in MASKED_ENVS:
+        base_id, keep = MASKED_ENVS[env_id]
+        base = probe_env_spec(base_id, backend)
+        (key, _, dtype), = base.obs
+        return EnvSpec(obs=((key, (len(keep),), dtype),), action=base.action, family=base.family,
+                       frameskip=base.frameskip)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
         import envpool
@@ -275,13 +288,13 @@ ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 
 
 FAMILY_DEFAULTS = {
     "classic": {},
-    "atari": {"encoder": "nature_cnn", "actor_critic": "shared", "rollout": 128,
+    "atari": {"encoder": "nature_cnn", "rollout": 128,
               "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
               "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
-    "image": {"actor_critic": "shared", "rollout": 128, "batch_size": 1024,
+    "image": {"rollout": 128, "batch_size": 1024,
               "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
               "entropy_coeff": 0.01, "learner_threads": 2},
-    "continuous": {"activation": "tanh", "hidden_size": 64, "actor_critic": "separate",
+    "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
                    "lr_schedule": "constant", "entropy_coeff": 0.0},

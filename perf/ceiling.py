@@ -44,7 +44,7 @@ def main() -> None:
                 deadline, start, steps = now + args.seconds, now, 0
             if deadline is not None and now >= deadline:
                 break
-            actions, _, _ = model.sample(obs_tensors(obs))
+            actions = model.sample(obs_tensors(obs))[0]
             obs = env.step(actions.numpy()).obs
             steps += num_envs
     rate = steps / (time.monotonic() - start)

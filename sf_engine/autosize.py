@@ -95,9 +95,10 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     inputs = obs_tensors({k: np.concatenate([v] * reps)[:batch] for k, v in obs.items()})
     try:
         torch.set_num_threads(1)
+        state = model.initial_state(batch) if model.recurrent else None
         with torch.inference_mode():
-            model.sample(inputs)
-            _, cpu, n = _timed(lambda: model.sample(inputs), PROBE_SEC / 2)
+            model.sample(inputs, state)
+            _, cpu, n = _timed(lambda: model.sample(inputs, state), PROBE_SEC / 2)
         inference = cpu / (n * batch)
         torch.set_num_threads(cfg.learner.learner_threads)
         # big enough that per-call overhead does not count, small enough to take a moment with a CNN
@@ -107,8 +108,16 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         train_inputs = obs_tensors({k: np.concatenate([v] * reps)[:minibatch] for k, v in obs.items()})
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
 
+        sequence = (minibatch // 16, 16) if model.recurrent else None  # [R, B] as the learner runs the core
+
         def train_step():
-            params, values = model(train_inputs)
+            if sequence:
+                steps = sequence[0] * sequence[1]
+                params, values, _ = model.forward_sequence({k: v[:steps] for k, v in train_inputs.items()},
+                                                           model.initial_state(sequence[1]),
+                                                           torch.zeros(sequence, dtype=torch.bool))
+            else:
+                params, values = model(train_inputs)
             loss = params.square().mean() + values.square().mean()
             optimizer.zero_grad()
             loss.backward()

@@ -70,12 +70,18 @@ class ModelConfig:
     hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
     activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))
-    actor_critic: str = _f("separate", "'shared': one encoder feeds the policy and value heads; 'separate': "
-                                       "the actor and the critic each have their own encoder.",
-                           choices=("shared", "separate"))
+    actor_critic: str = _f("auto", "'shared': one encoder (and core) feeds the policy and value heads; "
+                                   "'separate': the actor and the critic each have their own; 'auto': shared "
+                                   "with --rnn or image observations, separate otherwise.",
+                           choices=("auto", "shared", "separate"))
     normalize_input: bool = _f(False, "Normalize vector observations by running mean/std (kept by the learner, "
                                       "used by the policy worker, saved in checkpoints). Images are scaled to [0, 1].")
     normalize_returns: bool = _f(False, "Scale value targets by running return statistics (value normalization).")
+    rnn: str = _f("none", "Recurrent core after the encoder: 'gru', 'lstm', or 'none' (feed-forward). Its hidden "
+                          "state lives in shared memory per env and is reset at episode boundaries.",
+                  choices=("none", "gru", "lstm"))
+    rnn_size: int | str = _f("auto", "Units of the recurrent core; 'auto': 256 with image observations, 64 "
+                                     "otherwise.", type=int_or_auto)
 
 
 @dataclass
@@ -100,6 +106,9 @@ class LearnerConfig:
     max_policy_lag: int = _f(100, "Drop samples more than this many policy versions older than the learner "
                                   "(they are counted in train/samples_dropped_lag).")
     learner_threads: int = _f(1, "Torch threads in the learner (keep threads x busy processes <= cores).")
+    recurrence: int | str = _f("auto", "With --rnn: length of the sequences trained with truncated BPTT (the core is "
+                                       "re-run from the stored state at each sequence start); must divide "
+                                       "--rollout; 'auto': the rollout length.", type=int_or_auto)
 
 
 @dataclass
@@ -156,6 +165,11 @@ class Config:
     @property
     def slots_per_batch(self) -> int:
         return self.learner.batch_size * self.learner.num_batches_per_epoch // self.samples_per_slot
+
+    @property
+    def recurrence(self) -> int:
+        """BPTT sequence length (--recurrence, the rollout length when 'auto')."""
+        return self.sampler.rollout if self.learner.recurrence == "auto" else self.learner.recurrence
 
     @property
     def num_slots(self) -> int:
@@ -217,6 +231,11 @@ class Config:
             raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
         if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
             raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+        if self.model.rnn_size != "auto" and self.model.rnn_size < 1:
+            raise ConfigError(f"--rnn_size must be at least 1 (got {self.model.rnn_size})")
+        if self.recurrence < 1 or s.rollout % self.recurrence:
+            raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({s.rollout}): use e.g. "
+                              f"--recurrence {s.rollout}")
         if run.stuck_timeout_sec <= 0:
             raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
         if run.max_worker_restarts < 0:

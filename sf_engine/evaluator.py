@@ -19,7 +19,7 @@ import torch
 from envs import make_batch_env, register_env
 from sf_engine.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
 from sf_engine.ipc import Empty, ParentWatch, init_child, report_fault, stat
-from sf_engine.model import ActorCritic, flatten_state, obs_tensors
+from sf_engine.model import ActorCritic, act, flatten_state, obs_tensors
 from sf_engine.policy_worker import read_shared_params
 from sf_engine.shared_buffers import SharedBuffers
 
@@ -33,13 +33,12 @@ def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool =
     obs = env.reset()
     returns, lengths = np.zeros(env.num_envs), np.zeros(env.num_envs, np.int64)
     running = np.ones(env.num_envs, bool)
+    state = model.initial_state(env.num_envs) if model.recurrent else None  # one episode per env: no resets
     with torch.inference_mode():
         for _ in range(max_steps):
             if should_stop():
                 break
-            tensors = obs_tensors(obs)
-            params, _ = model(tensors)
-            actions = model.distribution.mode(params) if deterministic else model.sample(tensors)[0]
+            actions, state = act(model, obs_tensors(obs), state, deterministic)
             result = env.step(actions.numpy())
             returns += result.score_rewards * running
             lengths += running

@@ -117,6 +117,9 @@ class Learner:
 
         batch = {name: time_major(getattr(self.buffers, name)) for name in _STEP_FIELDS}
         batch["obs"] = {key: time_major(array) for key, array in self.buffers.obs.items()}
+        if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T, N, H]
+            batch["episode_start"] = time_major(self.buffers.episode_start)
+            batch["rnn_states"] = time_major(self.buffers.rnn_states)
         return {k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
                 for k, v in batch.items()}
 
@@ -127,13 +130,23 @@ class Learner:
         num_steps, num_traj = batch["rewards"].shape
         dones = batch["terminated"] | batch["truncated"]
         with torch.no_grad():
-            if not lcfg.with_vtrace:
+            if model.recurrent:  # the core re-run over the whole rollout from the stored first state
+                params, values, _ = model.forward_sequence(
+                    {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0],
+                    batch["episode_start"])
+                values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
+                if not lcfg.with_vtrace:
+                    values = torch.cat([batch["values"], values[-1:]])
+                    return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
+                                   lcfg.gamma, lcfg.gae_lambda)
+            elif not lcfg.with_vtrace:
                 last_values = model.denormalize_values(model.values({k: v[-1] for k, v in batch["obs"].items()}))
                 values = torch.cat([batch["values"], last_values.unsqueeze(0)])
                 return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
                                lcfg.gamma, lcfg.gae_lambda)
-            params, values = model({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()})
-            values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
+            else:
+                params, values = model({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()})
+                values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
             actions = batch["actions"].reshape(num_steps * num_traj, *batch["actions"].shape[2:])
             target_log_probs, _ = model.log_prob_entropy(params[:num_steps * num_traj], actions)
             vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs.reshape(num_steps, num_traj),
@@ -156,7 +169,10 @@ class Learner:
         assembled = time.monotonic()
         self.stage_sec["batch_assembly"] += assembled - start
         metrics = {}
-        if index.numel():
+        if index.numel() and self.model.recurrent:
+            metrics = self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
+            self.model.update_normalizers(samples["obs"], samples["returns"])
+        elif index.numel():
             metrics = self._ppo_epochs(samples)
             # after the epochs: the behaviour log-probs were computed with the statistics in force
             self.model.update_normalizers(samples["obs"], samples["returns"])
@@ -174,6 +190,18 @@ class Learner:
              learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec),
              wall_sec=time.monotonic() - (self.first_step_time or start), **metrics)
 
+    def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
+        """The batch cut into whole --recurrence-long sequences: [R, M, ...] per field (see
+        ppo.sequence_index), with the stored state each sequence starts from."""
+        num_steps, num_traj = keep.shape
+        index = ppo.sequence_index(num_steps, num_traj, self.cfg.recurrence).to(self.device)
+        cut = lambda x: x.reshape(num_steps * num_traj, *x.shape[2:])[index]  # noqa: E731
+        return {"obs": {key: cut(value[:-1]) for key, value in batch["obs"].items()},
+                "actions": cut(batch["actions"]), "log_probs": cut(batch["log_probs"]),
+                "advantages": cut(advantages), "returns": cut(returns), "keep": cut(keep),
+                "starts": cut(batch["episode_start"][:-1]),
+                "states": batch["rnn_states"].reshape(num_steps * num_traj, -1)[index[0]]}
+
     def _set_learning_rate(self) -> None:
         if self.lcfg.lr_schedule == "linear":
             fraction_left = max(0.0, 1.0 - self.env_steps / self.cfg.run.train_for_env_steps)
@@ -181,21 +209,51 @@ class Learner:
                 group["lr"] = self.lcfg.learning_rate * fraction_left
 
     def _ppo_epochs(self, samples: dict) -> dict:
-        lcfg, num_samples = self.lcfg, samples["log_probs"].numel()
+        """Feed-forward: minibatches of kept samples (flat [B, ...])."""
+        def minibatch_outputs(minibatch):
+            params, values = self.model({key: obs[minibatch] for key, obs in samples["obs"].items()})
+            log_probs, entropy = self.model.log_prob_entropy(params, samples["actions"][minibatch])
+            return (log_probs, entropy, values, samples["log_probs"][minibatch], samples["advantages"][minibatch],
+                    samples["returns"][minibatch])
+
+        return self._optimize(samples["log_probs"].numel(), minibatch_outputs)
+
+    def _ppo_epochs_recurrent(self, seq: dict) -> dict:
+        """Recurrent: minibatches of whole sequences (every field [R, M, ...], M sequences; `states`
+        [M, H] where each starts); the core is re-run from there and the losses cover kept samples."""
+        recurrence = seq["keep"].shape[0]
+
+        def minibatch_outputs(minibatch):
+            obs = {key: value[:, minibatch].reshape(recurrence * len(minibatch), *value.shape[2:])
+                   for key, value in seq["obs"].items()}
+            params, values, _ = self.model.forward_sequence(obs, seq["states"][minibatch], seq["starts"][:, minibatch])
+            kept = seq["keep"][:, minibatch].reshape(-1).nonzero().squeeze(1)
+            pick = lambda x: x[:, minibatch].reshape(-1, *x.shape[2:])[kept]  # noqa: E731
+            log_probs, entropy = self.model.log_prob_entropy(params[kept], pick(seq["actions"]))
+            return (log_probs, entropy, values[kept], pick(seq["log_probs"]), pick(seq["advantages"]),
+                    pick(seq["returns"]))
+
+        return self._optimize(seq["keep"].shape[1], minibatch_outputs)
+
+    def _optimize(self, num_units: int, minibatch_outputs) -> dict:
+        """--num_epochs passes of --num_batches_per_epoch minibatches over `num_units` samples or
+        sequences, each a clipped PPO step on minibatch_outputs(indices) = (log-probs, entropies,
+        values, behaviour log-probs, advantages, returns) of its kept samples."""
+        lcfg = self.lcfg
         self._set_learning_rate()
         totals = torch.zeros(6)
         num_updates = 0
         for _ in range(lcfg.num_epochs):
-            for minibatch in torch.randperm(num_samples, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
-                if minibatch.numel() < 2 or self.buffers.stop[0]:  # a stopping run does not wait for epochs
+            for minibatch in torch.randperm(num_units, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
+                if minibatch.numel() < 1 or self.buffers.stop[0]:  # a stopping run does not wait for epochs
                     continue
                 self.buffers.beat("learner")
-                params, values = self.model({key: obs[minibatch] for key, obs in samples["obs"].items()})
-                log_probs, entropy = self.model.log_prob_entropy(params, samples["actions"][minibatch])
+                log_probs, entropy, values, old_log_probs, advantages, returns = minibatch_outputs(minibatch)
+                if log_probs.numel() < 2:
+                    continue
                 policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = ppo.ppo_losses(
-                    log_probs, samples["log_probs"][minibatch], ppo.normalize(samples["advantages"][minibatch]),
-                    values, self.model.normalize_returns(samples["returns"][minibatch]), entropy,
-                    lcfg.ppo_clip_ratio)
+                    log_probs, old_log_probs, ppo.normalize(advantages), values, self.model.normalize_returns(returns),
+                    entropy, lcfg.ppo_clip_ratio)
                 loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -226,27 +226,122 @@ class ActionDistribution:
         return best[0] if self.kind == "discrete" else torch.stack(best, dim=-1)
 
 
+class RecurrentCore(nn.Module):
+    """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
+    Acting steps it once (`step`); training re-runs whole sequences in one fused call (`sequence`),
+    cut where episodes start."""
+
+    def __init__(self, kind: str, in_size: int, size: int):
+        super().__init__()
+        self.kind, self.out_size = kind, size
+        self.rnn = (nn.GRU if kind == "gru" else nn.LSTM)(in_size, size)
+        self.state_size = size * (2 if kind == "lstm" else 1)
+        for name, param in self.rnn.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(param)
+            else:
+                nn.init.zeros_(param)
+
+    def _hx(self, state: torch.Tensor):
+        state = state.unsqueeze(0).contiguous()
+        return state if self.kind == "gru" else tuple(part.contiguous() for part in state.chunk(2, dim=-1))
+
+    def step(self, x: torch.Tensor, state: torch.Tensor):
+        """x [B, F], state [B, state_size] -> (output [B, size], new state)."""
+        out, hx = self.rnn(x.unsqueeze(0), self._hx(state))
+        new_state = hx[0] if self.kind == "gru" else torch.cat([hx[0][0], hx[1][0]], dim=-1)
+        return out[0], new_state
+
+    def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
+        is zeroed before those steps) -> outputs [R, B, size]. The steps between two rows where some
+        sequence starts an episode run as one fused call; at such a row the states of the sequences
+        that start an episode are zeroed."""
+        cuts = (episode_start[1:].any(dim=1).nonzero().squeeze(1) + 1).tolist()
+        bounds = [0] + cuts + [episode_start.shape[0]]
+        hx = self._hx(state)
+        outs = []
+        for begin, end in zip(bounds[:-1], bounds[1:]):
+            keep = (~episode_start[begin]).to(x.dtype).unsqueeze(-1)
+            hx = hx * keep if self.kind == "gru" else (hx[0] * keep, hx[1] * keep)
+            out, hx = self.rnn(x[begin:end], hx)
+            outs.append(out)
+        return torch.cat(outs)
+
+
 class ActorCritic(nn.Module):
-    """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two)."""
+    """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two); with
+    --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
 
     def __init__(self, spec, mcfg):
         super().__init__()
+        from sf_engine.shared_buffers import rnn_size, separate_critic
+
         self.distribution = ActionDistribution(spec.action)
         self.actor_encoder = Encoder(spec, mcfg)
-        self.critic_encoder = Encoder(spec, mcfg) if mcfg.actor_critic == "separate" else None
+        self.critic_encoder = Encoder(spec, mcfg) if separate_critic(mcfg, spec) else None
         size = self.actor_encoder.out_size
+        self.actor_core = self.critic_core = None
+        if mcfg.rnn != "none":
+            self.actor_core = RecurrentCore(mcfg.rnn, size, rnn_size(mcfg, spec))
+            if self.critic_encoder is not None:
+                self.critic_core = RecurrentCore(mcfg.rnn, size, rnn_size(mcfg, spec))
+            size = self.actor_core.out_size
+        self.state_size = sum(core.state_size for core in (self.actor_core, self.critic_core) if core is not None)
         self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
         self.value_head = _init(nn.Linear(size, 1), 1.0)
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
 
-    def forward(self, obs: dict):
-        """Distribution parameters [B, P] and normalized values [B]."""
+    @property
+    def recurrent(self) -> bool:
+        return self.actor_core is not None
+
+    def initial_state(self, batch: int, device="cpu") -> torch.Tensor:
+        return torch.zeros(batch, self.state_size, device=device)
+
+    def _features(self, obs: dict):
         features = self.actor_encoder(obs)
-        critic_features = features if self.critic_encoder is None else self.critic_encoder(obs)
-        return self.policy_head(features), self.value_head(critic_features).squeeze(-1)
+        return features, (features if self.critic_encoder is None else self.critic_encoder(obs))
+
+    def _cores(self, features, critic_features, state):
+        """One step of the core(s): (actor out, critic out, new state)."""
+        if self.critic_core is None:
+            out, new_state = self.actor_core.step(features, state)
+            return out, out, new_state
+        actor_state, critic_state = state.split(self.actor_core.state_size, dim=-1)
+        out, new_actor = self.actor_core.step(features, actor_state)
+        critic_out, new_critic = self.critic_core.step(critic_features, critic_state)
+        return out, critic_out, torch.cat([new_actor, new_critic], dim=-1)
+
+    def forward(self, obs: dict, state=None):
+        """Distribution parameters [B, P] and normalized values [B]; with a core also the new state
+        (`state`: [B, state_size], already zeroed where an episode starts)."""
+        features, critic_features = self._features(obs)
+        if not self.recurrent:
+            return self.policy_head(features), self.value_head(critic_features).squeeze(-1)
+        out, critic_out, new_state = self._cores(features, critic_features, state)
+        return self.policy_head(out), self.value_head(critic_out).squeeze(-1), new_state
+
+    def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
+        """The core re-run over sequences, as the policy worker ran it step by step. obs: key ->
+        [R * B, ...] time-major; state [B, state_size] before the first step; episode_start [R, B] (the
+        state is zeroed before those steps). Returns params [R * B, P], normalized values [R * B] and
+        the actor core's outputs [R, B, rnn_size] (its hidden state after each step)."""
+        num_steps, batch = episode_start.shape
+        features, critic_features = self._features(obs)
+        actor_state = state if self.critic_core is None else state[:, :self.actor_core.state_size]
+        out = self.actor_core.sequence(features.view(num_steps, batch, -1), actor_state, episode_start)
+        critic_out = out
+        if self.critic_core is not None:
+            critic_out = self.critic_core.sequence(critic_features.view(num_steps, batch, -1),
+                                                   state[:, self.actor_core.state_size:], episode_start)
+        params = self.policy_head(out.reshape(num_steps * batch, -1))
+        values = self.value_head(critic_out.reshape(num_steps * batch, -1)).squeeze(-1)
+        return params, values, out
 
     def values(self, obs: dict) -> torch.Tensor:
+        """Feed-forward models only (a recurrent model's values come from forward_sequence)."""
         encoder = self.critic_encoder or self.actor_encoder
         return self.value_head(encoder(obs)).squeeze(-1)
 
@@ -268,11 +363,13 @@ class ActorCritic(nn.Module):
         if self.return_normalizer is not None:
             self.return_normalizer.update(returns)
 
-    def sample(self, obs: dict):
-        """Acting: actions, log-probs [B] and (denormalized) values [B]."""
-        params, values = self(obs)
+    def sample(self, obs: dict, state=None):
+        """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
+        a core; `state` [B, state_size] already zeroed where an episode starts)."""
+        out = self(obs, state) if self.recurrent else (*self(obs), None)
+        params, values, new_state = out
         actions, log_probs = self.distribution.sample(params, self.log_std)
-        return actions, log_probs, self.denormalize_values(values)
+        return actions, log_probs, self.denormalize_values(values), new_state
 
     def log_prob_entropy(self, params, actions):
         return self.distribution.log_prob_entropy(params, actions, self.log_std)
@@ -280,6 +377,17 @@ class ActorCritic(nn.Module):
 
 def _channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+@torch.no_grad()
+def act(model: "ActorCritic", obs: dict, state=None, deterministic: bool = False):
+    """Actions [B] outside training (evaluation, replay): the most likely ones or samples; and the
+    core's new state (None without a core)."""
+    if deterministic:
+        params, _, new_state = model(obs, state) if model.recurrent else (*model(obs), None)
+        return model.distribution.mode(params), new_state
+    actions, _, _, new_state = model.sample(obs, state)
+    return actions, new_state
 
 
 def obs_tensors(obs: dict, device="cpu") -> dict:

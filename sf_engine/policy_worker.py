@@ -49,7 +49,7 @@ class PolicyWorker:
     def __init__(self, cfg, buffers: SharedBuffers, queues, spec):
         self.buffers, self.queues = buffers, queues
         self.device = resolve_device(cfg.run.device)
-        self.envs_per_split = cfg.sampler.envs_per_split
+        self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.model = ActorCritic(spec, cfg.model).to(self.device)
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
@@ -99,10 +99,21 @@ class PolicyWorker:
         for key, array in buf.obs.items():
             batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
             obs[key] = torch.from_numpy(batch).to(self.device)
+        state = None
+        if self.model.recurrent:  # each env's carried state, zeroed where its episode starts
+            workers = np.fromiter((r[0] for r in requests), np.int64, n)
+            splits = np.fromiter((r[1] for r in requests), np.int64, n) % self.num_splits
+            carried = buf.rnn_current[workers, splits]
+            carried[buf.episode_start[slots, rows]] = 0.0
+            buf.rnn_states[slots, rows] = carried
+            state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
         gathered = time.monotonic()
         with torch.inference_mode():
-            actions, log_probs, values = (x.cpu().numpy() for x in self.model.sample(obs))
+            actions, log_probs, values, new_state = self.model.sample(obs, state)
+            actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
         computed = time.monotonic()
+        if new_state is not None:
+            buf.rnn_current[workers, splits] = new_state.cpu().numpy().reshape(carried.shape)
         per_request = (n, self.envs_per_split)
         buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
         buf.log_probs[slots, rows] = log_probs.reshape(per_request)

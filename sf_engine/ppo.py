@@ -63,3 +63,14 @@ def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, en
 
 def normalize(advantages: torch.Tensor) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def sequence_index(num_steps: int, num_traj: int, recurrence: int) -> torch.Tensor:
+    """Cuts a time-major [T, N] batch into whole sequences for truncated BPTT: returns [R, M] indices
+    into the flattened batch (t * N + n), M = T / R x N; column j is sequence j, the R consecutive
+    steps c * R .. c * R + R - 1 of trajectory n (j = c * N + n). Minibatches pick columns, so a
+    sequence is never split."""
+    chunks = num_steps // recurrence
+    t = torch.arange(num_steps).reshape(chunks, recurrence)  # [C, R]
+    flat = t.unsqueeze(-1) * num_traj + torch.arange(num_traj)  # [C, R, N]
+    return flat.permute(1, 0, 2).reshape(recurrence, chunks * num_traj)

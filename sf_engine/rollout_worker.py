@@ -45,6 +45,7 @@ class RolloutWorker:
         # a split between two slots keeps its current obs here until a free slot arrives
         self.pending_obs: list = [None] * self.num_splits
         self.pending_valid: list = [None] * self.num_splits
+        self.pending_first: list = [None] * self.num_splits  # recurrent runs: obs that start an episode
         self.waiting_for_slot: list[int] = []
         self.num_awaiting_actions = 0
         self.episode_return = np.zeros((self.num_splits, self.envs_per_split), np.float64)
@@ -60,6 +61,7 @@ class RolloutWorker:
         for split, env in enumerate(self.envs):
             self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
             self.pending_valid[split] = np.ones(self.envs_per_split, bool)
+            self.pending_first[split] = np.ones(self.envs_per_split, bool)
             self.waiting_for_slot.append(split)
         self._take_free_slots()
 
@@ -100,6 +102,8 @@ class RolloutWorker:
             for key, value in self.pending_obs[split].items():
                 self.buffers.obs[key][slot, 0] = value
             self.buffers.valid[slot, 0] = self.pending_valid[split]
+            if self.buffers.episode_start is not None:
+                self.buffers.episode_start[slot, 0] = self.pending_first[split]
             self._request_actions(split)
 
     def _request_actions(self, split: int) -> None:
@@ -130,6 +134,9 @@ class RolloutWorker:
         buf.slot_rows[slot] = row
         for key, value in result.obs.items():
             buf.obs[key][slot, row] = value
+        first = ~buf.valid[slot, row - 1]  # the step just taken was a reset step: a new episode begins
+        if buf.episode_start is not None:
+            buf.episode_start[slot, row] = first
         if row < self.rollout:
             buf.valid[slot, row] = ~done  # the step after an episode end is the env's reset step
             self.row[split] = row
@@ -140,6 +147,7 @@ class RolloutWorker:
         self.slot[split] = -1
         self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
         self.pending_valid[split] = ~done
+        self.pending_first[split] = first
         self.waiting_for_slot.append(split)
         self._take_free_slots()
 

@@ -15,6 +15,13 @@ Slot field shapes (S = slots, T = rollout, E = envs per split):
   terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
   truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
   valid          [S, T, E]                bool, False on the reset step that follows an episode end
+With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
+  episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
+                                          hidden state is zeroed before acting on it (and in training)
+  rnn_states     [S, T, E, H]             float32 hidden state the policy acted from at each row (after
+                                          that zeroing); the learner re-runs the core from it
+  rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
+                                          by the policy worker from one request to the next
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
 param_seq [1] int64 (seqlock of the shared weights: odd while the learner writes), stop [1] int64,
 heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
@@ -68,11 +75,42 @@ class EnvSpec:
         return [key for key, _, _ in self.obs] != ["obs"]
 
 
+def _has_image(spec: EnvSpec) -> bool:
+    return any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in spec.obs)
+
+
+def rnn_size(mcfg, spec: EnvSpec) -> int:
+    """Units of the recurrent core (--rnn_size, or 256 with images and 64 without when 'auto')."""
+    if mcfg.rnn_size != "auto":
+        return int(mcfg.rnn_size)
+    return 256 if _has_image(spec) and mcfg.encoder != "mlp" else 64
+
+
+def separate_critic(mcfg, spec: EnvSpec) -> bool:
+    """--actor_critic, with 'auto' resolved: separate for feed-forward models of vector observations."""
+    if mcfg.actor_critic != "auto":
+        return mcfg.actor_critic == "separate"
+    return mcfg.rnn == "none" and not _has_image(spec)
+
+
+def rnn_state_size(mcfg, spec: EnvSpec) -> int:
+    """Floats of hidden state per env: 0 without --rnn; LSTMs keep (h, c); 'separate' actor-critics
+    have a core each."""
+    if mcfg.rnn == "none":
+        return 0
+    return rnn_size(mcfg, spec) * (2 if mcfg.rnn == "lstm" else 1) * (2 if separate_critic(mcfg, spec) else 1)
+
+
 def buffer_layout(cfg, spec: EnvSpec) -> dict:
     """name -> (shape, dtype) of every shared array of a run."""
     slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
     step = (slots, rollout, envs)
     layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
+    state = rnn_state_size(cfg.model, spec)
+    if state:
+        layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
+                   "rnn_states": (step + (state,), "float32"),
+                   "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32")}
     return layout | {
         "actions": (step + spec.action.buffer_shape, spec.action.dtype),
         "log_probs": (step, "float32"),
@@ -132,6 +170,7 @@ class SharedBuffers:
             os.close(fd)
         self.owner = create
         self.obs = {}
+        self.episode_start = self.rnn_states = self.rnn_current = None  # recurrent runs only
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)

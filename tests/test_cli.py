@@ -12,13 +12,15 @@ def test_help_explains_every_flag(tmp_path):
     for flag in ("--env", "--env_backend", "--experiment", "--train_dir", "--num_workers", "--num_envs_per_worker",
                  "--worker_num_splits", "--rollout", "--batch_size", "--num_epochs", "--learning_rate", "--gamma",
                  "--gae_lambda", "--device", "--mode", "--with_vtrace", "--max_policy_lag", "--seed",
-                 "--train_for_env_steps", "--train_for_seconds", "--stop_at_return", "--save_every_sec"):
+                 "--train_for_env_steps", "--train_for_seconds", "--stop_at_return", "--save_every_sec", "--rnn",
+                 "--rnn_size", "--recurrence", "--stuck_timeout_sec", "--max_worker_restarts"):
         assert flag in result.stdout, flag
 
 
 @pytest.mark.parametrize("args, words", [
     (["--env", "NoSuchEnv-v0"], ["--env NoSuchEnv-v0", "unknown"]),
     (["--rollout", "1"], ["--rollout", "at least 2"]),
+    (["--rnn", "gru", "--recurrence", "5"], ["--recurrence", "--rollout"]),
     (["--batch_size", "1000", "--num_envs_per_worker", "128"], ["--batch_size", "multiple"]),
     (["--batch_size", "1000", "--rollout", "48"], ["--batch_size", "--rollout"]),
     (["--num_envs_per_worker", "7", "--worker_num_splits", "2"], ["--num_envs_per_worker", "--worker_num_splits"]),

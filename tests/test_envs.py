@@ -54,7 +54,10 @@ def test_family_defaults_yield_to_the_users_flags(tmp_path, shm_dir):
     assert cfg.sampler.rollout == 16  # given on the command line
     continuous = serial_config(tmp_path, shm_dir, "HalfCheetah-v4")
     assert continuous.model.normalize_input and continuous.model.normalize_returns
-    assert continuous.model.actor_critic == "separate"
+    from sf_engine.shared_buffers import separate_critic
+
+    assert separate_critic(continuous.model, probe_env_spec("HalfCheetah-v4", "auto"))
+    assert not separate_critic(cfg.model, probe_env_spec("Pong-v5", "auto"))
 
 
 class SerialRoles:

@@ -1,0 +1,142 @@
+"""Recurrent policies: state resets at episode boundaries, acting and training agree, whole sequences."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, read_json, run_train
+from envs import make_batch_env, probe_env_spec
+from sf_engine import ppo
+from sf_engine.config import parse_config
+from sf_engine.model import ActorCritic
+from sf_engine.runner import family_defaults
+from test_envs import SerialRoles, serial_config
+
+
+def recurrent_model(rnn, actor_critic="shared"):
+    cfg = parse_config(["--env", "CartPoleNoVel-v1", "--rnn", rnn, "--rnn_size", "8", "--actor_critic", actor_critic],
+                       family_defaults=family_defaults)
+    torch.manual_seed(0)
+    return ActorCritic(probe_env_spec("CartPoleNoVel-v1", "auto"), cfg.model)
+
+
+@pytest.mark.parametrize("rnn, actor_critic", [("gru", "shared"), ("lstm", "shared"), ("gru", "separate")])
+def test_state_resets_at_episode_boundaries(rnn, actor_critic):
+    """A done in the middle of a hand-built trajectory: the steps after it see a zero state, whether
+    the core is re-run as one sequence (learning) or stepped one step at a time (acting)."""
+    model = recurrent_model(rnn, actor_critic)
+    steps, batch = 6, 3
+    obs = torch.randn(steps, batch, 2)
+    start = torch.zeros(steps, batch, dtype=torch.bool)
+    start[3, 0] = True  # trajectory 0: an episode starts at step 3
+    start[0, 2] = True  # trajectory 2: starts one at step 0 (its stored state must be ignored)
+    state0 = torch.randn(batch, model.state_size)
+    with torch.no_grad():
+        params, values, _ = model.forward_sequence({"obs": obs.reshape(-1, 2)}, state0, start)
+        params, values = params.view(steps, batch, -1), values.view(steps, batch)
+        # acting: one step at a time, zeroing the state where an episode starts
+        state = state0.clone()
+        for t in range(steps):
+            state = state * (~start[t]).unsqueeze(-1)
+            step_params, step_values, state = model({"obs": obs[t]}, state)
+            torch.testing.assert_close(step_params, params[t], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(step_values, values[t], rtol=1e-5, atol=1e-5)
+        # the second episode of trajectory 0 equals a fresh trajectory from a zero state
+        fresh_params, _, _ = model.forward_sequence({"obs": obs[3:, :1].reshape(-1, 2)},
+                                                    torch.zeros(1, model.state_size),
+                                                    torch.zeros(3, 1, dtype=torch.bool))
+        torch.testing.assert_close(fresh_params, params[3:, 0], rtol=1e-5, atol=1e-5)
+        # and its first episode depends on the stored state, the reset trajectory 2 does not
+        other, _, _ = model.forward_sequence({"obs": obs.reshape(-1, 2)}, torch.zeros_like(state0), start)
+        other = other.view(steps, batch, -1)
+        assert not torch.allclose(other[:3, 0], params[:3, 0])
+        torch.testing.assert_close(other[3:, 0], params[3:, 0])
+        torch.testing.assert_close(other[:, 2], params[:, 2])
+
+
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, shm_dir, rnn):
+    cfg = serial_config(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", rnn, "--rollout", "32", "--batch_size",
+                        "64", "--num_batches_per_epoch", "1")
+    roles = SerialRoles(cfg, tmp_path)
+    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    batch = roles.learner._gather(slots)  # acted with version 0, which the learner still has (no lag)
+    model = roles.learner.model
+    starts = batch["episode_start"][:-1]
+    assert starts[1:].any()  # episodes started inside the slots (random CartPole episodes are short)
+    with torch.no_grad():
+        params, values, outputs = model.forward_sequence(
+            {k: v[:-1].reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0], starts)
+        log_probs, _ = model.log_prob_entropy(params, batch["actions"].reshape(-1))
+    torch.testing.assert_close(log_probs.view_as(batch["log_probs"]), batch["log_probs"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.denormalize_values(values).view_as(batch["values"]), batch["values"],
+                               rtol=1e-4, atol=1e-5)
+    # the state the policy worker acted from at step t + 1 is the core's output at step t
+    size = outputs.shape[-1]
+    acted_from = batch["rnn_states"][1:, :, :size]
+    continuing = ~starts[1:]
+    torch.testing.assert_close(acted_from[continuing], outputs[:-1][continuing], rtol=1e-4, atol=1e-5)
+    assert (batch["rnn_states"][starts] == 0).all()  # zeroed where an episode starts
+    roles.close()
+
+
+def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
+    cfg = serial_config(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", "gru", "--rollout", "16", "--recurrence",
+                        "4", "--batch_size", "64", "--num_batches_per_epoch", "3", "--num_epochs", "2")
+    roles = SerialRoles(cfg, tmp_path)
+    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    batch = roles.learner._gather(slots)
+    steps, trajectories = batch["rewards"].shape
+    # tag every sample with its place: obs = (t, n)
+    t_grid, n_grid = torch.meshgrid(torch.arange(steps + 1.0), torch.arange(trajectories * 1.0), indexing="ij")
+    batch["obs"] = {"obs": torch.stack([t_grid, n_grid], dim=-1)}
+    keep = torch.ones(steps, trajectories, dtype=torch.bool)
+    seq = roles.learner._sequences(batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories))
+    seen = []
+    model = roles.learner.model
+    original = model.forward_sequence
+
+    def spy(obs, state, episode_start):
+        tags = obs["obs"].view(episode_start.shape[0], episode_start.shape[1], 2)
+        assert episode_start.shape[0] == 4  # --recurrence
+        for column in range(tags.shape[1]):
+            t, n = tags[:, column, 0], tags[:, column, 1]
+            assert (n == n[0]).all() and (t == t[0] + torch.arange(4)).all() and int(t[0]) % 4 == 0
+            seen.append((int(t[0]), int(n[0])))
+        return original(obs, state, episode_start)
+
+    model.forward_sequence = spy
+    roles.learner._ppo_epochs_recurrent(seq)
+    chunks = {(t, n) for t in range(0, steps, 4) for n in range(trajectories)}
+    assert sorted(seen) == sorted(list(chunks) * 2)  # every sequence whole, once per epoch
+    index = ppo.sequence_index(steps, trajectories, 4)
+    assert sorted(index.reshape(-1).tolist()) == list(range(steps * trajectories))
+    roles.close()
+
+
+def test_cartpole_novel_observes_position_and_angle_only():
+    spec = probe_env_spec("CartPoleNoVel-v1", "auto")
+    assert spec.obs == (("obs", (2,), "float32"),)
+    full = make_batch_env("CartPole-v1", "auto", 3, 5, probe_env_spec("CartPole-v1", "auto"))
+    masked = make_batch_env("CartPoleNoVel-v1", "auto", 3, 5, spec)
+    np.testing.assert_array_equal(masked.reset()["obs"], full.reset()["obs"][:, [0, 2]])
+    actions = np.array([0, 1, 1])
+    np.testing.assert_array_equal(masked.step(actions).obs["obs"], full.step(actions).obs["obs"][:, [0, 2]])
+
+
+def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
+    args = ["--env", "CartPoleNoVel-v1", "--rnn", "lstm", "--experiment", "rnn", "--shm_dir", shm_dir,
+            "--num_workers", "2", "--num_envs_per_worker", "32", "--batch_size", "512", "--eval_every_sec", "2",
+            "--eval_episodes", "2"]
+    first = run_train(args + ["--train_for_env_steps", "60000"], tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    summary = read_json(tmp_path / "rnn" / "summary.json")
+    assert summary["learner_version"] > 5 and summary["env_step_books"]["unaccounted"] == 0
+    second = run_train(args + ["--train_for_env_steps", "90000"], tmp_path)
+    assert second.returncode == 0 and "resuming experiment rnn" in second.stdout
+    replay = subprocess.run([sys.executable, f"{REPO}/enjoy.py", "--train_dir", str(tmp_path), "--experiment", "rnn",
+                             "--num_episodes", "2"], capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "return" in replay.stdout
