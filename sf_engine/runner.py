@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 
 from envs import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, EnvError, probe_env_spec
+from envs.partially_observed import ENV_DEFAULTS
 from envs.registry import may_use_envpool, registered_envs
 from sf_engine.autosize import resolve_auto, usable_cores
 from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
@@ -495,7 +496,8 @@ def train(cfg: Config) -> int:
 
 
 def family_defaults(env_id: str, env_backend: str) -> dict:
-    return FAMILY_DEFAULTS[probe_env_spec(env_id, env_backend).family]
+    """The defaults of the env's family, then the env's own (envs.partially_observed.ENV_DEFAULTS)."""
+    return FAMILY_DEFAULTS[probe_env_spec(env_id, env_backend).family] | ENV_DEFAULTS.get(env_id, {})
 
 
 def main(argv=None) -> int:
