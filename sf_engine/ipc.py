@@ -118,6 +118,18 @@ def new_policy_requests() -> Queue:
     return Queue(_QUEUE_BYTES)
 
 
+def drain(q: Queue, max_rounds: int = 1000) -> list:
+    """Every message waiting in `q` without blocking. One get_many may return only part of them (its
+    read buffer grows as needed), so this reads until the queue is empty."""
+    messages = []
+    for _ in range(max_rounds):
+        batch = get_many(q, 0)
+        if not batch:
+            break
+        messages += batch
+    return messages
+
+
 def get_many(q: Queue, timeout_sec: float, max_messages: int = 10_000) -> list:
     """Messages waiting in `q`; blocks up to `timeout_sec` for the first (0 = never blocks). [] if none."""
     try:

@@ -34,7 +34,7 @@ from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoin
                                   remove_temporary_files)
 from sf_engine.config import Config, ConfigError, parse_config
 from sf_engine.device import cuda_device_count
-from sf_engine.ipc import get_many, make_lifeline, make_queues, new_policy_requests
+from sf_engine.ipc import drain, make_lifeline, make_queues, new_policy_requests
 from sf_engine.shared_buffers import SharedBuffers, buffer_layout, heartbeat_index, required_bytes, shm_path
 from sf_engine.stats import RunStats, write_json_atomic
 
@@ -355,7 +355,7 @@ class Runner:
 
     def _recover(self, role: str, index: int, cause: str) -> None:
         """Restart a failed rollout or policy worker; a failed learner stops the run."""
-        self.stats.consume(get_many(self.queues.stats, 0))  # the failed process's traceback, if it sent one
+        self.stats.consume(drain(self.queues.stats))  # the failed process's traceback, if it sent one
         trace = self.stats.faults.pop((role, index), None)
         where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
         logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
@@ -420,7 +420,7 @@ class Runner:
         leave it broken for the children that still report to it, see ipc)."""
         if timeout_sec > 0:
             time.sleep(timeout_sec)
-        self.stats.consume(get_many(self.queues.stats, 0))
+        self.stats.consume(drain(self.queues.stats))
         self.stats.tick()
         return _stop_reason(self.cfg, self.stats, self.start_time)
 
@@ -454,7 +454,7 @@ class Runner:
                     logging.warning("%s %d did not stop in time: killed", role, index)
                     child.process.kill()
                     child.process.join(timeout=5.0)
-            self.stats.consume(get_many(self.queues.stats, 0))
+            self.stats.consume(drain(self.queues.stats))
             self.stats.steps_in_flight_at_stop = int(self.buffers.slot_rows.sum()) * self.cfg.sampler.envs_per_split
             self.buffers.release()
             if self.children:
