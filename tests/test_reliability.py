@@ -17,11 +17,34 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ASYNC = ["--num_workers", "2", "--num_envs_per_worker", "16", "--batch_size", "512", "--rollout", "32"]
 
 
+def _as_from_a_terminal():
+    """The child gets Ctrl-C as in a terminal, even where the tests run with SIGINT ignored (a
+    background job of a non-interactive shell inherits SIG_IGN, and Python then keeps it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+STARTED = []
+
+
 def start_train(args, train_dir, experiment, **env):
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(train_dir),
            "--experiment", experiment, "--status_every_sec", "1"] + list(args)
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "PYTHONPATH": TESTS, **env})
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=_as_from_a_terminal,
+                            env={**os.environ, "PYTHONPATH": TESTS, **env})
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_runs():
+    """A failed test must not leave its run training in the background."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def wait_for_children(exp_dir, count, timeout=60):
