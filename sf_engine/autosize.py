@@ -88,11 +88,13 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
 
     from sf_engine.model import ActorCritic, obs_tensors
 
+    def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
+        reps = -(-rows // len(next(iter(obs.values()))))
+        return obs_tensors({k: np.concatenate([v] * reps)[:rows] for k, v in obs.items()})
+
     threads = torch.get_num_threads()
     model = ActorCritic(spec, cfg.model)
-    first = next(iter(obs.values()))
-    reps = -(-batch // len(first))
-    inputs = obs_tensors({k: np.concatenate([v] * reps)[:batch] for k, v in obs.items()})
+    inputs = tiled(batch)
     try:
         torch.set_num_threads(1)
         state = model.initial_state(batch) if model.recurrent else None
@@ -104,8 +106,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         # big enough that per-call overhead does not count, small enough to take a moment with a CNN
         elements = sum(v[0].numel() for v in inputs.values())
         minibatch = max(16, min(cfg.learner.batch_size, LEARN_PROBE_ELEMENTS // elements))
-        reps = -(-minibatch // len(first))
-        train_inputs = obs_tensors({k: np.concatenate([v] * reps)[:minibatch] for k, v in obs.items()})
+        train_inputs = tiled(minibatch)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
 
         sequence = (minibatch // 16, 16) if model.recurrent else None  # [R, B] as the learner runs the core

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import io
-import logging
 import os
 import re
 
@@ -118,11 +117,3 @@ def load_checkpoint(path: str, device="cpu") -> dict:
     except Exception as exc:
         raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
 
-
-def load_latest_valid(directory: str, device="cpu"):
-    """(path, state) of the newest usable checkpoint, logging every newer one that was skipped;
-    (None, None) when there is none."""
-    path, skipped = latest_valid_checkpoint(directory)
-    for bad, reason in skipped:
-        logging.warning("skipping checkpoint: %s", reason)
-    return (path, load_checkpoint(path, device)) if path else (None, None)

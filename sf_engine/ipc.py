@@ -71,6 +71,7 @@ class ReplyPipe:
     broken behind (its successor reads the same pipe and skips stale tokens)."""
 
     _MAX_READ = 4096  # a multiple of 8 bytes
+    _MAX_WRITE = select.PIPE_BUF // 8 * 8  # whole tokens, atomic
 
     def __init__(self, mp_context=None):
         self.reader, self.writer = (mp_context or multiprocessing).Pipe(duplex=False)
@@ -78,15 +79,15 @@ class ReplyPipe:
 
     def send(self, tokens: list) -> None:
         data = np.asarray(tokens, np.int64).tobytes()
-        for start in range(0, len(data), select.PIPE_BUF // 8 * 8):
-            os.write(self.writer.fileno(), data[start:start + select.PIPE_BUF // 8 * 8])
+        for start in range(0, len(data), self._MAX_WRITE):
+            os.write(self.writer.fileno(), data[start:start + self._MAX_WRITE])
 
     def receive(self, timeout_sec: float) -> list:
         """Tokens waiting (blocks up to `timeout_sec` for the first; 0 = never blocks)."""
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.reader.fileno(), select.POLLIN)
-        if not self._poll.poll(max(0, int(timeout_sec * 1000)) if timeout_sec > 0 else 0):
+        if not self._poll.poll(int(timeout_sec * 1000) if timeout_sec > 0 else 0):
             return []
         return np.frombuffer(os.read(self.reader.fileno(), self._MAX_READ), np.int64).tolist()
 

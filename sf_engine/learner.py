@@ -129,24 +129,19 @@ class Learner:
         lcfg, model = self.lcfg, self.model
         num_steps, num_traj = batch["rewards"].shape
         dones = batch["terminated"] | batch["truncated"]
+        flat_obs = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}
         with torch.no_grad():
             if model.recurrent:  # the core re-run over the whole rollout from the stored first state
-                params, values, _ = model.forward_sequence(
-                    {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0],
-                    batch["episode_start"])
-                values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
-                if not lcfg.with_vtrace:
-                    values = torch.cat([batch["values"], values[-1:]])
-                    return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
-                                   lcfg.gamma, lcfg.gae_lambda)
-            elif not lcfg.with_vtrace:
-                last_values = model.denormalize_values(model.values({k: v[-1] for k, v in batch["obs"].items()}))
-                values = torch.cat([batch["values"], last_values.unsqueeze(0)])
+                params, values, _ = model.forward_sequence(flat_obs, batch["rnn_states"][0], batch["episode_start"])
+            elif lcfg.with_vtrace:
+                params, values = model(flat_obs)
+            else:  # GAE needs the learner's value of the bootstrap row only
+                values = model.values({k: v[-1] for k, v in batch["obs"].items()})
+            values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
+            if not lcfg.with_vtrace:
+                values = torch.cat([batch["values"], values[-1:]])
                 return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
                                lcfg.gamma, lcfg.gae_lambda)
-            else:
-                params, values = model({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()})
-                values = model.denormalize_values(values).reshape(num_steps + 1, num_traj)
             actions = batch["actions"].reshape(num_steps * num_traj, *batch["actions"].shape[2:])
             target_log_probs, _ = model.log_prob_entropy(params[:num_steps * num_traj], actions)
             vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs.reshape(num_steps, num_traj),
@@ -169,11 +164,9 @@ class Learner:
         assembled = time.monotonic()
         self.stage_sec["batch_assembly"] += assembled - start
         metrics = {}
-        if index.numel() and self.model.recurrent:
-            metrics = self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
-            self.model.update_normalizers(samples["obs"], samples["returns"])
-        elif index.numel():
-            metrics = self._ppo_epochs(samples)
+        if index.numel():
+            metrics = (self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
+                       if self.model.recurrent else self._ppo_epochs(samples))
             # after the epochs: the behaviour log-probs were computed with the statistics in force
             self.model.update_normalizers(samples["obs"], samples["returns"])
         trained = time.monotonic()

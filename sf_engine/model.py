@@ -46,40 +46,40 @@ class RunningMeanStd(nn.Module):
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
 
 
-class NatureCNN(nn.Module):
-    """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
+class _ConvEncoder(nn.Module):
+    """`convs` (ending in Flatten), then one ReLU linear layer of `units` units."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, convs: nn.Sequential, shape: tuple, units: int):
         super().__init__()
-        channels = shape[0]
-        self.convs = nn.Sequential(
-            _init(nn.Conv2d(channels, 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten())
+        self.convs = convs
         with torch.no_grad():
             size = self.convs(torch.zeros(1, *shape)).shape[1]
-        self.fc = nn.Sequential(_init(nn.Linear(size, 512), math.sqrt(2)), nn.ReLU())
-        self.out_size = 512
+        self.fc = nn.Sequential(_init(nn.Linear(size, units), math.sqrt(2)), nn.ReLU())
+        self.out_size = units
 
     def forward(self, x):
         return self.fc(self.convs(x))
 
 
-class SmallCNN(nn.Module):
+class NatureCNN(_ConvEncoder):
+    """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
+
+    def __init__(self, shape: tuple):
+        super().__init__(nn.Sequential(
+            _init(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+            _init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 512)
+
+
+class SmallCNN(_ConvEncoder):
     """For images too small for the Nature CNN's 8x8/4 first layer (MiniGrid-style views): three 3x3
     convolutions at full resolution, then 256 units (ReLU)."""
 
     def __init__(self, shape: tuple):
-        super().__init__()
-        self.convs = nn.Sequential(
+        super().__init__(nn.Sequential(
             _init(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)), nn.ReLU(),
             _init(nn.Conv2d(16, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(), nn.Flatten())
-        self.fc = nn.Sequential(_init(nn.Linear(32 * shape[1] * shape[2], 256), math.sqrt(2)), nn.ReLU())
-        self.out_size = 256
-
-    def forward(self, x):
-        return self.fc(self.convs(x))
+            _init(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 256)
 
 
 class _ResidualBlock(nn.Module):
@@ -92,24 +92,16 @@ class _ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class ImpalaCNN(nn.Module):
+class ImpalaCNN(_ConvEncoder):
     """Espeholt et al. 2018: 3 stages of conv + max-pool + 2 residual blocks, then 256 units (ReLU)."""
 
     def __init__(self, shape: tuple, depths=(16, 32, 32)):
-        super().__init__()
         layers, channels = [], shape[0]
         for depth in depths:
             layers += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResidualBlock(depth), _ResidualBlock(depth)]
             channels = depth
-        self.convs = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            size = self.convs(torch.zeros(1, *shape)).shape[1]
-        self.fc = nn.Sequential(_init(nn.Linear(size, 256), math.sqrt(2)), nn.ReLU())
-        self.out_size = 256
-
-    def forward(self, x):
-        return self.fc(self.convs(x))
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256)
 
 
 class MLP(nn.Module):
