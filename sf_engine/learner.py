@@ -117,7 +117,7 @@ class Learner:
 
         batch = {name: time_major(getattr(self.buffers, name)) for name in _STEP_FIELDS}
         batch["obs"] = {key: time_major(array) for key, array in self.buffers.obs.items()}
-        if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T, N, H]
+        if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T+1, N, H]
             batch["episode_start"] = time_major(self.buffers.episode_start)
             batch["rnn_states"] = time_major(self.buffers.rnn_states)
         return {k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
@@ -125,17 +125,21 @@ class Learner:
 
     def _targets(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and value targets [T, N]. GAE uses the behaviour values and the learner's value of
-        the bootstrap row; V-trace re-evaluates the whole batch with the current weights."""
+        the bootstrap row (a recurrent core steps once from the state stored for it); V-trace
+        re-evaluates the whole batch with the current weights (a core is re-run over the rollout)."""
         lcfg, model = self.lcfg, self.model
         num_steps, num_traj = batch["rewards"].shape
         dones = batch["terminated"] | batch["truncated"]
         flat_obs = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}
         with torch.no_grad():
-            if model.recurrent:  # the core re-run over the whole rollout from the stored first state
+            if lcfg.with_vtrace and model.recurrent:  # from the stored first state
                 params, values, _ = model.forward_sequence(flat_obs, batch["rnn_states"][0], batch["episode_start"])
             elif lcfg.with_vtrace:
                 params, values = model(flat_obs)
-            else:  # GAE needs the learner's value of the bootstrap row only
+            elif model.recurrent:  # GAE needs the learner's value of the bootstrap row only
+                state = batch["rnn_states"][-1] * (~batch["episode_start"][-1]).unsqueeze(-1)
+                _, values, _ = model({k: v[-1] for k, v in batch["obs"].items()}, state)
+            else:
                 values = model.values({k: v[-1] for k, v in batch["obs"].items()})
             values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
             if not lcfg.with_vtrace:
@@ -193,7 +197,7 @@ class Learner:
                 "actions": cut(batch["actions"]), "log_probs": cut(batch["log_probs"]),
                 "advantages": cut(advantages), "returns": cut(returns), "keep": cut(keep),
                 "starts": cut(batch["episode_start"][:-1]),
-                "states": batch["rnn_states"].reshape(num_steps * num_traj, -1)[index[0]]}
+                "states": batch["rnn_states"][:-1].reshape(num_steps * num_traj, -1)[index[0]]}
 
     def _set_learning_rate(self) -> None:
         if self.lcfg.lr_schedule == "linear":

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from sf_engine.recurrent import run_sequence
+
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -220,8 +222,9 @@ class ActionDistribution:
 
 class RecurrentCore(nn.Module):
     """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
-    Acting steps it once (`step`); training re-runs whole sequences in one fused call (`sequence`),
-    cut where episodes start."""
+    Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
+    where an episode starts, as one autograd node (sf_engine.recurrent). The parameters are those of
+    an nn.GRU / nn.LSTM, under its names."""
 
     def __init__(self, kind: str, in_size: int, size: int):
         super().__init__()
@@ -234,31 +237,20 @@ class RecurrentCore(nn.Module):
             else:
                 nn.init.zeros_(param)
 
-    def _hx(self, state: torch.Tensor):
-        state = state.unsqueeze(0).contiguous()
-        return state if self.kind == "gru" else tuple(part.contiguous() for part in state.chunk(2, dim=-1))
+    def _run(self, x: torch.Tensor, state: torch.Tensor, episode_start):
+        rnn = self.rnn
+        return run_sequence(self.kind, x, state, episode_start,
+                            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0))
 
     def step(self, x: torch.Tensor, state: torch.Tensor):
         """x [B, F], state [B, state_size] -> (output [B, size], new state)."""
-        out, hx = self.rnn(x.unsqueeze(0), self._hx(state))
-        new_state = hx[0] if self.kind == "gru" else torch.cat([hx[0][0], hx[1][0]], dim=-1)
-        return out[0], new_state
+        new_state = self._run(x.unsqueeze(0), state, None)[0]
+        return new_state[:, :self.out_size], new_state
 
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
-        is zeroed before those steps) -> outputs [R, B, size]. The steps between two rows where some
-        sequence starts an episode run as one fused call; at such a row the states of the sequences
-        that start an episode are zeroed."""
-        cuts = (episode_start[1:].any(dim=1).nonzero().squeeze(1) + 1).tolist()
-        bounds = [0] + cuts + [episode_start.shape[0]]
-        hx = self._hx(state)
-        outs = []
-        for begin, end in zip(bounds[:-1], bounds[1:]):
-            keep = (~episode_start[begin]).to(x.dtype).unsqueeze(-1)
-            hx = hx * keep if self.kind == "gru" else (hx[0] * keep, hx[1] * keep)
-            out, hx = self.rnn(x[begin:end], hx)
-            outs.append(out)
-        return torch.cat(outs)
+        is zeroed before those steps) -> outputs [R, B, size]."""
+        return self._run(x, state, episode_start)[..., :self.out_size]
 
 
 class ActorCritic(nn.Module):

@@ -50,6 +50,7 @@ class PolicyWorker:
         self.buffers, self.queues = buffers, queues
         self.device = resolve_device(cfg.run.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
+        self.rollout = cfg.sampler.rollout
         self.model = ActorCritic(spec, cfg.model).to(self.device)
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
@@ -113,7 +114,11 @@ class PolicyWorker:
             actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
         computed = time.monotonic()
         if new_state is not None:
-            buf.rnn_current[workers, splits] = new_state.cpu().numpy().reshape(carried.shape)
+            new_state = new_state.cpu().numpy().reshape(carried.shape)
+            buf.rnn_current[workers, splits] = new_state
+            last = rows == self.rollout - 1  # the state the bootstrap row would be acted from
+            if last.any():
+                buf.rnn_states[slots[last], self.rollout] = new_state[last]
         per_request = (n, self.envs_per_split)
         buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
         buf.log_probs[slots, rows] = log_probs.reshape(per_request)

@@ -18,8 +18,10 @@ Slot field shapes (S = slots, T = rollout, E = envs per split):
 With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
   episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
                                           hidden state is zeroed before acting on it (and in training)
-  rnn_states     [S, T, E, H]             float32 hidden state the policy acted from at each row (after
-                                          that zeroing); the learner re-runs the core from it
+  rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
+                                          that zeroing; row T: the state after the last action, before
+                                          it); the learner re-runs the core from it and bootstraps GAE
+                                          from row T
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
@@ -109,7 +111,7 @@ def buffer_layout(cfg, spec: EnvSpec) -> dict:
     state = rnn_state_size(cfg.model, spec)
     if state:
         layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
-                   "rnn_states": (step + (state,), "float32"),
+                   "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
                    "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32")}
     return layout | {
         "actions": (step + spec.action.buffer_shape, spec.action.dtype),

@@ -73,12 +73,25 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
     torch.testing.assert_close(log_probs.view_as(batch["log_probs"]), batch["log_probs"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(model.denormalize_values(values).view_as(batch["values"]), batch["values"],
                                rtol=1e-4, atol=1e-5)
-    # the state the policy worker acted from at step t + 1 is the core's output at step t
+    # the state the policy worker acted from at step t + 1 is the core's output at step t (rows 1..T-1
+    # zeroed where an episode starts; row T, the bootstrap row's, is stored before that zeroing)
     size = outputs.shape[-1]
     acted_from = batch["rnn_states"][1:, :, :size]
-    continuing = ~starts[1:]
-    torch.testing.assert_close(acted_from[continuing], outputs[:-1][continuing], rtol=1e-4, atol=1e-5)
-    assert (batch["rnn_states"][starts] == 0).all()  # zeroed where an episode starts
+    continuing = ~batch["episode_start"][1:]
+    continuing[-1] = True
+    torch.testing.assert_close(acted_from[continuing], outputs[continuing], rtol=1e-4, atol=1e-5)
+    # GAE's bootstrap value, one step from the stored row-T state, is the value of re-running the
+    # core over all T + 1 rows
+    with torch.no_grad():
+        _, all_values, _ = model.forward_sequence({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()},
+                                                  batch["rnn_states"][0], batch["episode_start"])
+    bootstrap = model.denormalize_values(all_values.view(len(starts) + 1, -1)[-1])
+    advantages, returns = roles.learner._targets(batch)
+    recomputed, _ = ppo.gae(batch["rewards"], torch.cat([batch["values"], bootstrap.unsqueeze(0)]),
+                            batch["terminated"], batch["terminated"] | batch["truncated"], batch["valid"],
+                            roles.learner.lcfg.gamma, roles.learner.lcfg.gae_lambda)
+    torch.testing.assert_close(advantages, recomputed, rtol=1e-4, atol=1e-5)
+    assert (batch["rnn_states"][:-1][starts] == 0).all()  # zeroed where an episode starts
     roles.close()
 
 
@@ -140,3 +153,53 @@ def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
                              "--num_episodes", "2"], capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "return" in replay.stdout
+
+
+def _stepped_reference(kind, module, x, state, episode_start):
+    """nn.GRU / nn.LSTM stepped one step at a time, the state zeroed where an episode starts:
+    [T, B, S] states after each step (h, or h and c)."""
+    size, outputs = module.hidden_size, []
+    for t in range(x.shape[0]):
+        state = state * (~episode_start[t]).to(x.dtype).unsqueeze(-1)
+        if kind == "gru":
+            _, h = module(x[t:t + 1], state.unsqueeze(0))
+            state = h[0]
+        else:
+            _, (h, c) = module(x[t:t + 1], (state[:, :size].unsqueeze(0).contiguous(),
+                                            state[:, size:].unsqueeze(0).contiguous()))
+            state = torch.cat([h[0], c[0]], dim=-1)
+        outputs.append(state)
+    return torch.stack(outputs)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("use_numpy", [True, False])
+def test_the_written_out_core_matches_nn_gru_and_lstm(kind, use_numpy):
+    """sf_engine.recurrent's forward and backward (NumPy loops, and the torch loops CUDA runs) give
+    nn.GRU's / nn.LSTM's outputs and gradients, resets included, in double precision."""
+    from sf_engine import recurrent
+    torch.manual_seed(1)
+    steps, batch, features, size = 9, 6, 5, 4
+    module = (torch.nn.GRU if kind == "gru" else torch.nn.LSTM)(features, size).double()
+    x = torch.randn(steps, batch, features, dtype=torch.double, requires_grad=True)
+    state = torch.randn(batch, size * (1 if kind == "gru" else 2), dtype=torch.double, requires_grad=True)
+    episode_start = torch.rand(steps, batch) < 0.25
+    episode_start[0, 0] = episode_start[4, :] = True  # a reset at step 0 and one of every sequence
+    weights = (module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0, module.bias_hh_l0)
+    reference = _stepped_reference(kind, module, x, state, episode_start)
+    keep = (~episode_start).double().unsqueeze(-1)
+    resets = episode_start.any(dim=1).tolist()
+    forward = recurrent.gru_forward if kind == "gru" else recurrent.lstm_forward
+    backward = recurrent.gru_backward if kind == "gru" else recurrent.lstm_backward
+    with torch.no_grad():
+        out, *saved = forward(x, state, keep, resets, *weights, use_numpy=use_numpy)
+    torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-12)
+    grad_out = torch.randn_like(out)
+    expected = torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights)
+    with torch.no_grad():
+        grads = backward(grad_out, x, state, keep, resets, weights[0], weights[1], out, *saved, use_numpy=use_numpy)
+    for got, want, name in zip(grads, expected, ("x", "state", "w_ih", "w_hh", "b_ih", "b_hh")):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=f"gradient of {name}")
+    if use_numpy:  # the autograd node as the learner calls it
+        assert torch.autograd.gradcheck(
+            lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)

@@ -1,0 +1,246 @@
+"""GRU and LSTM sequences with episode resets, forward and backward written out by hand.
+
+Training re-runs the core over [T, B] sequences whose states are zeroed where an episode starts.
+PyTorch's fused nn.GRU / nn.LSTM cannot zero a state mid-sequence, so the sequence would have to be
+cut into one call per stretch without a start, and on the CPU autograd then records a handful of
+small ops per time step. Here one autograd node covers the whole sequence:
+- the input projections of all steps are one matrix product; each step is one small matrix product
+  and a few element-wise ops into preallocated buffers;
+- the backward pass runs the same recursion in reverse, and the weight gradients are three matrix
+  products over all steps;
+- the element-wise ops of the per-step loops run on NumPy views of CPU tensors (an element-wise
+  NumPy op on a [32, 64] array costs about a third of a torch op there) and on torch ops elsewhere
+  (CUDA): `_NUMPY` and `_TORCH` name the few functions both provide, and the tests run both on the
+  CPU. Matrix products always go through torch, whose thread count the process sets (NumPy's BLAS
+  would start threads of its own and fight the other processes for the cores).
+
+The maths is nn.GRU's and nn.LSTM's (gate order r, z, n and i, f, g, o; their parameter tensors are
+used as they are), so checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as
+0.5 + 0.5 tanh(a / 2): the rows of the weights that feed a sigmoid are halved first.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+_NUMPY = SimpleNamespace(add=np.add, sub=np.subtract, mul=np.multiply, tanh=np.tanh)
+_TORCH = SimpleNamespace(add=torch.add, sub=torch.sub, mul=torch.mul, tanh=torch.tanh)
+
+
+def _backend(tensor: torch.Tensor, use_numpy=None):
+    """(ops, view) for the loops: NumPy on CPU tensors unless use_numpy is False."""
+    if use_numpy is None:
+        use_numpy = tensor.device.type == "cpu"
+    return (_NUMPY, lambda t: t.detach().numpy()) if use_numpy else (_TORCH, lambda t: t)
+
+
+def _halved_rows(tensor: torch.Tensor, rows: list) -> torch.Tensor:
+    """A copy of `tensor` with the row ranges in `rows` halved (the pre-activations of sigmoids)."""
+    tensor = tensor.detach().clone()
+    for begin, end in rows:
+        tensor[begin:end] *= 0.5
+    return tensor
+
+
+def _sigmoid_from_tanh(array) -> None:
+    """In place: tanh(a / 2) -> sigmoid(a)."""
+    array *= 0.5
+    array += 0.5
+
+
+def gru_forward(x, h0, keep, resets, w_ih, w_hh, b_ih, b_hh, use_numpy=None):
+    """x [T, B, F], h0 [B, H], keep [T, B, 1] (0 where the state is zeroed before the step) or None,
+    resets [T] bools (some keep is 0 at that step). Returns the outputs h_t [T, B, H] and, for the
+    backward pass, the recurrent pre-activations gh [T, B, 3H] (its r and z parts halved) and the
+    gates rz [T, B, 2H] and n [T, B, H]."""
+    steps, batch, _ = x.shape
+    size = h0.shape[-1]
+    halve = [(0, 2 * size)]
+    gi = torch.addmm(_halved_rows(b_ih, halve), x.detach().reshape(steps * batch, -1),
+                     _halved_rows(w_ih, halve).t()).view(steps, batch, 3 * size)
+    w_hh_t = _halved_rows(w_hh, halve).t().contiguous()
+    b_hh = _halved_rows(b_hh, halve)
+    out, gh = x.new_empty(steps, batch, size), x.new_empty(steps, batch, 3 * size)
+    rz, n = x.new_empty(steps, batch, 2 * size), x.new_empty(steps, batch, size)
+    ops, view = _backend(x, use_numpy)
+    gi_, out_, gh_, rz_, n_ = (view(t) for t in (gi, out, gh, rz, n))
+    gh_steps, out_steps = gh.unbind(0), out.unbind(0)
+    h_tensor = h0.detach()
+    h = view(h_tensor)
+    for t in range(steps):
+        if resets[t]:
+            h_tensor = h_tensor * keep[t]
+            h = view(h_tensor)
+        g, a, nt, o = gh_[t], rz_[t], n_[t], out_[t]
+        torch.addmm(b_hh, h_tensor, w_hh_t, out=gh_steps[t])
+        ops.tanh(ops.add(gi_[t, :, :2 * size], g[:, :2 * size], out=a), out=a)
+        _sigmoid_from_tanh(a)
+        ops.mul(a[:, :size], g[:, 2 * size:], out=nt)
+        nt += gi_[t, :, 2 * size:]
+        ops.tanh(nt, out=nt)
+        ops.sub(h, nt, out=o)  # h' = n + z (h - n)
+        o *= a[:, size:]
+        o += nt
+        h, h_tensor = o, out_steps[t]
+    return out, gh, rz, n
+
+
+def lstm_forward(x, s0, keep, resets, w_ih, w_hh, b_ih, b_hh, use_numpy=None):
+    """x [T, B, F], s0 [B, 2H] (h and c), keep and resets as for the GRU. Returns [T, B, 2H] (h_t and
+    c_t) and, for the backward pass, the activated gates [T, B, 4H] in (i, f, o, g) order (the three
+    sigmoids first) and tanh(c_t) [T, B, H]."""
+    steps, batch, _ = x.shape
+    size = s0.shape[-1] // 2
+    ifog = _IFOG(size, x.device)
+    halve = [(0, 3 * size)]
+    gi = torch.addmm(_halved_rows((b_ih + b_hh)[ifog], halve), x.detach().reshape(steps * batch, -1),
+                     _halved_rows(w_ih[ifog], halve).t()).view(steps, batch, 4 * size)
+    w_hh_t = _halved_rows(w_hh[ifog], halve).t().contiguous()
+    out, gates, tanh_c = x.new_empty(steps, batch, 2 * size), x.new_empty(steps, batch, 4 * size), x.new_empty(
+        steps, batch, size)
+    ops, view = _backend(x, use_numpy)
+    out_, gates_, tanh_c_ = (view(t) for t in (out, gates, tanh_c))
+    keep_ = None if keep is None else view(keep)
+    gi_steps, gates_steps, h_steps = gi.unbind(0), gates.unbind(0), out[..., :size].unbind(0)
+    h_tensor, c = s0[:, :size].detach(), view(s0)[:, size:]
+    scratch = view(x.new_empty(batch, size))
+    for t in range(steps):
+        if resets[t]:
+            h_tensor, c = h_tensor * keep[t], c * keep_[t]
+        g, ht, ct, tc = gates_[t], out_[t, :, :size], out_[t, :, size:], tanh_c_[t]
+        torch.addmm(gi_steps[t], h_tensor, w_hh_t, out=gates_steps[t])
+        ops.tanh(g, out=g)
+        _sigmoid_from_tanh(g[:, :3 * size])
+        ops.mul(g[:, :size], g[:, 3 * size:], out=ct)  # c' = i g + f c
+        ct += ops.mul(g[:, size:2 * size], c, out=scratch)
+        ops.mul(g[:, 2 * size:3 * size], ops.tanh(ct, out=tc), out=ht)  # h' = o tanh(c')
+        h_tensor, c = h_steps[t], ct
+    return out, gates, tanh_c
+
+
+def _IFOG(size: int, device) -> torch.Tensor:
+    """Row order (i, f, o, g) of nn.LSTM's (i, f, g, o) weight rows."""
+    rows = torch.arange(4 * size, device=device).view(4, size)
+    return rows[[0, 1, 3, 2]].reshape(-1)
+
+
+def _previous(out, s0, keep):
+    """The state each step started from (after its reset): [T, B, S]."""
+    previous = torch.cat([s0.detach().unsqueeze(0), out[:-1]])
+    return previous if keep is None else previous.mul_(keep)
+
+
+def gru_backward(grad_out, x, h0, keep, resets, w_ih, w_hh, out, gh, rz, n, use_numpy=None):
+    """Gradients of gru_forward's outputs -> (dx, dh0, dw_ih, dw_hh, db_ih, db_hh)."""
+    steps, batch, size = out.shape
+    hp = _previous(out, h0, keep)
+    r, z = rz[..., :size], rz[..., size:]
+    one_minus_z = 1 - z
+    # factors of the backward recursion that do not depend on it, for all steps at once (a: the
+    # pre-activations): dh -> (d a_z, d a_n) and d a_n -> (d gh_n, d a_r)
+    from_dh = x.new_empty(steps, batch, 2, size)
+    torch.sub(hp, n, out=from_dh[:, :, 0]).mul_(z).mul_(one_minus_z)
+    torch.mul(n, n, out=from_dh[:, :, 1]).neg_().add_(1).mul_(one_minus_z)
+    from_an = x.new_empty(steps, batch, 2, size)
+    from_an[:, :, 0] = r
+    torch.mul(r, r, out=from_an[:, :, 1]).neg_().add_(r).mul_(gh[..., 2 * size:])
+    # d_all = [d gh_n | d a_r | d a_z | d a_n]: [..., :3H] is d gh in (n, r, z) order, [..., H:] is
+    # d gi in (r, z, n) order, so neither needs a copy
+    d_all = grad_out.new_empty(steps, batch, 4 * size)
+    w_nrz = torch.cat([w_hh[2 * size:], w_hh[:2 * size]]).detach()  # w_hh's rows in (n, r, z) order
+    dh, scratch = torch.zeros_like(h0), torch.empty_like(h0)
+    ops, view = _backend(x, use_numpy)
+    d_pairs = d_all.view(steps, batch, 2, 2, size)
+    to_ghn_ar, to_az_an, grad_, from_dh_, from_an_, z_, dh_, scratch_ = (
+        view(t) for t in (d_pairs[:, :, 0], d_pairs[:, :, 1], grad_out.contiguous(), from_dh, from_an, z, dh, scratch))
+    d_gh_steps = d_all[..., :3 * size].unbind(0)
+    keep_ = None if keep is None else view(keep)
+    for t in range(steps - 1, -1, -1):
+        dh_ += grad_[t]
+        az_an = ops.mul(dh_[:, None], from_dh_[t], out=to_az_an[t])
+        ops.mul(az_an[:, 1:], from_an_[t], out=to_ghn_ar[t])
+        ops.mul(dh_, z_[t], out=scratch_)
+        torch.addmm(scratch, d_gh_steps[t], w_nrz, out=dh)
+        if resets[t]:
+            dh_ *= keep_[t]
+    d_gi = d_all[..., size:].reshape(steps * batch, 3 * size)
+    d_gh = d_all[..., :3 * size].reshape(steps * batch, 3 * size)
+    grad_w_nrz = d_gh.t() @ hp.reshape(steps * batch, size)
+    grad_b_nrz = d_gh.sum(0)
+    return ((d_gi @ w_ih.detach()).view_as(x), dh, d_gi.t() @ x.detach().reshape(steps * batch, -1),
+            torch.cat([grad_w_nrz[size:], grad_w_nrz[:size]]), d_gi.sum(0),
+            torch.cat([grad_b_nrz[size:], grad_b_nrz[:size]]))
+
+
+def lstm_backward(grad_out, x, s0, keep, resets, w_ih, w_hh, out, gates, tanh_c, use_numpy=None):
+    """Gradients of lstm_forward's outputs -> (dx, ds0, dw_ih, dw_hh, db_ih, db_hh)."""
+    steps, batch, size = tanh_c.shape
+    sp = _previous(out, s0, keep)
+    i, f, o, g = (gates[..., k * size:(k + 1) * size] for k in range(4))
+    to_c = (1 - tanh_c * tanh_c).mul_(o)                # dh -> dc
+    to_a = torch.empty(steps, batch, 3 * size, dtype=x.dtype, device=x.device)  # dc -> d a_i, d a_f, d a_g
+    torch.mul(i, i, out=to_a[..., :size]).neg_().add_(i).mul_(g)
+    torch.mul(f, f, out=to_a[..., size:2 * size]).neg_().add_(f).mul_(sp[..., size:])
+    torch.mul(g, g, out=to_a[..., 2 * size:]).neg_().add_(1).mul_(i)
+    to_ao = (1 - o).mul_(o).mul_(tanh_c)                # dh -> d a_o
+    d_all = grad_out.new_empty(steps, batch, 4 * size)  # d a in (i, f, g, o) order
+    dh_tensor, dc_tensor = x.new_zeros(batch, size), x.new_zeros(batch, size)
+    w_hh = w_hh.detach()
+    ops, view = _backend(x, use_numpy)
+    d_ifg, d_o, grad_, to_c_, to_a_, to_ao_, f_, dh, dc, scratch = (
+        view(t) for t in (d_all[..., :3 * size].unflatten(-1, (3, size)), d_all[..., 3 * size:], grad_out.contiguous(),
+                          to_c, to_a.unflatten(-1, (3, size)), to_ao, f, dh_tensor, dc_tensor, torch.empty_like(dc_tensor)))
+    keep_ = None if keep is None else view(keep)
+    d_steps = d_all.unbind(0)
+    for t in range(steps - 1, -1, -1):
+        dh += grad_[t, :, :size]
+        dc += grad_[t, :, size:]
+        dc += ops.mul(dh, to_c_[t], out=scratch)
+        ops.mul(dc[:, None], to_a_[t], out=d_ifg[t])
+        ops.mul(dh, to_ao_[t], out=d_o[t])
+        torch.mm(d_steps[t], w_hh, out=dh_tensor)
+        dc *= f_[t]
+        if resets[t]:
+            dh *= keep_[t]
+            dc *= keep_[t]
+    d_a = d_all.reshape(steps * batch, 4 * size)
+    grad_b = d_a.sum(0)
+    return ((d_a @ w_ih.detach()).view_as(x), torch.cat([dh_tensor, dc_tensor], dim=-1), d_a.t() @ x.detach().reshape(steps * batch, -1),
+            d_a.t() @ sp[..., :size].reshape(steps * batch, size), grad_b, grad_b)
+
+
+class _Sequence(torch.autograd.Function):
+    """One autograd node for a whole GRU or LSTM sequence."""
+
+    @staticmethod
+    def forward(ctx, kind, x, state, keep, resets, w_ih, w_hh, b_ih, b_hh):
+        forward = gru_forward if kind == "gru" else lstm_forward
+        out, *saved = forward(x, state, keep, resets, w_ih, w_hh, b_ih, b_hh)
+        ctx.kind, ctx.resets = kind, resets
+        ctx.save_for_backward(x, state, keep, w_ih, w_hh, out, *saved)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, state, keep, w_ih, w_hh, out, *saved = ctx.saved_tensors
+        backward = gru_backward if ctx.kind == "gru" else lstm_backward
+        dx, dstate, dw_ih, dw_hh, db_ih, db_hh = backward(grad_out, x, state, keep, ctx.resets, w_ih, w_hh, out,
+                                                          *saved)
+        return None, dx, dstate, None, None, dw_ih, dw_hh, db_ih, db_hh
+
+
+def run_sequence(kind: str, x, state, episode_start, weights):
+    """The core over [T, B] steps: kind 'gru' or 'lstm'; x [T, B, F]; state [B, S] before step 0 (S = H,
+    or 2H with c after h); episode_start [T, B] bool (the state is zeroed before those steps) or None
+    (no resets); weights (w_ih, w_hh, b_ih, b_hh) as nn.GRU / nn.LSTM hold them. Returns the state
+    after each step [T, B, S]."""
+    if episode_start is None:
+        keep, resets = None, [False] * x.shape[0]
+    else:
+        keep = (~episode_start).to(x.dtype).unsqueeze(-1)
+        resets = episode_start.any(dim=1).tolist()
+    if torch.is_grad_enabled() and (x.requires_grad or state.requires_grad or any(w.requires_grad for w in weights)):
+        return _Sequence.apply(kind, x, state, keep, resets, *weights)
+    return (gru_forward if kind == "gru" else lstm_forward)(x, state, keep, resets, *weights)[0]
