@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from sf_engine.recurrent import run_sequence
+from sf_engine.recurrent import padded_sequence, run_sequence, use_padded
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -223,8 +223,9 @@ class ActionDistribution:
 class RecurrentCore(nn.Module):
     """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
     Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
-    where an episode starts, as one autograd node (sf_engine.recurrent). The parameters are those of
-    an nn.GRU / nn.LSTM, under its names."""
+    where an episode starts, as one autograd node (sf_engine.recurrent; on the CPU an LSTM with few
+    starts runs nn.LSTM's fused kernel on padded stretches instead). The parameters are those of an
+    nn.GRU / nn.LSTM, under its names."""
 
     def __init__(self, kind: str, in_size: int, size: int):
         super().__init__()
@@ -250,6 +251,8 @@ class RecurrentCore(nn.Module):
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
         is zeroed before those steps) -> outputs [R, B, size]."""
+        if use_padded(self.kind, x, episode_start):
+            return padded_sequence(self.rnn, x, state, episode_start)
         return self._run(x, state, episode_start)[..., :self.out_size]
 
 

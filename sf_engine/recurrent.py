@@ -14,6 +14,11 @@ small ops per time step. Here one autograd node covers the whole sequence:
   CPU. Matrix products always go through torch, whose thread count the process sets (NumPy's BLAS
   would start threads of its own and fight the other processes for the cores).
 
+On the CPU the LSTM has a faster way when few episodes start inside the sequences: nn.LSTM runs on
+oneDNN's fused kernel there, and `padded_sequence` turns every stretch between starts into a row of
+its own (padded at its end), so one call needs no reset; `use_padded` picks it while the rows stay
+fewer than twice the sequences (beyond that the padding costs more than it saves).
+
 The maths is nn.GRU's and nn.LSTM's (gate order r, z, n and i, f, g, o; their parameter tensors are
 used as they are), so checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as
 0.5 + 0.5 tanh(a / 2): the rows of the weights that feed a sigmoid are halved first.
@@ -244,3 +249,36 @@ def run_sequence(kind: str, x, state, episode_start, weights):
     if torch.is_grad_enabled() and (x.requires_grad or state.requires_grad or any(w.requires_grad for w in weights)):
         return _Sequence.apply(kind, x, state, keep, resets, *weights)
     return (gru_forward if kind == "gru" else lstm_forward)(x, state, keep, resets, *weights)[0]
+
+
+def use_padded(kind: str, x: torch.Tensor, episode_start) -> bool:
+    """Whether `padded_sequence` (oneDNN's fused LSTM) is the faster way for this CPU sequence."""
+    return (kind == "lstm" and x.device.type == "cpu" and x.dtype == torch.float32 and episode_start is not None
+            and torch.backends.mkldnn.is_available() and int(episode_start[1:].sum()) <= x.shape[1])
+
+
+def padded_sequence(module: torch.nn.Module, x, state, episode_start) -> torch.Tensor:
+    """nn.GRU / nn.LSTM `module` over [T, B] steps with resets in one call: each stretch of a sequence
+    that starts at step 0 or at an episode start becomes its own row, from step 0 of the call, with the
+    sequence's state (zeroed at an episode start) or zeros; rows are padded at their end by repeating
+    their last step, which no kept output depends on. Returns the outputs h_t [T, B, H]."""
+    steps, batch, features = x.shape
+    size = module.hidden_size
+    starts = episode_start.clone()
+    starts[0] = True
+    row_b, row_t = starts.t().nonzero(as_tuple=True)  # row j: sequence row_b[j] from step row_t[j]
+    rows = row_b.numel()
+    row_of = starts.t().reshape(-1).long().cumsum(0).view(batch, steps).t() - 1  # [T, B] -> its row
+    step = torch.arange(steps, device=x.device).unsqueeze(1)
+    source = (row_t + step).clamp(max=steps - 1) * batch + row_b  # [T, rows] -> flat step of x
+    padded = x.reshape(steps * batch, features)[source.reshape(-1)].view(steps, rows, features)
+    first = row_t == 0
+    initial = x.new_zeros(rows, state.shape[-1])
+    initial[first] = (state * (~episode_start[0]).to(state.dtype).unsqueeze(-1))[row_b[first]]
+    if isinstance(module, torch.nn.LSTM):
+        hx = (initial[:, :size].unsqueeze(0).contiguous(), initial[:, size:].unsqueeze(0).contiguous())
+    else:
+        hx = initial.unsqueeze(0)
+    out, _ = module(padded, hx)
+    back = (step - row_t[row_of]) * rows + row_of  # (t, b) -> flat (position in its row, row)
+    return out.reshape(steps * rows, size)[back.reshape(-1)].view(steps, batch, size)

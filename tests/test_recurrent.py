@@ -203,3 +203,30 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, use_numpy):
     if use_numpy:  # the autograd node as the learner calls it
         assert torch.autograd.gradcheck(
             lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_padded_stretches_match_the_stepped_core(kind):
+    """padded_sequence (one nn.GRU / nn.LSTM call over the stretches between episode starts, each a
+    padded row of its own) gives the stepped outputs and gradients; use_padded takes it for a CPU
+    LSTM only while the starts inside the sequences are at most the number of sequences."""
+    from sf_engine import recurrent
+    torch.manual_seed(2)
+    steps, batch, features, size = 8, 5, 3, 4
+    module = (torch.nn.GRU if kind == "gru" else torch.nn.LSTM)(features, size).double()
+    x = torch.randn(steps, batch, features, dtype=torch.double, requires_grad=True)
+    state = torch.randn(batch, size * (1 if kind == "gru" else 2), dtype=torch.double, requires_grad=True)
+    episode_start = torch.zeros(steps, batch, dtype=torch.bool)
+    episode_start[0, 1] = episode_start[3, 0] = episode_start[5, 0] = episode_start[7, 4] = True
+    reference = _stepped_reference(kind, module, x, state, episode_start)[..., :size]
+    out = recurrent.padded_sequence(module, x, state, episode_start)
+    torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-12)
+    grad_out = torch.randn_like(out)
+    params = (x, state) + tuple(module.parameters())
+    for got, want in zip(torch.autograd.grad((out * grad_out).sum(), params),
+                         torch.autograd.grad((reference * grad_out).sum(), params)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    few, many = torch.zeros(steps, batch, dtype=torch.bool), torch.ones(steps, batch, dtype=torch.bool)
+    few[2, :] = True
+    assert recurrent.use_padded("lstm", x.float(), few) and not recurrent.use_padded("lstm", x.float(), many)
+    assert not recurrent.use_padded("gru", x.float(), few) and not recurrent.use_padded("lstm", x, few)
