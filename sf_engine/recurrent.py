@@ -19,9 +19,10 @@ oneDNN's fused kernel there, and `padded_sequence` turns every stretch between s
 its own (padded at its end), so one call needs no reset; `use_padded` picks it while the rows stay
 fewer than twice the sequences (beyond that the padding costs more than it saves).
 
-The maths is nn.GRU's and nn.LSTM's (gate order r, z, n and i, f, g, o; their parameter tensors are
-used as they are), so checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as
-0.5 + 0.5 tanh(a / 2): the rows of the weights that feed a sigmoid are halved first.
+The maths and the parameters are nn.GRU's and nn.LSTM's (gate order r, z, n and i, f, g, o), so
+checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as 0.5 + 0.5 tanh(a / 2):
+the loops work on copies of the weights whose sigmoid rows are halved (the LSTM's rows also
+reordered to i, f, o, g, the three sigmoids first).
 """
 from __future__ import annotations
 
