@@ -328,7 +328,8 @@ class ActorCritic(nn.Module):
         return params, values, out
 
     def values(self, obs: dict) -> torch.Tensor:
-        """Feed-forward models only (a recurrent model's values come from forward_sequence)."""
+        """Feed-forward models only (a recurrent model's values come from forward with a state, or
+        forward_sequence)."""
         encoder = self.critic_encoder or self.actor_encoder
         return self.value_head(encoder(obs)).squeeze(-1)
 

@@ -6,8 +6,8 @@ cut into one call per stretch without a start, and on the CPU autograd then reco
 small ops per time step. Here one autograd node covers the whole sequence:
 - the input projections of all steps are one matrix product; each step is one small matrix product
   and a few element-wise ops into preallocated buffers;
-- the backward pass runs the same recursion in reverse, and the weight gradients are three matrix
-  products over all steps;
+- the backward pass runs the same recursion in reverse; the gradients of the weights and of the
+  input are three matrix products over all steps;
 - the element-wise ops of the per-step loops run on NumPy views of CPU tensors (an element-wise
   NumPy op on a [32, 64] array costs about a third of a torch op there) and on torch ops elsewhere
   (CUDA): `_NUMPY` and `_TORCH` name the few functions both provide, and the tests run both on the
@@ -16,8 +16,9 @@ small ops per time step. Here one autograd node covers the whole sequence:
 
 On the CPU the LSTM has a faster way when few episodes start inside the sequences: nn.LSTM runs on
 oneDNN's fused kernel there, and `padded_sequence` turns every stretch between starts into a row of
-its own (padded at its end), so one call needs no reset; `use_padded` picks it while the rows stay
-fewer than twice the sequences (beyond that the padding costs more than it saves).
+its own, from step 0 of the call (it runs on into later inputs, which no output it keeps depends
+on), so one call needs no reset; `use_padded` picks it while the rows are at most twice the
+sequences (beyond that the extra rows cost more than they save).
 
 The maths and the parameters are nn.GRU's and nn.LSTM's (gate order r, z, n and i, f, g, o), so
 checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as 0.5 + 0.5 tanh(a / 2):
@@ -36,9 +37,9 @@ _TORCH = SimpleNamespace(add=torch.add, sub=torch.sub, mul=torch.mul, tanh=torch
 
 
 def _backend(tensor: torch.Tensor, use_numpy=None):
-    """(ops, view) for the loops: NumPy on CPU tensors unless use_numpy is False."""
+    """(ops, view) for the loops: NumPy on CPU tensors of a dtype NumPy has, unless use_numpy is False."""
     if use_numpy is None:
-        use_numpy = tensor.device.type == "cpu"
+        use_numpy = tensor.device.type == "cpu" and tensor.dtype in (torch.float16, torch.float32, torch.float64)
     return (_NUMPY, lambda t: t.detach().numpy()) if use_numpy else (_TORCH, lambda t: t)
 
 
@@ -229,6 +230,7 @@ class _Sequence(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, state, keep, w_ih, w_hh, out, *saved = ctx.saved_tensors
         backward = gru_backward if ctx.kind == "gru" else lstm_backward
@@ -261,8 +263,9 @@ def use_padded(kind: str, x: torch.Tensor, episode_start) -> bool:
 def padded_sequence(module: torch.nn.Module, x, state, episode_start) -> torch.Tensor:
     """nn.GRU / nn.LSTM `module` over [T, B] steps with resets in one call: each stretch of a sequence
     that starts at step 0 or at an episode start becomes its own row, from step 0 of the call, with the
-    sequence's state (zeroed at an episode start) or zeros; rows are padded at their end by repeating
-    their last step, which no kept output depends on. Returns the outputs h_t [T, B, H]."""
+    sequence's state (zeroed at an episode start) or zeros. A row runs on past its stretch (into the
+    sequence's later inputs, then repeating the last one) to the call's T steps; no output that is
+    kept depends on those steps. Returns the outputs h_t [T, B, H]."""
     steps, batch, features = x.shape
     size = module.hidden_size
     starts = episode_start.clone()

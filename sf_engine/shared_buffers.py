@@ -20,7 +20,7 @@ With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
                                           hidden state is zeroed before acting on it (and in training)
   rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
                                           that zeroing; row T: the state after the last action, before
-                                          it); the learner re-runs the core from it and bootstraps GAE
+                                          row T's zeroing); the learner re-runs the core from it and bootstraps GAE
                                           from row T
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
