@@ -156,8 +156,7 @@ def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
     from sf_engine.model import act, obs_tensors
 
     obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
-    fresh_state = (lambda: policy.initial_state(1, device)) if policy.recurrent else (lambda: None)
-    state = fresh_state()
+    state = policy.initial_state(1, device)
     with torch.inference_mode():
         while episodes < num_episodes:
             actions, state = act(policy, obs_tensors(obs, device), state, deterministic)
@@ -169,7 +168,7 @@ def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
                 yield episode_return, length
                 episodes, episode_return, length = episodes + 1, 0.0, 0
                 obs = env.step(actions).obs  # the env's reset step (action ignored)
-                state = fresh_state()  # the recurrent state starts over with the episode
+                state = policy.initial_state(1, device)  # a recurrent state starts over with the episode
 
 
 def write_video(path: str, frames: list, fps: int) -> None:

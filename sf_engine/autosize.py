@@ -97,7 +97,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     inputs = tiled(batch)
     try:
         torch.set_num_threads(1)
-        state = model.initial_state(batch) if model.recurrent else None
+        state = model.initial_state(batch)
         with torch.inference_mode():
             model.sample(inputs, state)
             _, cpu, n = _timed(lambda: model.sample(inputs, state), PROBE_SEC / 2)

@@ -33,7 +33,7 @@ def play_episodes(model: ActorCritic, env, max_steps: int, deterministic: bool =
     obs = env.reset()
     returns, lengths = np.zeros(env.num_envs), np.zeros(env.num_envs, np.int64)
     running = np.ones(env.num_envs, bool)
-    state = model.initial_state(env.num_envs) if model.recurrent else None  # one episode per env: no resets
+    state = model.initial_state(env.num_envs)  # one episode per env: no resets
     with torch.inference_mode():
         for _ in range(max_steps):
             if should_stop():

@@ -88,7 +88,7 @@ class Learner:
         self.stage_sec["wait_data"] += time.monotonic() - start
         if self.cfg.run.sampling_only:
             if self.pending_slots:
-                stat(self.queues, "recycled", steps=self._consume_rows(self.pending_slots))
+                stat(self.queues, "recycled", steps=self.buffers.take_rows(self.pending_slots))
                 self.queues.free_slots.put_many(self.pending_slots)
             self.pending_slots = []
         elif len(self.pending_slots) == self.cfg.slots_per_batch:
@@ -98,13 +98,6 @@ class Learner:
             start = time.monotonic()
             self.save()
             self.stage_sec["checkpoint"] += time.monotonic() - start
-
-    def _consume_rows(self, slots: list) -> int:
-        """The env steps held in `slots`, which leave the books of steps not yet trained on."""
-        rows = self.buffers.slot_rows
-        steps = int(rows[slots].sum()) * self.cfg.sampler.envs_per_split
-        rows[slots] = 0
-        return steps
 
     def _gather(self, slots: list) -> dict:
         """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
@@ -177,12 +170,13 @@ class Learner:
         self.stage_sec["train"] += trained - assembled
         self.version += 1
         self.publish()
-        self._consume_rows(slots)
+        self.buffers.take_rows(slots)
         self.queues.free_slots.put_many(list(slots))
         self.stage_sec["weight_publish"] += time.monotonic() - trained
         valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
         stat(self.queues, "train", version=self.version, samples=int(index.numel()),
-             dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()), lag_min=float(valid_lag.min()),
+             dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()),
+             lag_min=float(valid_lag.min()),
              lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
              learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec),
              wall_sec=time.monotonic() - (self.first_step_time or start), **metrics)

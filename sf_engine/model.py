@@ -284,8 +284,9 @@ class ActorCritic(nn.Module):
     def recurrent(self) -> bool:
         return self.actor_core is not None
 
-    def initial_state(self, batch: int, device="cpu") -> torch.Tensor:
-        return torch.zeros(batch, self.state_size, device=device)
+    def initial_state(self, batch: int, device="cpu"):
+        """The state of `batch` envs at an episode's start: zeros [batch, state_size], None without a core."""
+        return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
 
     def _features(self, obs: dict):
         features = self.actor_encoder(obs)
@@ -351,11 +352,15 @@ class ActorCritic(nn.Module):
         if self.return_normalizer is not None:
             self.return_normalizer.update(returns)
 
+    def outputs(self, obs: dict, state=None):
+        """(params, normalized values, new state): forward's outputs with or without a core (the new
+        state is None without one)."""
+        return self(obs, state) if self.recurrent else (*self(obs), None)
+
     def sample(self, obs: dict, state=None):
         """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
         a core; `state` [B, state_size] already zeroed where an episode starts)."""
-        out = self(obs, state) if self.recurrent else (*self(obs), None)
-        params, values, new_state = out
+        params, values, new_state = self.outputs(obs, state)
         actions, log_probs = self.distribution.sample(params, self.log_std)
         return actions, log_probs, self.denormalize_values(values), new_state
 
@@ -372,7 +377,7 @@ def act(model: "ActorCritic", obs: dict, state=None, deterministic: bool = False
     """Actions [B] outside training (evaluation, replay): the most likely ones or samples; and the
     core's new state (None without a core)."""
     if deterministic:
-        params, _, new_state = model(obs, state) if model.recurrent else (*model(obs), None)
+        params, _, new_state = model.outputs(obs, state)
         return model.distribution.mode(params), new_state
     actions, _, _, new_state = model.sample(obs, state)
     return actions, new_state

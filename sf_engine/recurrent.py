@@ -218,13 +218,16 @@ def lstm_backward(grad_out, x, s0, keep, resets, w_ih, w_hh, out, gates, tanh_c,
             d_a.t() @ sp[..., :size].reshape(steps * batch, size), grad_b, grad_b)
 
 
+_FORWARD = {"gru": gru_forward, "lstm": lstm_forward}
+_BACKWARD = {"gru": gru_backward, "lstm": lstm_backward}
+
+
 class _Sequence(torch.autograd.Function):
     """One autograd node for a whole GRU or LSTM sequence."""
 
     @staticmethod
     def forward(ctx, kind, x, state, keep, resets, w_ih, w_hh, b_ih, b_hh):
-        forward = gru_forward if kind == "gru" else lstm_forward
-        out, *saved = forward(x, state, keep, resets, w_ih, w_hh, b_ih, b_hh)
+        out, *saved = _FORWARD[kind](x, state, keep, resets, w_ih, w_hh, b_ih, b_hh)
         ctx.kind, ctx.resets = kind, resets
         ctx.save_for_backward(x, state, keep, w_ih, w_hh, out, *saved)
         return out
@@ -233,9 +236,8 @@ class _Sequence(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, state, keep, w_ih, w_hh, out, *saved = ctx.saved_tensors
-        backward = gru_backward if ctx.kind == "gru" else lstm_backward
-        dx, dstate, dw_ih, dw_hh, db_ih, db_hh = backward(grad_out, x, state, keep, ctx.resets, w_ih, w_hh, out,
-                                                          *saved)
+        dx, dstate, dw_ih, dw_hh, db_ih, db_hh = _BACKWARD[ctx.kind](grad_out, x, state, keep, ctx.resets, w_ih,
+                                                                     w_hh, out, *saved)
         return None, dx, dstate, None, None, dw_ih, dw_hh, db_ih, db_hh
 
 
@@ -251,7 +253,7 @@ def run_sequence(kind: str, x, state, episode_start, weights):
         resets = episode_start.any(dim=1).tolist()
     if torch.is_grad_enabled() and (x.requires_grad or state.requires_grad or any(w.requires_grad for w in weights)):
         return _Sequence.apply(kind, x, state, keep, resets, *weights)
-    return (gru_forward if kind == "gru" else lstm_forward)(x, state, keep, resets, *weights)[0]
+    return _FORWARD[kind](x, state, keep, resets, *weights)[0]
 
 
 def use_padded(kind: str, x: torch.Tensor, episode_start) -> bool:

@@ -409,8 +409,7 @@ class Runner:
         (counted), so no half-filled trajectory is trained on."""
         owner = self.buffers.slot_owner
         slots = np.flatnonzero(np.isin(owner, workers))
-        self.stats.steps_dropped_faults += int(self.buffers.slot_rows[slots].sum()) * self.cfg.sampler.envs_per_split
-        self.buffers.slot_rows[slots] = 0
+        self.stats.steps_dropped_faults += self.buffers.take_rows(slots)
         owner[slots] = -1
         if len(slots):
             self.queues.free_slots.put_many(slots.tolist())
@@ -455,7 +454,7 @@ class Runner:
                     child.process.kill()
                     child.process.join(timeout=5.0)
             self.stats.consume(drain(self.queues.stats))
-            self.stats.steps_in_flight_at_stop = int(self.buffers.slot_rows.sum()) * self.cfg.sampler.envs_per_split
+            self.stats.steps_in_flight_at_stop = self.buffers.take_rows(slice(None))
             self.buffers.release()
             if self.children:
                 self.children = {}

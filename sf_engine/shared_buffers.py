@@ -20,8 +20,8 @@ With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
                                           hidden state is zeroed before acting on it (and in training)
   rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
                                           that zeroing; row T: the state after the last action, before
-                                          row T's zeroing); the learner re-runs the core from it and bootstraps GAE
-                                          from row T
+                                          row T's zeroing); the learner re-runs the core from it and
+                                          bootstraps GAE from row T
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
@@ -188,6 +188,13 @@ class SharedBuffers:
         buffers = cls(path, layout, create=True)
         buffers.slot_owner[:] = -1
         return buffers
+
+    def take_rows(self, slots) -> int:
+        """The env steps held in `slots` (rows written x envs per split), which leave the books of steps
+        not trained yet: their row counts are reset."""
+        steps = int(self.slot_rows[slots].sum()) * self.log_probs.shape[2]
+        self.slot_rows[slots] = 0
+        return steps
 
     def beat(self, role: str, index: int = 0) -> None:
         """A process's sign of life (the runner restarts one whose heartbeat stops)."""
