@@ -9,11 +9,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): setup.py
+# torch first, then the package without build isolation, so that setup.py sees torch and compiles
+# the recurrent core's loops (sf_engine/csrc) against it
+$(STAMP): setup.py sf_engine/csrc/recurrent_loops.cpp
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-build-isolation -e '.[test]'
 	touch $(STAMP)
 
 train: $(STAMP)
@@ -23,4 +25,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests -q $(ARGS)
 
 clean:
-	rm -rf $(VENV) train_dir *.egg-info
+	rm -rf $(VENV) train_dir *.egg-info build sf_engine/_recurrent_loops*.so

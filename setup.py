@@ -1,4 +1,32 @@
+import ctypes
+import os
+import platform
+
 from setuptools import find_packages, setup
+
+
+def compiled_loops() -> dict:
+    """The recurrent core's compiled loops (sf_engine/csrc), built when torch is importable here
+    (`pip install --no-build-isolation`, as the Makefile does) and a C++ compiler works; without them
+    sf_engine runs the same loops in Python (slower)."""
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        return {}
+    import torch
+    try:  # the BLAS torch calls, if its library exports it (CPU builds with MKL do)
+        libtorch = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        direct_blas = hasattr(libtorch, "sgemm_") and hasattr(libtorch, "dgemm_")
+    except OSError:
+        direct_blas = False
+    libc, version = platform.libc_ver()
+    vector_tanh = (platform.machine() == "x86_64" and libc == "glibc"
+                   and tuple(int(v) for v in version.split(".")[:2]) >= (2, 35))
+    extension = CppExtension("sf_engine._recurrent_loops", ["sf_engine/csrc/recurrent_loops.cpp"],
+                             extra_compile_args=["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}"],
+                             extra_link_args=["-lmvec"] if vector_tanh else [], optional=True)
+    return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
+
 
 setup(
     name="sf_engine",
@@ -19,4 +47,5 @@ setup(
         "imageio-ffmpeg",
     ],
     extras_require={"test": ["pytest"], "perf": ["matplotlib"]},
+    **compiled_loops(),
 )

@@ -223,9 +223,9 @@ class ActionDistribution:
 class RecurrentCore(nn.Module):
     """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
     Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
-    where an episode starts, as one autograd node (sf_engine.recurrent; on the CPU an LSTM with few
-    starts runs nn.LSTM's fused kernel on padded stretches instead). The parameters are those of an
-    nn.GRU / nn.LSTM, under its names."""
+    where an episode starts, as one autograd node (sf_engine.recurrent; without its compiled loops,
+    a CPU LSTM with few starts runs nn.LSTM's fused kernel on padded stretches instead). The
+    parameters are those of an nn.GRU / nn.LSTM, under its names."""
 
     def __init__(self, kind: str, in_size: int, size: int):
         super().__init__()

@@ -173,10 +173,11 @@ def _stepped_reference(kind, module, x, state, episode_start):
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-@pytest.mark.parametrize("use_numpy", [True, False])
-def test_the_written_out_core_matches_nn_gru_and_lstm(kind, use_numpy):
-    """sf_engine.recurrent's forward and backward (NumPy loops, and the torch loops CUDA runs) give
-    nn.GRU's / nn.LSTM's outputs and gradients, resets included, in double precision."""
+@pytest.mark.parametrize("loops", ["native", "numpy", "torch"])
+def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops):
+    """sf_engine.recurrent's forward and backward (the compiled loops, the NumPy loops, and the torch
+    loops CUDA runs) give nn.GRU's / nn.LSTM's outputs and gradients, resets included, in double
+    precision."""
     from sf_engine import recurrent
     torch.manual_seed(1)
     steps, batch, features, size = 9, 6, 5, 4
@@ -192,24 +193,68 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, use_numpy):
     forward = recurrent.gru_forward if kind == "gru" else recurrent.lstm_forward
     backward = recurrent.gru_backward if kind == "gru" else recurrent.lstm_backward
     with torch.no_grad():
-        out, *saved = forward(x, state, keep, resets, *weights, use_numpy=use_numpy)
+        out, *saved = forward(x, state, keep, resets, *weights, loops=loops)
     torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-12)
     grad_out = torch.randn_like(out)
     expected = torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights)
     with torch.no_grad():
-        grads = backward(grad_out, x, state, keep, resets, weights[0], weights[1], out, *saved, use_numpy=use_numpy)
+        grads = backward(grad_out, x, state, keep, resets, weights[0], weights[1], out, *saved, loops=loops)
     for got, want, name in zip(grads, expected, ("x", "state", "w_ih", "w_hh", "b_ih", "b_hh")):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=f"gradient of {name}")
-    if use_numpy:  # the autograd node as the learner calls it
+    if loops == recurrent.loops_for(x):  # the autograd node as the learner calls it
         assert torch.autograd.gradcheck(
             lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)
 
 
+def test_the_compiled_loops_are_built_and_taken():
+    """`make` builds the compiled loops (setup.py); CPU float32/float64 take them, float16 the NumPy
+    loops, bfloat16 the torch loops. In float32, with enough rows for oneDNN's products, they give
+    nn.GRU's / nn.LSTM's outputs and gradients."""
+    from sf_engine import recurrent
+    assert recurrent.NATIVE is not None, "the compiled loops are not built: pip install --no-build-isolation -e ."
+    assert [recurrent.loops_for(torch.zeros(1, dtype=dtype)) for dtype in
+            (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "numpy", "torch"]
+    torch.manual_seed(3)
+    steps, batch, features, size = 16, 32, 64, 64
+    rows = steps * batch
+    for a, w in (((rows, features), (3 * size, features)), ((features, rows), (4 * size, rows))):
+        assert recurrent._onednn_for(torch.zeros(a), torch.zeros(w)) == (recurrent._onednn() is not None)
+    for kind, nn_class in (("gru", torch.nn.GRU), ("lstm", torch.nn.LSTM)):
+        module = nn_class(features, size)
+        x = torch.randn(steps, batch, features, requires_grad=True)
+        state = torch.randn(batch, size * (1 if kind == "gru" else 2), requires_grad=True)
+        episode_start = torch.rand(steps, batch) < 0.1
+        weights = (module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0, module.bias_hh_l0)
+        reference = _stepped_reference(kind, module, x, state, episode_start)
+        out = recurrent.run_sequence(kind, x, state, episode_start, weights)
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
+        grad_out = torch.randn_like(out)
+        for got, want in zip(torch.autograd.grad((out * grad_out).sum(), (x, state) + weights),
+                             torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_large_products_agree_with_torch_mm():
+    """The core's large float32 products (oneDNN's where torch has it) equal torch.mm's for every
+    operand layout the core passes: rows in order or not, weights contiguous, transposed or sliced."""
+    from sf_engine import recurrent
+    torch.manual_seed(4)
+    a, w = torch.randn(600, 64), torch.randn(96, 64)
+    wide, bias = torch.randn(600, 100), torch.randn(96)
+    assert recurrent._onednn_for(a, w) == (recurrent._onednn() is not None)
+    for left, right in ((a, w), (a, w.t().contiguous().t()), (wide[:, 8:72], w), (a.t().contiguous().t(), w),
+                        (torch.randn(64, 600).t(), w), (a, torch.randn(96, 80)[:, 10:74]), (wide.t(), wide.t()[:, :]),
+                        (wide.t(), torch.randn(600, 96).t())):
+        torch.testing.assert_close(recurrent._linear(left, right), left @ right.t(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(recurrent._linear(a, w, bias), torch.addmm(bias, a, w.t()), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_padded_stretches_match_the_stepped_core(kind):
+def test_padded_stretches_match_the_stepped_core(kind, monkeypatch):
     """padded_sequence (one nn.GRU / nn.LSTM call over the stretches between episode starts, each a
     padded row of its own) gives the stepped outputs and gradients; use_padded takes it for a CPU
-    LSTM only while the starts inside the sequences are at most the number of sequences."""
+    LSTM only without the compiled loops, and while the starts inside the sequences are at most the
+    number of sequences."""
     from sf_engine import recurrent
     torch.manual_seed(2)
     steps, batch, features, size = 8, 5, 3, 4
@@ -228,5 +273,7 @@ def test_padded_stretches_match_the_stepped_core(kind):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
     few, many = torch.zeros(steps, batch, dtype=torch.bool), torch.ones(steps, batch, dtype=torch.bool)
     few[2, :] = True
+    assert not recurrent.use_padded("lstm", x.float(), few) or recurrent.NATIVE is None  # the compiled loops win
+    monkeypatch.setattr(recurrent, "NATIVE", None)
     assert recurrent.use_padded("lstm", x.float(), few) and not recurrent.use_padded("lstm", x.float(), many)
     assert not recurrent.use_padded("gru", x.float(), few) and not recurrent.use_padded("lstm", x, few)
