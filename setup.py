@@ -20,10 +20,11 @@ def compiled_loops() -> dict:
     except OSError:
         direct_blas = False
     libc, version = platform.libc_ver()
-    vector_tanh = (platform.machine() == "x86_64" and libc == "glibc"
-                   and tuple(int(v) for v in version.split(".")[:2]) >= (2, 35))
+    glibc = tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) if libc == "glibc" else ()
+    vector_tanh = platform.machine() == "x86_64" and glibc >= (2, 35)  # glibc's libmvec has tanh
     extension = CppExtension("sf_engine._recurrent_loops", ["sf_engine/csrc/recurrent_loops.cpp"],
-                             extra_compile_args=["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}"],
+                             extra_compile_args=["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}",
+                                                 f"-DSF_VECTOR_TANH={int(vector_tanh)}"],
                              extra_link_args=["-lmvec"] if vector_tanh else [], optional=True)
     return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
 

@@ -44,17 +44,21 @@ _NUMPY = SimpleNamespace(add=np.add, sub=np.subtract, mul=np.multiply, tanh=np.t
 _TORCH = SimpleNamespace(add=torch.add, sub=torch.sub, mul=torch.mul, tanh=torch.tanh)
 
 
+_NATIVE_VERSION = 2  # recurrent_loops.cpp's version(): a build of another version is not used
+
+
 def _load_native():
     """The compiled loops (sf_engine/csrc/recurrent_loops.cpp, built by setup.py) as torch ops, or None
-    when they were not built, do not load (built for another torch) or have only a scalar tanh."""
+    when they were not built, do not load (built for another torch), are of another version (rebuild:
+    `make`) or have only a scalar tanh."""
     spec = importlib.util.find_spec("sf_engine._recurrent_loops")
     if spec is None or spec.origin is None:
         return None
     try:
         torch.ops.load_library(spec.origin)
         ops = torch.ops.sf_engine_recurrent
-        return ops if ops.vector_tanh() else None
-    except (OSError, RuntimeError):
+        return ops if ops.version() == _NATIVE_VERSION and ops.vector_tanh() else None
+    except (OSError, RuntimeError, AttributeError):
         return None
 
 
@@ -109,7 +113,7 @@ def _onednn():
 
 
 def _onednn_for(a: torch.Tensor, w: torch.Tensor) -> bool:
-    return (a.device.type == "cpu" and a.dtype == torch.float32
+    return (a.device.type == "cpu" and a.dtype == torch.float32 and torch.backends.mkldnn.enabled
             and a.shape[0] * a.shape[1] * w.shape[0] >= _ONEDNN_MIN_MACS and _onednn() is not None)
 
 
@@ -152,8 +156,9 @@ def _sigmoid_from_tanh(array) -> None:
 def gru_forward(x, h0, keep, resets, w_ih, w_hh, b_ih, b_hh, loops=None):
     """x [T, B, F], h0 [B, H], keep [T, B, 1] (0 where the state is zeroed before the step) or None,
     resets [T] bools (some keep is 0 at that step). Returns the outputs h_t [T, B, H] and, for the
-    backward pass, the recurrent pre-activations gh [T, B, 3H] (its r and z parts halved) and the
-    gates rz [T, B, 2H] and n [T, B, H]."""
+    backward pass, the recurrent pre-activations gh [T, B, 3H] (its r and z parts halved; only its n
+    part is read, and the compiled loops leave b_hh out of the others) and the gates rz [T, B, 2H]
+    and n [T, B, H]."""
     steps, batch, _ = x.shape
     size = h0.shape[-1]
     halve = [(0, 2 * size)]

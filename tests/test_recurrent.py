@@ -1,4 +1,5 @@
 """Recurrent policies: state resets at episode boundaries, acting and training agree, whole sequences."""
+import platform
 import subprocess
 import sys
 
@@ -172,6 +173,16 @@ def _stepped_reference(kind, module, x, state, episode_start):
     return torch.stack(outputs)
 
 
+def _require_compiled_loops(recurrent) -> None:
+    """Fail if the compiled loops are missing where setup.py builds them (x86-64, glibc >= 2.35);
+    skip elsewhere, where sf_engine runs the Python loops by design."""
+    libc, version = platform.libc_ver()
+    glibc = tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) if libc == "glibc" else ()
+    if recurrent.NATIVE is None and not (platform.machine() == "x86_64" and glibc >= (2, 35)):
+        pytest.skip("the compiled loops are built only on x86-64 with glibc >= 2.35")
+    assert recurrent.NATIVE is not None, "the compiled loops are not built: pip install --no-build-isolation -e ."
+
+
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 @pytest.mark.parametrize("loops", ["native", "numpy", "torch"])
 def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops):
@@ -179,6 +190,8 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops):
     loops CUDA runs) give nn.GRU's / nn.LSTM's outputs and gradients, resets included, in double
     precision."""
     from sf_engine import recurrent
+    if loops == "native":
+        _require_compiled_loops(recurrent)
     torch.manual_seed(1)
     steps, batch, features, size = 9, 6, 5, 4
     module = (torch.nn.GRU if kind == "gru" else torch.nn.LSTM)(features, size).double()
@@ -211,7 +224,7 @@ def test_the_compiled_loops_are_built_and_taken():
     loops, bfloat16 the torch loops. In float32, with enough rows for oneDNN's products, they give
     nn.GRU's / nn.LSTM's outputs and gradients."""
     from sf_engine import recurrent
-    assert recurrent.NATIVE is not None, "the compiled loops are not built: pip install --no-build-isolation -e ."
+    _require_compiled_loops(recurrent)
     assert [recurrent.loops_for(torch.zeros(1, dtype=dtype)) for dtype in
             (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "numpy", "torch"]
     torch.manual_seed(3)
@@ -232,6 +245,13 @@ def test_the_compiled_loops_are_built_and_taken():
         for got, want in zip(torch.autograd.grad((out * grad_out).sum(), (x, state) + weights),
                              torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        with torch.no_grad():  # acting: one step, no resets
+            no_starts = torch.zeros(1, batch, dtype=torch.bool)
+            torch.testing.assert_close(recurrent.run_sequence(kind, x[:1], state, None, weights),
+                                       _stepped_reference(kind, module, x[:1], state, no_starts), rtol=1e-5, atol=1e-6)
+    gi, h0 = torch.zeros(2, 3, 3 * size), torch.zeros(3, size + 1)  # the ops check shapes: they read raw memory
+    with pytest.raises(RuntimeError, match="h0 must have shape"):
+        recurrent.NATIVE.gru_forward(gi, h0, None, torch.zeros(size, 3 * size), torch.zeros(3 * size))
 
 
 def test_large_products_agree_with_torch_mm():

@@ -11,11 +11,12 @@
 //   0.47 ms with MKL's sgemm, which runs its AVX2 kernels on this AMD CPU; float64 (and
 //   torch builds without brgemm) through the BLAS torch itself calls (sgemm_/dgemm_, which the CPU
 //   builds of torch export) when setup.py finds it (SF_DIRECT_BLAS), at::mm otherwise.
-// - tanh: on x86-64 with glibc >= 2.35 the passes call glibc's vector tanh (libmvec, within 4 ulp),
-//   and every pass is built for AVX-512, AVX2 and SSE and picked for the CPU at load time
-//   (target_clones); elsewhere tanh is scalar, and `vector_tanh()` says so (the Python side then
-//   keeps its NumPy loops: torch's own tanh costs about 10 us for the 4096 gate values of one step
-//   here, libmvec's about 1).
+// - tanh: with SF_VECTOR_TANH (setup.py sets it on x86-64 with glibc >= 2.35, and links libmvec)
+//   and GCC, the passes call glibc's vector tanh (libmvec, within 4 ulp), and every pass is built for
+//   AVX-512, AVX2 and SSE and picked for the CPU at load time (target_clones); otherwise tanh is
+//   scalar, and `vector_tanh()` says so (the Python side then keeps its NumPy loops: torch's own
+//   tanh costs about 10 us for the 4096 gate values of one step here, libmvec's about 1).
+// - Every op checks the shapes and devices of its arguments: the loops read raw memory.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <ATen/native/CPUBlas.h>
@@ -26,16 +27,16 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GLIBC__) && __GLIBC_PREREQ(2, 35)
+#if SF_VECTOR_TANH && defined(__GNUC__) && !defined(__clang__)
 extern "C" {
 __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 __attribute__((simd("notinbranch"))) double tanh(double) noexcept;
 }
-#define SF_VECTOR_TANH 1
 #define SF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define SF_VECTORIZED 1
 #else
-#define SF_VECTOR_TANH 0
 #define SF_CLONES
+#define SF_VECTORIZED 0
 #endif
 
 #if SF_DIRECT_BLAS
@@ -57,19 +58,19 @@ using i64 = int64_t;
 inline float tanh_of(float v) { return tanhf(v); }
 inline double tanh_of(double v) { return tanh(v); }
 
-// Row-major c [m, n] (row stride ldc) = a [m, k] (lda) @ b [k, n] (ldb) + beta c.
+// Row-major c [m, n] (row stride ldc) = a [m, k] (lda) @ b [k, n] (ldb), added to c if `add`.
 template <typename T>
-void matmul(i64 m, i64 n, i64 k, const T* a, i64 lda, const T* b, i64 ldb, T beta, T* c, i64 ldc) {
+void matmul(i64 m, i64 n, i64 k, const T* a, i64 lda, const T* b, i64 ldb, bool add, T* c, i64 ldc) {
 #ifdef CPUBLAS_BRGEMM_F32F32F32
   if constexpr (std::is_same_v<T, float>) {
-    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, beta != T(0), a, b, c, false);
+    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
     return;
   }
 #endif
 #if SF_DIRECT_BLAS
   // column-major BLAS: c^T = b^T a^T
   const int mi = int(m), ni = int(n), ki = int(k), la = int(lda), lb = int(ldb), lc = int(ldc);
-  const T one = 1;
+  const T one = 1, beta = add ? 1 : 0;
   if constexpr (std::is_same_v<T, float>)
     sgemm_("N", "N", &ni, &mi, &ki, &one, b, &lb, a, &la, &beta, c, &lc);
   else
@@ -79,10 +80,10 @@ void matmul(i64 m, i64 n, i64 k, const T* a, i64 lda, const T* b, i64 ldb, T bet
   Tensor ta = at::from_blob(const_cast<T*>(a), {m, k}, {lda, 1}, options);
   Tensor tb = at::from_blob(const_cast<T*>(b), {k, n}, {ldb, 1}, options);
   Tensor tc = at::from_blob(c, {m, n}, {ldc, 1}, options);
-  if (beta == T(0))
-    at::mm_out(tc, ta, tb);
-  else
+  if (add)
     tc.add_(at::mm(ta, tb));
+  else
+    at::mm_out(tc, ta, tb);
 #endif
 }
 
@@ -206,7 +207,10 @@ inline __attribute__((always_inline)) void scale_rows_pass(i64 batch, i64 width,
 SF_INSTANTIATE(float)
 SF_INSTANTIATE(double)
 
-bool vector_tanh() { return SF_VECTOR_TANH; }
+bool vector_tanh() { return SF_VECTORIZED; }
+
+// Bumped with every change of the ops' signatures or outputs: recurrent.py loads only this one.
+int64_t version() { return 2; }
 
 // Per step: the keep row if some state is zeroed before it, else nullptr.
 template <typename T>
@@ -232,18 +236,34 @@ void check_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name, " must be float32 or float64");
 }
 
+// A CPU tensor of exactly this shape (the loops read raw memory).
+void check_shape(const Tensor& t, const char* name, c10::IntArrayRef shape) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.sizes() == shape, name, " must have shape ", shape, ", not ", t.sizes());
+}
+
+void check_keep(const c10::optional<Tensor>& keep, i64 steps, i64 batch) {
+  if (keep.has_value() && keep->defined()) check_shape(*keep, "keep", {steps, batch});
+}
+
 Tensor like(const Tensor& t, const Tensor& reference) { return t.contiguous().to(reference.scalar_type()); }
 
 // gi [T, B, 3H]: x w_ih^T + b_ih (r, z rows halved); h0 [B, H]; w_hh_t [H, 3H], b_hh [3H] (halved
-// likewise). Returns out [T, B, H], gh [T, B, 3H] (h w_hh^T; b_hh added to its n part, the only part
-// the backward pass reads), rz [T, B, 2H] (sigmoids), n [T, B, H].
+// likewise). Returns out [T, B, H], gh [T, B, 3H] (h w_hh^T; b_hh added to its n part only, the only
+// part the backward pass reads: the Python loops' gh also has it in the r and z parts), rz [T, B, 2H]
+// (sigmoids), n [T, B, H].
 std::tuple<Tensor, Tensor, Tensor, Tensor> gru_forward(const Tensor& gi_in, const Tensor& h0_in,
                                                        const c10::optional<Tensor>& keep_in,
                                                        const Tensor& w_hh_t_in, const Tensor& b_hh_in) {
   check_cpu(gi_in, "gi");
   at::NoGradGuard no_grad;
   const Tensor gi = gi_in.contiguous(), h0 = like(h0_in, gi), w_hh_t = like(w_hh_t_in, gi), b_hh = like(b_hh_in, gi);
-  const i64 steps = gi.size(0), batch = gi.size(1), size = h0.size(1);
+  TORCH_CHECK(gi.dim() == 3 && gi.size(2) % 3 == 0, "gi must be [T, B, 3H]");
+  const i64 steps = gi.size(0), batch = gi.size(1), size = gi.size(2) / 3;
+  check_shape(h0, "h0", {batch, size});
+  check_shape(w_hh_t, "w_hh_t", {size, 3 * size});
+  check_shape(b_hh, "b_hh", {3 * size});
+  check_keep(keep_in, steps, batch);
   const Tensor keep = keep_of(keep_in, gi);
   Tensor out = at::empty({steps, batch, size}, gi.options()), gh = at::empty({steps, batch, 3 * size}, gi.options());
   Tensor rz = at::empty({steps, batch, 2 * size}, gi.options()), n = at::empty({steps, batch, size}, gi.options());
@@ -259,7 +279,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gru_forward(const Tensor& gi_in, cons
       }
       T* gh_t = gh.data_ptr<T>() + t * batch * 3 * size;
       T* out_t = out.data_ptr<T>() + t * batch * size;
-      matmul<T>(batch, 3 * size, size, h, size, w_hh_t.data_ptr<T>(), 3 * size, T(0), gh_t, 3 * size);
+      matmul<T>(batch, 3 * size, size, h, size, w_hh_t.data_ptr<T>(), 3 * size, false, gh_t, 3 * size);
       gru_forward_step(batch, size, gi.data_ptr<T>() + t * batch * 3 * size, b_hh.data_ptr<T>(), gh_t, h,
                        rz.data_ptr<T>() + t * batch * 2 * size, n.data_ptr<T>() + t * batch * size, out_t);
       h = out_t;
@@ -279,7 +299,15 @@ std::tuple<Tensor, Tensor> gru_backward(const Tensor& grad_in, const Tensor& h0_
   at::NoGradGuard no_grad;
   const Tensor out = out_in.contiguous(), gh = like(gh_in, out), rz = like(rz_in, out), n = like(n_in, out);
   const Tensor grad = like(grad_in, out), h0 = like(h0_in, out), w_nrz = like(w_nrz_in, out);
+  TORCH_CHECK(out.dim() == 3, "out must be [T, B, H]");
   const i64 steps = out.size(0), batch = out.size(1), size = out.size(2);
+  check_shape(grad, "grad_out", {steps, batch, size});
+  check_shape(h0, "h0", {batch, size});
+  check_shape(gh, "gh", {steps, batch, 3 * size});
+  check_shape(rz, "rz", {steps, batch, 2 * size});
+  check_shape(n, "n", {steps, batch, size});
+  check_shape(w_nrz, "w_nrz", {3 * size, size});
+  check_keep(keep_in, steps, batch);
   const Tensor keep = keep_of(keep_in, out);
   Tensor d_all = at::empty({steps, batch, 4 * size}, out.options());
   Tensor dh = at::zeros({batch, size}, out.options());
@@ -293,7 +321,7 @@ std::tuple<Tensor, Tensor> gru_backward(const Tensor& grad_in, const Tensor& h0_
       gru_backward_step(batch, size, grad.data_ptr<T>() + t * batch * size, hp, resets[t],
                         gh.data_ptr<T>() + t * batch * 3 * size, rz.data_ptr<T>() + t * batch * 2 * size,
                         n.data_ptr<T>() + t * batch * size, d_t, dh_p);
-      matmul<T>(batch, size, 3 * size, d_t, 4 * size, w_nrz.data_ptr<T>(), size, T(1), dh_p, size);
+      matmul<T>(batch, size, 3 * size, d_t, 4 * size, w_nrz.data_ptr<T>(), size, true, dh_p, size);
       if (resets[t]) scale_rows(batch, size, size, dh_p, resets[t], dh_p, size);
     }
   });
@@ -308,7 +336,11 @@ std::tuple<Tensor, Tensor, Tensor> lstm_forward(const Tensor& gi_in, const Tenso
   check_cpu(gi_in, "gi");
   at::NoGradGuard no_grad;
   const Tensor gi = gi_in.contiguous(), s0 = like(s0_in, gi), w_hh_t = like(w_hh_t_in, gi);
-  const i64 steps = gi.size(0), batch = gi.size(1), size = s0.size(1) / 2;
+  TORCH_CHECK(gi.dim() == 3 && gi.size(2) % 4 == 0, "gi must be [T, B, 4H]");
+  const i64 steps = gi.size(0), batch = gi.size(1), size = gi.size(2) / 4;
+  check_shape(s0, "s0", {batch, 2 * size});
+  check_shape(w_hh_t, "w_hh_t", {size, 4 * size});
+  check_keep(keep_in, steps, batch);
   const Tensor keep = keep_of(keep_in, gi);
   Tensor out = at::empty({steps, batch, 2 * size}, gi.options());
   Tensor gates = at::empty({steps, batch, 4 * size}, gi.options());
@@ -325,7 +357,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_forward(const Tensor& gi_in, const Tenso
       }
       T* gates_t = gates.data_ptr<T>() + t * batch * 4 * size;
       T* out_t = out.data_ptr<T>() + t * batch * 2 * size;
-      matmul<T>(batch, 4 * size, size, state, 2 * size, w_hh_t.data_ptr<T>(), 4 * size, T(0), gates_t, 4 * size);
+      matmul<T>(batch, 4 * size, size, state, 2 * size, w_hh_t.data_ptr<T>(), 4 * size, false, gates_t, 4 * size);
       lstm_forward_step(batch, size, gi.data_ptr<T>() + t * batch * 4 * size, gates_t, state + size, 2 * size, out_t,
                         tanh_c.data_ptr<T>() + t * batch * size);
       state = out_t;
@@ -345,7 +377,14 @@ std::tuple<Tensor, Tensor> lstm_backward(const Tensor& grad_in, const Tensor& s0
   at::NoGradGuard no_grad;
   const Tensor out = out_in.contiguous(), gates = like(gates_in, out), tanh_c = like(tanh_c_in, out);
   const Tensor grad = like(grad_in, out), s0 = like(s0_in, out), w_hh = like(w_hh_in, out);
+  TORCH_CHECK(out.dim() == 3 && out.size(2) % 2 == 0, "out must be [T, B, 2H]");
   const i64 steps = out.size(0), batch = out.size(1), size = out.size(2) / 2;
+  check_shape(grad, "grad_out", {steps, batch, 2 * size});
+  check_shape(s0, "s0", {batch, 2 * size});
+  check_shape(gates, "gates", {steps, batch, 4 * size});
+  check_shape(tanh_c, "tanh_c", {steps, batch, size});
+  check_shape(w_hh, "w_hh", {4 * size, size});
+  check_keep(keep_in, steps, batch);
   const Tensor keep = keep_of(keep_in, out);
   Tensor d_all = at::empty({steps, batch, 4 * size}, out.options());
   Tensor dh = at::zeros({batch, size}, out.options()), dc = at::zeros({batch, size}, out.options());
@@ -359,7 +398,7 @@ std::tuple<Tensor, Tensor> lstm_backward(const Tensor& grad_in, const Tensor& s0
       lstm_backward_step(batch, size, grad.data_ptr<T>() + t * batch * 2 * size, sp, resets[t],
                          gates.data_ptr<T>() + t * batch * 4 * size, tanh_c.data_ptr<T>() + t * batch * size, d_t, dh_p,
                          dc.data_ptr<T>());
-      matmul<T>(batch, size, 4 * size, d_t, 4 * size, w_hh.data_ptr<T>(), size, T(0), dh_p, size);
+      matmul<T>(batch, size, 4 * size, d_t, 4 * size, w_hh.data_ptr<T>(), size, false, dh_p, size);
       if (resets[t]) scale_rows(batch, size, size, dh_p, resets[t], dh_p, size);
     }
   });
@@ -370,6 +409,7 @@ std::tuple<Tensor, Tensor> lstm_backward(const Tensor& grad_in, const Tensor& s0
 
 TORCH_LIBRARY(sf_engine_recurrent, m) {
   m.def("vector_tanh() -> bool", vector_tanh);
+  m.def("version() -> int", version);
   m.def("gru_forward(Tensor gi, Tensor h0, Tensor? keep, Tensor w_hh_t, Tensor b_hh) -> "
         "(Tensor, Tensor, Tensor, Tensor)");
   m.def("gru_backward(Tensor grad_out, Tensor h0, Tensor? keep, Tensor out, Tensor gh, Tensor rz, Tensor n, "
