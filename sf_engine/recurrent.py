@@ -63,7 +63,6 @@ def _load_native():
 
 
 NATIVE = _load_native()
-LOOPS = ("native", "numpy", "torch")
 
 
 def loops_for(tensor: torch.Tensor, loops=None) -> str:

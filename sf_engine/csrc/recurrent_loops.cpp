@@ -227,9 +227,6 @@ std::vector<const T*> reset_rows(const Tensor& keep, i64 steps, i64 batch) {
   return rows;
 }
 
-Tensor keep_of(const c10::optional<Tensor>& keep, const Tensor& like) {
-  return keep.has_value() && keep->defined() ? keep->to(like.scalar_type()).contiguous() : Tensor();
-}
 
 void check_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
@@ -242,8 +239,11 @@ void check_shape(const Tensor& t, const char* name, c10::IntArrayRef shape) {
   TORCH_CHECK(t.sizes() == shape, name, " must have shape ", shape, ", not ", t.sizes());
 }
 
-void check_keep(const c10::optional<Tensor>& keep, i64 steps, i64 batch) {
-  if (keep.has_value() && keep->defined()) check_shape(*keep, "keep", {steps, batch});
+// keep [T, B] in `like`'s dtype, contiguous; undefined for None.
+Tensor keep_of(const c10::optional<Tensor>& keep, const Tensor& like, i64 steps, i64 batch) {
+  if (!keep.has_value() || !keep->defined()) return Tensor();
+  check_shape(*keep, "keep", {steps, batch});
+  return keep->to(like.scalar_type()).contiguous();
 }
 
 Tensor like(const Tensor& t, const Tensor& reference) { return t.contiguous().to(reference.scalar_type()); }
@@ -263,8 +263,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> gru_forward(const Tensor& gi_in, cons
   check_shape(h0, "h0", {batch, size});
   check_shape(w_hh_t, "w_hh_t", {size, 3 * size});
   check_shape(b_hh, "b_hh", {3 * size});
-  check_keep(keep_in, steps, batch);
-  const Tensor keep = keep_of(keep_in, gi);
+  const Tensor keep = keep_of(keep_in, gi, steps, batch);
   Tensor out = at::empty({steps, batch, size}, gi.options()), gh = at::empty({steps, batch, 3 * size}, gi.options());
   Tensor rz = at::empty({steps, batch, 2 * size}, gi.options()), n = at::empty({steps, batch, size}, gi.options());
   Tensor reset_state = at::empty({batch, size}, gi.options());
@@ -307,8 +306,7 @@ std::tuple<Tensor, Tensor> gru_backward(const Tensor& grad_in, const Tensor& h0_
   check_shape(rz, "rz", {steps, batch, 2 * size});
   check_shape(n, "n", {steps, batch, size});
   check_shape(w_nrz, "w_nrz", {3 * size, size});
-  check_keep(keep_in, steps, batch);
-  const Tensor keep = keep_of(keep_in, out);
+  const Tensor keep = keep_of(keep_in, out, steps, batch);
   Tensor d_all = at::empty({steps, batch, 4 * size}, out.options());
   Tensor dh = at::zeros({batch, size}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "gru_backward", [&] {
@@ -340,8 +338,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_forward(const Tensor& gi_in, const Tenso
   const i64 steps = gi.size(0), batch = gi.size(1), size = gi.size(2) / 4;
   check_shape(s0, "s0", {batch, 2 * size});
   check_shape(w_hh_t, "w_hh_t", {size, 4 * size});
-  check_keep(keep_in, steps, batch);
-  const Tensor keep = keep_of(keep_in, gi);
+  const Tensor keep = keep_of(keep_in, gi, steps, batch);
   Tensor out = at::empty({steps, batch, 2 * size}, gi.options());
   Tensor gates = at::empty({steps, batch, 4 * size}, gi.options());
   Tensor tanh_c = at::empty({steps, batch, size}, gi.options());
@@ -384,8 +381,7 @@ std::tuple<Tensor, Tensor> lstm_backward(const Tensor& grad_in, const Tensor& s0
   check_shape(gates, "gates", {steps, batch, 4 * size});
   check_shape(tanh_c, "tanh_c", {steps, batch, size});
   check_shape(w_hh, "w_hh", {4 * size, size});
-  check_keep(keep_in, steps, batch);
-  const Tensor keep = keep_of(keep_in, out);
+  const Tensor keep = keep_of(keep_in, out, steps, batch);
   Tensor d_all = at::empty({steps, batch, 4 * size}, out.options());
   Tensor dh = at::zeros({batch, size}, out.options()), dc = at::zeros({batch, size}, out.options());
   AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "lstm_backward", [&] {
