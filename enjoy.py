@@ -72,7 +72,9 @@ def _first_line(exc: Exception) -> str:
 def load_policy(cfg, spec, path: str, device):
     """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
     from sf_engine.checkpoint import CheckpointError, load_checkpoint
+    from sf_engine.config import ModelConfig
     from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
 
     try:
         state = load_checkpoint(path, "cpu")
@@ -81,7 +83,10 @@ def load_policy(cfg, spec, path: str, device):
     if not isinstance(state, dict) or "model" not in state:
         raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
     saved = state.get("config", {})
-    if saved.get("env", {}).get("env", cfg.env.env) != cfg.env.env or saved.get("model", {}) not in ({}, vars(cfg.model)):
+    saved_model = saved.get("model")
+    if saved_model is not None:
+        saved_model = resolve_model_config(ModelConfig(**saved_model), spec)  # checkpoints of older versions: 'auto'
+    if saved.get("env", {}).get("env", cfg.env.env) != cfg.env.env or saved_model not in (None, cfg.model):
         raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
                          f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
     policy = ActorCritic(spec, cfg.model)
@@ -131,6 +136,7 @@ class VideoEnv:
                                      episodic_life=False, reward_clip=False, img_height=210, img_width=160,
                                      gray_scale=False, stack_num=1)
         self.record = record
+        self.num_envs = 1
 
     def _capture(self, twin_obs=None):
         if not self.record or len(self.frames) >= self.max_frames:
@@ -149,28 +155,6 @@ class VideoEnv:
         return result
 
 
-def play(policy, env: VideoEnv, num_episodes: int, deterministic: bool, device):
-    """Yield (return, length) of `num_episodes` whole episodes (true game score on Atari)."""
-    import torch
-
-    from sf_engine.model import act, obs_tensors
-
-    obs, episode_return, length, episodes = env.reset(), 0.0, 0, 0
-    state = policy.initial_state(1, device)
-    with torch.inference_mode():
-        while episodes < num_episodes:
-            actions, state = act(policy, obs_tensors(obs, device), state, deterministic)
-            actions = actions.cpu().numpy()
-            result = env.step(actions)
-            obs = result.obs
-            episode_return, length = episode_return + float(result.score_rewards[0]), length + 1
-            if result.episode_over[0]:
-                yield episode_return, length
-                episodes, episode_return, length = episodes + 1, 0.0, 0
-                obs = env.step(actions).obs  # the env's reset step (action ignored)
-                state = policy.initial_state(1, device)  # a recurrent state starts over with the episode
-
-
 def write_video(path: str, frames: list, fps: int) -> None:
     import imageio.v2 as imageio
 
@@ -187,29 +171,32 @@ def run(args) -> int:
     exp_dir = os.path.join(args.train_dir, args.experiment)
     if not os.path.exists(os.path.join(exp_dir, "config.json")):
         raise EnjoyError(f"no experiment at {exp_dir} (config.json missing): check --experiment and --train_dir")
+    import dataclasses
+
     from envs import probe_env_spec
     from sf_engine.config import Config
     from sf_engine.device import resolve_device
+    from sf_engine.episodes import play
+    from sf_engine.model_shape import resolve_model_config
 
     try:
         with open(os.path.join(exp_dir, "config.json")) as f:
             cfg = Config.from_dict(json.load(f))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError) as exc:
         raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
                          f"this version of train.py?") from None
     path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise EnjoyError("--device cuda: no CUDA GPU is available here; use --device cpu")
-    device = resolve_device(args.device)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise EnjoyError(str(exc)) from None
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))  # config.json of older versions: 'auto'
     policy = load_policy(cfg, spec, path, device)
     env = VideoEnv(cfg, spec, args.seed, record=bool(args.video), max_frames=args.max_frames)
     results = []
-    for episode, (episode_return, length) in enumerate(play(policy, env, args.num_episodes, args.deterministic,
-                                                            device)):
+    episodes = play(policy, env, args.num_episodes, args.deterministic, device=device)
+    for episode, (_, episode_return, length) in enumerate(episodes):
         print(f"episode {episode}: return {episode_return:.1f}, length {length}", flush=True)
         results.append((episode_return, length))
     returns = np.array([r for r, _ in results])

@@ -15,6 +15,7 @@ Families (each with its own defaults, see `FAMILY_DEFAULTS`):
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import warnings
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from envs.partially_observed import MASKED_ENVS, MaskedObsBatchEnv
-from sf_engine.shared_buffers import ActionSpec, EnvSpec
+from envs.partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
+from envs.spec import ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -274,12 +275,12 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             env.close()
         is_atari, frameskip = False, 1
     action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
-    has_image = any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in obs)  # as the model sees images
+    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip)
     if is_atari:
         family = "atari"
     else:
-        family = "image" if has_image else ("continuous" if action.kind == "continuous" else "classic")
-    return EnvSpec(obs=obs, action=action, family=family, frameskip=frameskip)
+        family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
+    return dataclasses.replace(spec, family=family)
 
 
 # Flag defaults per family; the user's own flags always win.
@@ -299,3 +300,8 @@ FAMILY_DEFAULTS = {
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
                    "lr_schedule": "constant", "entropy_coeff": 0.0},
 }
+
+
+def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
+    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS)."""
+    return FAMILY_DEFAULTS[spec.family] | ENV_DEFAULTS.get(env_id, {})

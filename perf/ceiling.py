@@ -24,14 +24,13 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from envs import ENVS_PER_WORKER_HINT, make_batch_env, probe_env_spec
-    from sf_engine.config import parse_config
+    from envs import ENVS_PER_WORKER_HINT, make_batch_env
     from sf_engine.model import ActorCritic, obs_tensors
-    from sf_engine.runner import family_defaults
+    from sf_engine.plan import build_plan
 
     torch.set_num_threads(1)
-    cfg = parse_config(["--env", args.env], family_defaults=family_defaults)
-    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    plan = build_plan(["--env", args.env, "--mode", "serial", "--restart"])  # --restart: reads no experiment
+    cfg, spec = plan.cfg, plan.spec
     num_envs = args.num_envs or ENVS_PER_WORKER_HINT[spec.family]
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=0, spec=spec)
     model = ActorCritic(spec, cfg.model)

@@ -1,7 +1,7 @@
 """`--num_workers auto` and `--num_envs_per_worker auto`: size the sampler from the cores and a short
 measurement (well under a second) of what one env step, one inference and one training sample cost.
 
-Runs in the runner before the buffers are laid out. The rule is a throughput balance:
+Runs in the main process while it builds the run plan, before the buffers are laid out. The rule is a throughput balance:
   envs per split  the fewest (dividing the training batch into whole slots, at least the family's hint)
                   whose batched step takes >= TARGET_SPLIT_SEC, so a round trip to the policy worker
                   is a small part of a split's cycle;
@@ -13,6 +13,7 @@ Runs in the runner before the buffers are laid out. The rule is a throughput bal
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -166,37 +167,37 @@ def choose_num_workers(costs: Costs, cores: int, learner_threads: int = 1) -> tu
     return max(1, min(workers, MAX_WORKERS_PER_CORE * cores)), demand
 
 
-def resolve_auto(cfg, spec, envs_per_worker_hint: int) -> list:
-    """Replace 'auto' in cfg.sampler.num_workers / num_envs_per_worker by measured choices (in place);
-    returns the lines that explain the choice (none when nothing was auto)."""
+def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
+    """--num_workers auto and --num_envs_per_worker auto chosen (by measurement unless in serial mode):
+    returns (a SamplerConfig without 'auto', the lines that explain the choice; none when nothing
+    was auto). `cfg` is otherwise resolved (the model is measured as it will run)."""
     s = cfg.sampler
     auto_workers, auto_envs = s.num_workers == "auto", s.num_envs_per_worker == "auto"
     if not (auto_workers or auto_envs):
-        return []
-    cores = usable_cores()
-    hint_envs = envs_per_worker_hint
+        return s, []
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
-        if auto_workers:
-            s.num_workers = 1
-        if auto_envs:
-            s.num_envs_per_worker = hint_envs
-        return [f"serial mode, nothing to balance: {s.num_workers} workers x {s.num_envs_per_worker} envs"]
-    probe = hint_envs // s.worker_num_splits if auto_envs else int(s.num_envs_per_worker) // s.worker_num_splits
+        chosen = dataclasses.replace(s, num_workers=1 if auto_workers else s.num_workers,
+                                     num_envs_per_worker=envs_per_worker_hint if auto_envs else s.num_envs_per_worker)
+        return chosen, [f"serial mode, nothing to balance: {chosen.num_workers} workers x "
+                        f"{chosen.num_envs_per_worker} envs"]
+    cores = usable_cores()
+    probe = (envs_per_worker_hint if auto_envs else int(s.num_envs_per_worker)) // s.worker_num_splits
     costs = measure(cfg, spec, max(1, probe))
     lines = [f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
              f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
              f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
+    num_workers, num_envs = s.num_workers, s.num_envs_per_worker
     if auto_envs:
         train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
-        slot_divisor = train_batch // s.rollout if train_batch % s.rollout == 0 else 1
-        per_split = choose_envs_per_split(costs, slot_divisor, max(1, hint_envs // s.worker_num_splits))
-        s.num_envs_per_worker = per_split * s.worker_num_splits
-        lines.append(f"--num_envs_per_worker auto = {s.num_envs_per_worker}: {per_split} envs per split step in "
+        per_split = choose_envs_per_split(costs, train_batch // s.rollout,
+                                          max(1, envs_per_worker_hint // s.worker_num_splits))
+        num_envs = per_split * s.worker_num_splits
+        lines.append(f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
                      f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
                      f"round trip to the policy worker is a small part of it; whole slots per training batch)")
     if auto_workers:
-        s.num_workers, demand = choose_num_workers(costs, cores, cfg.learner.learner_threads)
-        lines.append(f"--num_workers auto = {s.num_workers}: learning and inference can take about "
+        num_workers, demand = choose_num_workers(costs, cores, cfg.learner.learner_threads)
+        lines.append(f"--num_workers auto = {num_workers}: learning and inference can take about "
                      f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
                      f"{1 / costs.env_wall:,.0f}")
-    return lines
+    return dataclasses.replace(s, num_workers=num_workers, num_envs_per_worker=num_envs), lines

@@ -1,7 +1,10 @@
-"""Typed configuration, the command line built from it, and the one `validate()` for bad combinations.
+"""Typed configuration and the command line built from it.
 
-Runs in the runner (parsing, validation) and is pickled whole into every child process; each role
-reads only its own group (`cfg.sampler`, `cfg.learner`, ...).
+Runs in the main process: `parse_flags` reads the command line once (only the flags the user gave),
+`make_config` lays them over the env family's defaults, `check_flags` rejects bad values before
+anything is measured, and `check_resolved` bad combinations once every 'auto' is resolved (see
+sf_engine.plan). The config is frozen; the run plan carries it to every role, and each role reads
+only its own group (`cfg.sampler`, `cfg.learner`, ...).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ def _f(default, help_text: str, **kw):
     return field(default=default, metadata={"help": help_text, **kw})
 
 
-@dataclass
+@dataclass(frozen=True)
 class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
     env_backend: str = _f("auto", "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the "
@@ -39,7 +42,7 @@ def int_or_auto(text: str):
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplerConfig:
     num_workers: int | str = _f("auto", "Rollout-worker processes, each stepping its own batch of envs on one CPU "
                                         "core; 'auto': sized at start from the cores and a short measurement of "
@@ -62,7 +65,7 @@ class SamplerConfig:
         return self.num_workers * self.worker_num_splits
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     encoder: str = _f("auto", "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
                               "residual), or 'auto' (Nature CNN); vector observations always get an MLP.",
@@ -84,7 +87,7 @@ class ModelConfig:
                                      "otherwise.", type=int_or_auto)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LearnerConfig:
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
     num_batches_per_epoch: int = _f(4, "Minibatches per training iteration; the learner trains on "
@@ -111,7 +114,7 @@ class LearnerConfig:
                                        "--rollout; 'auto': the rollout length.", type=int_or_auto)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     experiment: str = _f("default", "Experiment name: results go to <train_dir>/<experiment>/.")
     train_dir: str = _f("train_dir", "Root directory of all experiments.")
@@ -146,7 +149,7 @@ GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "lea
           "run": RunConfig}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -167,11 +170,6 @@ class Config:
         return self.learner.batch_size * self.learner.num_batches_per_epoch // self.samples_per_slot
 
     @property
-    def recurrence(self) -> int:
-        """BPTT sequence length (--recurrence, the rollout length when 'auto')."""
-        return self.sampler.rollout if self.learner.recurrence == "auto" else self.learner.recurrence
-
-    @property
     def num_slots(self) -> int:
         """Trajectory slots in the pool. Sync: exactly one batch, so no slot is filled by a stale policy.
         Async: every split fills one while the learner trains on one batch and the next one queues."""
@@ -184,67 +182,75 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Config":
+        """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored)."""
         return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
 
-    def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=2)
+    def save(self, path: str, argv: tuple = ()) -> None:
+        """config.json: the resolved values (no 'auto') and the command line that was given."""
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({**self.to_dict(), "command_line": list(argv)}, f, indent=2)
+        os.replace(tmp, path)
 
-    def validate(self) -> None:
-        """Turn an impossible combination into a one-line ConfigError naming the flags and the fix."""
-        s, lrn, run = self.sampler, self.learner, self.run
-        sized = {"--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker}
-        positive = {**{flag: value for flag, value in sized.items() if value != "auto"},
-                    "--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
-                    "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
-                    "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
-                    "--hidden_size": self.model.hidden_size, "--mlp_layers": self.model.mlp_layers,
-                    "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps}
-        for flag, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{flag} must be at least 1 (got {value})")
-        if s.rollout < 2:
-            raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
-        train_batch = lrn.batch_size * lrn.num_batches_per_epoch
-        if "auto" in sized.values():  # checked again once auto sizing has chosen
-            if train_batch % s.rollout:
-                raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
-                                  f"--rollout ({s.rollout})")
-        elif s.num_envs_per_worker % s.worker_num_splits:
-            raise ConfigError(f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
-                              f"--worker_num_splits ({s.worker_num_splits})")
-        elif train_batch % self.samples_per_slot:
-            raise ConfigError(
-                f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
-                f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {self.samples_per_slot}): "
-                f"change --batch_size or --num_envs_per_worker")
-        if "auto" not in sized.values() and run.mode == "sync" and self.slots_per_batch > 4 * s.total_splits:
-            raise ConfigError(
-                f"in --mode sync the training batch ({train_batch} samples) would take {self.slots_per_batch} "
-                f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker")
-        for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
-        if lrn.learning_rate <= 0:
-            raise ConfigError(f"--learning_rate must be positive (got {lrn.learning_rate})")
-        if run.eval_every_sec < 0:
-            raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
-        if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
-            raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
-        if self.model.rnn_size != "auto" and self.model.rnn_size < 1:
-            raise ConfigError(f"--rnn_size must be at least 1 (got {self.model.rnn_size})")
-        if self.recurrence < 1 or s.rollout % self.recurrence:
-            raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({s.rollout}): use e.g. "
-                              f"--recurrence {s.rollout}")
-        if run.stuck_timeout_sec <= 0:
-            raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
-        if run.max_worker_restarts < 0:
-            raise ConfigError(f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
-                              f"0 stops the run at the first worker failure")
-        if lrn.max_policy_lag < 0:
-            raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
-        if not run.experiment or os.sep in run.experiment:
-            raise ConfigError(f"--experiment must be a plain name (got {run.experiment!r})")
+
+def check_flags(cfg: Config) -> None:
+    """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
+    s, lrn, run, model = cfg.sampler, cfg.learner, cfg.run, cfg.model
+    positive = {"--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
+                "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
+                "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
+                "--hidden_size": model.hidden_size, "--mlp_layers": model.mlp_layers,
+                "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps,
+                "--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
+                "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence}
+    for flag, value in positive.items():
+        if value != "auto" and value < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    if s.rollout < 2:
+        raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
+    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    if train_batch % s.rollout:
+        raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
+                          f"--rollout ({s.rollout})")
+    if lrn.recurrence != "auto" and s.rollout % lrn.recurrence:
+        raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({s.rollout}): use e.g. "
+                          f"--recurrence {s.rollout}")
+    for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    if lrn.learning_rate <= 0:
+        raise ConfigError(f"--learning_rate must be positive (got {lrn.learning_rate})")
+    if run.eval_every_sec < 0:
+        raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
+    if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
+        raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+    if run.stuck_timeout_sec <= 0:
+        raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
+    if run.max_worker_restarts < 0:
+        raise ConfigError(f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
+                          f"0 stops the run at the first worker failure")
+    if lrn.max_policy_lag < 0:
+        raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
+    if not run.experiment or os.sep in run.experiment:
+        raise ConfigError(f"--experiment must be a plain name (got {run.experiment!r})")
+
+
+def check_resolved(cfg: Config) -> None:
+    """Combinations of resolved values (no 'auto' left) that cannot run: a one-line ConfigError."""
+    s, lrn = cfg.sampler, cfg.learner
+    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    if s.num_envs_per_worker % s.worker_num_splits:
+        raise ConfigError(f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
+                          f"--worker_num_splits ({s.worker_num_splits})")
+    if train_batch % cfg.samples_per_slot:
+        raise ConfigError(
+            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
+            f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
+            f"change --batch_size or --num_envs_per_worker")
+    if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
+        raise ConfigError(
+            f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
+            f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker")
 
 
 def _str_to_bool(text: str) -> bool:
@@ -256,14 +262,16 @@ def _str_to_bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Train an agent with sf_engine: asynchronous PPO on shared memory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
+    env family's default or the field's own applies, see make_config). --help shows the field's
+    default."""
+    parser = argparse.ArgumentParser(description="Train an agent with sf_engine: asynchronous PPO on shared memory.",
+                                     argument_default=argparse.SUPPRESS)
     for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
         for fld in dataclasses.fields(cls):
             meta = dict(fld.metadata)
-            kwargs = {"default": fld.default, "help": meta.pop("help"), "dest": f"{group_name}.{fld.name}"}
+            kwargs = {"help": f"{meta.pop('help')} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
             if fld.type in ("bool", bool):
                 kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
             elif "choices" in meta:
@@ -275,19 +283,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_config(argv=None, family_defaults=None) -> Config:
-    """Parse the command line into a Config; argparse errors exit with code 2 and one line.
-    `family_defaults(env_id, env_backend)` -> {flag name: value} replaces the defaults of the env's
-    family; flags the user gives always win."""
-    parser = build_parser()
-    args = vars(parser.parse_args(argv))
-    if family_defaults is not None:
-        overrides = family_defaults(args["env.env"], args["env.env_backend"])
-        dests = {dest.split(".", 1)[1]: dest for dest in args}
-        parser.set_defaults(**{dests[name]: value for name, value in overrides.items()})
-        args = vars(parser.parse_args(argv))
-    grouped: dict = {name: {} for name in GROUPS}
-    for dest, value in args.items():
+def parse_flags(argv=None) -> dict:
+    """The flags given on the command line, {group: {field: value}}; argparse errors exit with code 2
+    and one line. The command line is parsed here, once."""
+    given: dict = {name: {} for name in GROUPS}
+    for dest, value in vars(build_parser().parse_args(argv)).items():
         group_name, name = dest.split(".", 1)
-        grouped[group_name][name] = value
-    return Config.from_dict(grouped)
+        given[group_name][name] = value
+    return given
+
+
+def make_config(given: dict, defaults: dict | None = None) -> Config:
+    """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's), then by
+    the flags `given` (parse_flags)."""
+    defaults = defaults or {}
+    groups = {}
+    for group_name, cls in GROUPS.items():
+        names = {fld.name for fld in dataclasses.fields(cls)}
+        values = {name: value for name, value in defaults.items() if name in names}
+        groups[group_name] = cls(**(values | given.get(group_name, {})))
+    return Config(**groups)

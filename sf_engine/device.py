@@ -1,5 +1,5 @@
-"""Device selection. `cuda_device_count()` asks the CUDA driver directly, so the runner can validate
---device before any process starts without importing torch."""
+"""Device selection, decided once in the main process: `cuda_device_count()` asks the CUDA driver
+directly, so a run without a GPU never imports torch for it."""
 from __future__ import annotations
 
 import ctypes
@@ -17,10 +17,15 @@ def cuda_device_count() -> int:
     return count.value
 
 
-def resolve_device(device: str):
-    """'auto' -> CUDA when torch sees a GPU, else CPU. Runs in the policy worker and learner."""
+def resolve_device(device: str) -> str:
+    """--device 'auto' -> 'cuda' when the driver and torch both see a GPU (torch is imported only then),
+    else 'cpu'. ValueError (one line naming the flag and the fix) for 'cuda' without a GPU."""
+    if device == "cuda" and cuda_device_count() == 0:
+        raise ValueError("--device cuda: no CUDA GPU is available here; use --device cpu (or auto)")
+    if device != "auto":
+        return device
+    if cuda_device_count() == 0:
+        return "cpu"
     import torch
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(device)
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,15 +1,5 @@
-"""Every queue of a run and the process plumbing. All senders and receivers are wired here.
-
-Queues carry small messages only (indices, versions, stats dicts), never trajectory data:
-  policy_requests   rollout worker -> policy worker   (worker_idx, token, slot, row)
-  actions_ready[w]  policy worker  -> rollout worker w  tokens (actions for that split are written);
-                                                      a pipe, see ReplyPipe
-  full_slots        rollout worker -> learner         slot index of a finished trajectory slot
-  free_slots        learner/runner -> rollout worker  slot index that may be filled again
-  stats             every role     -> runner          dict with a "kind" key
-  params            learner        -> policy worker   the shared weight tensor, at start-up and again for
-                                                      a restarted policy worker (runner sets params_wanted)
-  eval_params       learner        -> evaluator       the same, when evaluation is on
+"""Process plumbing primitives: faster-fifo reads, the reply pipe, the local channel of serial mode and the
+parent watch. Which queue connects which roles is in sf_engine.wiring.
 
 Surviving a killed process: faster-fifo queues wait on process-shared condition variables, and a
 process killed while waiting on one leaves it unusable (the next signal on it can block forever).
@@ -20,38 +10,20 @@ queue (the rollout workers are restarted with it).
 """
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import queue
 import select
-import signal
 import time
-import traceback
-from dataclasses import dataclass
 
 import numpy as np
 from faster_fifo import Queue
 
 Empty = queue.Empty
 
-_QUEUE_BYTES = 1 << 20
 
-
-@dataclass
-class Queues:
-    policy_requests: Queue
-    actions_ready: list
-    full_slots: Queue
-    free_slots: Queue
-    stats: Queue
-    params: object
-    eval_params: object
-    lifeline: object = None  # read end of a pipe only the runner can write to: EOF once it is gone
-
-
-class LocalParamChannel:
-    """Serial mode: the learner hands the shared weights to the policy worker in the same process."""
+class LocalChannel:
+    """Serial mode: a channel between roles in the same process (the shared weights' channels)."""
 
     def __init__(self):
         self._items = []
@@ -103,22 +75,6 @@ def make_lifeline(mp_context):
     return mp_context.Pipe(duplex=False)
 
 
-def make_queues(num_workers: int, mp_context=None, lifeline=None) -> Queues:
-    """`mp_context` None means serial mode (no child processes)."""
-    def param_channel():
-        return LocalParamChannel() if mp_context is None else mp_context.Queue()
-
-    return Queues(policy_requests=new_policy_requests(),
-                  actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
-                  full_slots=Queue(_QUEUE_BYTES), free_slots=Queue(_QUEUE_BYTES),
-                  stats=Queue(4 * _QUEUE_BYTES), params=param_channel(), eval_params=param_channel(),
-                  lifeline=lifeline)
-
-
-def new_policy_requests() -> Queue:
-    return Queue(_QUEUE_BYTES)
-
-
 def drain(q: Queue, max_rounds: int = 1000) -> list:
     """Every message waiting in `q` without blocking. One get_many may return only part of them (its
     read buffer grows as needed), so this reads until the queue is empty."""
@@ -161,25 +117,3 @@ class ParentWatch:
             return True
         self._next_check = now + self.CHECK_EVERY_SEC
         return not self._poll.poll(0)
-
-
-def init_child(role: str, index: int, log_path: str) -> None:
-    """Common start of every child process: the runner alone handles Ctrl-C, logs go to the run's file."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    logging.basicConfig(filename=log_path, level=logging.INFO,
-                        format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s")
-
-
-def report_fault(queues: Queues, role: str, index: int) -> None:
-    """From an `except` block of a role's process: its traceback goes to the runner, which logs it once
-    (with the env id) and decides what to restart."""
-    stat(queues, "fault", role=role, index=index, traceback=traceback.format_exc())
-
-
-def stat(queues: Queues, kind: str, **fields) -> None:
-    """Send a stats message to the runner; dropped (never blocks) if the runner is far behind."""
-    try:
-        queues.stats.put({"kind": kind, **fields}, block=False)
-    except queue.Full:
-        pass

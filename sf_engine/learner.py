@@ -9,7 +9,6 @@ older policy).
 from __future__ import annotations
 
 import logging
-import sys
 import time
 
 import numpy as np
@@ -17,40 +16,39 @@ import torch
 
 from sf_engine import ppo
 from sf_engine.checkpoint import load_checkpoint, save_checkpoint
-from sf_engine.device import resolve_device
-from sf_engine.ipc import ParentWatch, get_many, init_child, report_fault, stat
-from sf_engine.model import ActorCritic, flatten_state
-from sf_engine.shared_buffers import SharedBuffers
+from sf_engine.ipc import get_many
+from sf_engine.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
+from sf_engine.model import ActorCritic
+from sf_engine.process import StageTimer
+from sf_engine.weights import flatten_state
 
 _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
 
 
 class Learner:
-    def __init__(self, cfg, buffers: SharedBuffers, queues, spec, checkpoint_dir: str, env_steps_base: int,
-                 resume_from=None):
-        """`resume_from`: the checkpoint to continue from (the runner picked the newest valid one)."""
-        self.cfg, self.lcfg, self.buffers, self.queues = cfg, cfg.learner, buffers, queues
-        self.checkpoint_dir, self.env_steps_base = checkpoint_dir, env_steps_base
-        self.device = resolve_device(cfg.run.device)
-        torch.manual_seed(cfg.env.seed)
-        self.model = ActorCritic(spec, cfg.model).to(self.device)
+    def __init__(self, ctx):
+        """Built from the run plan (the checkpoint to resume from is the plan's); publishes version 0
+        (or the resumed version) before the first step."""
+        plan = ctx.plan
+        self.ctx, self.cfg, self.lcfg, self.buffers, self.queues = ctx, plan.cfg, plan.cfg.learner, ctx.buffers, ctx.queues
+        self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
+        self.device = torch.device(self.cfg.run.device)
+        torch.manual_seed(self.cfg.env.seed)
+        self.model = ActorCritic(plan.spec, self.cfg.model).to(self.device)
         self.params = flatten_state(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
-        if resume_from:
-            self._load(resume_from)
-        self.shared_params = self.params.detach().clone()
-        if self.device.type == "cpu":
-            self.shared_params.share_memory_()
-        self.publish()
-        queues.params.put(self.shared_params)
-        if cfg.run.eval_every_sec > 0:
-            queues.eval_params.put(self.shared_params)
+        if plan.resume_from:
+            self._load(plan.resume_from)
+        self.weights = ctx.weights()
+        self.weights.create(self.params, self.version,
+                            ("policy_worker", "evaluator") if self.cfg.run.eval_every_sec > 0 else ("policy_worker",))
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
-        self.stage_sec = {"wait_data": 0.0, "batch_assembly": 0.0, "train": 0.0, "weight_publish": 0.0,
-                          "checkpoint": 0.0}
-        self.first_step_time = None  # stage seconds add up to the wall time since then
+        self.timer = StageTimer("wait_data", "batch_assembly", "train", "weight_publish", "checkpoint")
+
+    def describe(self) -> str:
+        return f"version {self.version} published, weights shared on {self.weights.shared.device}"
 
     def _load(self, path: str) -> None:
         state = load_checkpoint(path, self.device)
@@ -65,39 +63,34 @@ class Learner:
     def env_steps(self) -> int:
         return self.env_steps_base + int(self.buffers.env_steps.sum())
 
-    def publish(self) -> None:
-        """Copy the weights into the shared tensor; readers never see a half-written set."""
-        seq = self.buffers.param_seq
-        seq[0] = 2 * self.version + 1
-        self.shared_params.copy_(self.params)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seq[0] = 2 * self.version
-
     def step(self, timeout_sec: float) -> None:
         """Wait (at most `timeout_sec`) for full slots; train once a whole batch has arrived."""
         needed = self.cfg.slots_per_batch - len(self.pending_slots)
-        start = time.monotonic()
-        if self.first_step_time is None:
-            self.first_step_time = start
-        self.buffers.beat("learner")
-        if self.buffers.params_wanted[0]:  # a restarted policy worker needs the shared weights
-            self.buffers.params_wanted[0] = 0
-            self.queues.params.put(self.shared_params)
+        self.timer.start()
+        self.ctx.beat()
+        self.weights.serve_requests()  # a restarted policy worker or evaluator needs the shared weights
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
-        self.stage_sec["wait_data"] += time.monotonic() - start
+        self.timer.lap("wait_data")
         if self.cfg.run.sampling_only:
             if self.pending_slots:
-                stat(self.queues, "recycled", steps=self.buffers.take_rows(self.pending_slots))
+                self.ctx.send(Recycled(self.buffers.take_rows(self.pending_slots)))
                 self.queues.free_slots.put_many(self.pending_slots)
             self.pending_slots = []
         elif len(self.pending_slots) == self.cfg.slots_per_batch:
             slots, self.pending_slots = self.pending_slots, []
             self.train_on(slots)
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
-            start = time.monotonic()
+            self.timer.start()
             self.save()
-            self.stage_sec["checkpoint"] += time.monotonic() - start
+            self.timer.lap("checkpoint")
+
+    def finish(self) -> None:
+        """The run stops: a last checkpoint."""
+        if not self.cfg.run.sampling_only:
+            self.save()
+
+    def close(self) -> None:
+        pass
 
     def _gather(self, slots: list) -> dict:
         """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
@@ -147,7 +140,7 @@ class Learner:
             return advantages, vs
 
     def train_on(self, slots: list) -> None:
-        start = time.monotonic()
+        self.timer.start()
         batch = self._gather(slots)
         lag = self.version - batch["policy_version"]
         valid = batch["valid"]
@@ -158,34 +151,31 @@ class Learner:
         samples = {"obs": {key: flat(value[:-1]) for key, value in batch["obs"].items()},
                    "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
                    "advantages": flat(advantages), "returns": flat(returns)}
-        assembled = time.monotonic()
-        self.stage_sec["batch_assembly"] += assembled - start
-        metrics = {}
+        self.timer.lap("batch_assembly")
+        losses = {}
         if index.numel():
-            metrics = (self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
-                       if self.model.recurrent else self._ppo_epochs(samples))
+            losses = (self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
+                      if self.model.recurrent else self._ppo_epochs(samples))
             # after the epochs: the behaviour log-probs were computed with the statistics in force
             self.model.update_normalizers(samples["obs"], samples["returns"])
-        trained = time.monotonic()
-        self.stage_sec["train"] += trained - assembled
+        self.timer.lap("train")
         self.version += 1
-        self.publish()
+        self.weights.publish(self.params, self.version)
         self.buffers.take_rows(slots)
         self.queues.free_slots.put_many(list(slots))
-        self.stage_sec["weight_publish"] += time.monotonic() - trained
+        self.timer.lap("weight_publish")
         valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
-        stat(self.queues, "train", version=self.version, samples=int(index.numel()),
-             dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()),
-             lag_min=float(valid_lag.min()),
-             lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
-             learning_rate=self.optimizer.param_groups[0]["lr"], stage_sec=dict(self.stage_sec),
-             wall_sec=time.monotonic() - (self.first_step_time or start), **metrics)
+        self.ctx.send(Training(
+            self.timer.report("learner"), version=self.version, samples=int(index.numel()),
+            dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()),
+            lag_min=float(valid_lag.min()), lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
+            learning_rate=self.optimizer.param_groups[0]["lr"], losses=losses))
 
     def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
         """The batch cut into whole --recurrence-long sequences: [R, M, ...] per field (see
         ppo.sequence_index), with the stored state each sequence starts from."""
         num_steps, num_traj = keep.shape
-        index = ppo.sequence_index(num_steps, num_traj, self.cfg.recurrence).to(self.device)
+        index = ppo.sequence_index(num_steps, num_traj, self.lcfg.recurrence).to(self.device)
         cut = lambda x: x.reshape(num_steps * num_traj, *x.shape[2:])[index]  # noqa: E731
         return {"obs": {key: cut(value[:-1]) for key, value in batch["obs"].items()},
                 "actions": cut(batch["actions"]), "log_probs": cut(batch["log_probs"]),
@@ -236,9 +226,9 @@ class Learner:
         num_updates = 0
         for _ in range(lcfg.num_epochs):
             for minibatch in torch.randperm(num_units, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
-                if minibatch.numel() < 1 or self.buffers.stop[0]:  # a stopping run does not wait for epochs
+                if minibatch.numel() < 1 or self.ctx.stopping:  # a stopping run does not wait for epochs
                     continue
-                self.buffers.beat("learner")
+                self.ctx.beat()
                 log_probs, entropy, values, old_log_probs, advantages, returns = minibatch_outputs(minibatch)
                 if log_probs.numel() < 2:
                     continue
@@ -270,28 +260,7 @@ class Learner:
         except OSError as exc:
             logging.warning("checkpoint of version %d not written (%s); the previous one is kept",
                             self.version, exc.strerror or exc)
-            stat(self.queues, "checkpoint_failed", reason=str(exc.strerror or exc))
+            self.ctx.send(CheckpointFailed(str(exc.strerror or exc)))
             return None
-        stat(self.queues, "checkpoint", path=path)
+        self.ctx.send(CheckpointWritten(path))
         return path
-
-
-def run_learner(cfg, shm_path: str, layout: dict, queues, spec, log_path: str, checkpoint_dir: str,
-                env_steps_base: int, resume_from=None) -> None:
-    """Process target of the learner. Saves a checkpoint when the run stops."""
-    init_child("learner", 0, log_path)
-    torch.set_num_threads(cfg.learner.learner_threads)
-    buffers = SharedBuffers.attach(shm_path, layout)
-    buffers.beat("learner")
-    watch = ParentWatch(queues.lifeline)
-    try:
-        learner = Learner(cfg, buffers, queues, spec, checkpoint_dir, env_steps_base, resume_from)
-        logging.info("ready: version %d published, weights shared on %s", learner.version,
-                     learner.shared_params.device)
-        while not buffers.stop[0] and watch.parent_alive():
-            learner.step(timeout_sec=0.1)
-        if not cfg.run.sampling_only:
-            learner.save()
-    except Exception:
-        report_fault(queues, "learner", 0)
-        sys.exit(1)

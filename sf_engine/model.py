@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from sf_engine.recurrent import padded_sequence, run_sequence, use_padded
+from sf_engine.recurrent import run_sequence
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -223,9 +223,8 @@ class ActionDistribution:
 class RecurrentCore(nn.Module):
     """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
     Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
-    where an episode starts, as one autograd node (sf_engine.recurrent; without its compiled loops,
-    a CPU LSTM with few starts runs nn.LSTM's fused kernel on padded stretches instead). The
-    parameters are those of an nn.GRU / nn.LSTM, under its names."""
+    where an episode starts, as one autograd node (sf_engine.recurrent). The parameters are those of
+    an nn.GRU / nn.LSTM, under its names."""
 
     def __init__(self, kind: str, in_size: int, size: int):
         super().__init__()
@@ -251,8 +250,6 @@ class RecurrentCore(nn.Module):
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
         is zeroed before those steps) -> outputs [R, B, size]."""
-        if use_padded(self.kind, x, episode_start):
-            return padded_sequence(self.rnn, x, state, episode_start)
         return self._run(x, state, episode_start)[..., :self.out_size]
 
 
@@ -261,18 +258,19 @@ class ActorCritic(nn.Module):
     --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
 
     def __init__(self, spec, mcfg):
+        """`mcfg`: a ModelConfig resolved by model_shape.resolve_model_config (no 'auto')."""
         super().__init__()
-        from sf_engine.shared_buffers import rnn_size, separate_critic
-
+        if "auto" in (mcfg.encoder, mcfg.actor_critic, mcfg.rnn_size):
+            raise ValueError("ActorCritic needs a resolved ModelConfig: see sf_engine.model_shape")
         self.distribution = ActionDistribution(spec.action)
         self.actor_encoder = Encoder(spec, mcfg)
-        self.critic_encoder = Encoder(spec, mcfg) if separate_critic(mcfg, spec) else None
+        self.critic_encoder = Encoder(spec, mcfg) if mcfg.actor_critic == "separate" else None
         size = self.actor_encoder.out_size
         self.actor_core = self.critic_core = None
         if mcfg.rnn != "none":
-            self.actor_core = RecurrentCore(mcfg.rnn, size, rnn_size(mcfg, spec))
+            self.actor_core = RecurrentCore(mcfg.rnn, size, mcfg.rnn_size)
             if self.critic_encoder is not None:
-                self.critic_core = RecurrentCore(mcfg.rnn, size, rnn_size(mcfg, spec))
+                self.critic_core = RecurrentCore(mcfg.rnn, size, mcfg.rnn_size)
             size = self.actor_core.out_size
         self.state_size = sum(core.state_size for core in (self.actor_core, self.critic_core) if core is not None)
         self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
@@ -368,47 +366,6 @@ class ActorCritic(nn.Module):
         return self.distribution.log_prob_entropy(params, actions, self.log_std)
 
 
-def _channels_last(t: torch.Tensor) -> bool:
-    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
-@torch.no_grad()
-def act(model: "ActorCritic", obs: dict, state=None, deterministic: bool = False):
-    """Actions [B] outside training (evaluation, replay): the most likely ones or samples; and the
-    core's new state (None without a core)."""
-    if deterministic:
-        params, _, new_state = model.outputs(obs, state)
-        return model.distribution.mode(params), new_state
-    actions, _, _, new_state = model.sample(obs, state)
-    return actions, new_state
-
-
 def obs_tensors(obs: dict, device="cpu") -> dict:
     """A batched env's observations (key -> numpy [B, ...]) as tensors on `device`, dtypes kept."""
     return {key: torch.as_tensor(value, device=device) for key, value in obs.items()}
-
-
-def flatten_state(model: nn.Module) -> torch.Tensor:
-    """Make every parameter and floating buffer (normalizer statistics) a view into one flat float32
-    tensor (returned): publishing and loading the whole state is then one copy. Channels-last conv
-    weights keep their layout."""
-    tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
-    tensors += [("buffer", m, n, t) for m in model.modules() for n, t in m._buffers.items()
-                if t is not None and t.is_floating_point()]
-    pieces = [(t.detach().permute(0, 2, 3, 1) if _channels_last(t) else t.detach()).reshape(-1).float()
-              for _, _, _, t in tensors]
-    flat = torch.cat(pieces).contiguous()
-    offset = 0
-    for kind, module, name, tensor in tensors:
-        chunk = flat[offset:offset + tensor.numel()]
-        if _channels_last(tensor):
-            out_c, in_c, height, width = tensor.shape
-            view = chunk.view(out_c, height, width, in_c).permute(0, 3, 1, 2)
-        else:
-            view = chunk.view_as(tensor)
-        if kind == "param":
-            tensor.data = view
-        else:
-            module._buffers[name] = view
-        offset += tensor.numel()
-    return flat

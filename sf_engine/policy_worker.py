@@ -4,94 +4,69 @@ Runs in the policy-worker process (or the runner in serial mode) on the run's de
 (worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
 actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
 token back to the worker.
-Weights come from the learner's shared copy whenever its version moves (seqlock: never half-written).
+Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights).
 """
 from __future__ import annotations
 
-import logging
-import sys
 import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
-from sf_engine.device import resolve_device
-from sf_engine.ipc import Empty, ParentWatch, get_many, init_child, report_fault, stat
-from sf_engine.model import ActorCritic, flatten_state
-from sf_engine.shared_buffers import SharedBuffers
+from sf_engine.ipc import get_many
+from sf_engine.messages import Inference
+from sf_engine.model import ActorCritic
+from sf_engine.process import StageTimer
+from sf_engine.weights import flatten_state
 
 STATS_EVERY_SEC = 1.0
 
 
-WEIGHT_READ_TIMEOUT_SEC = 30.0
-
-
-def read_shared_params(param_seq: np.ndarray, shared: torch.Tensor, local: torch.Tensor) -> int:
-    """Copy the learner's weights into `local` without ever keeping a half-written set; returns the
-    version copied. The learner makes param_seq odd while it writes and even (2 x version) after.
-    On CUDA the copy is awaited before the sequence is checked again (copy_ only queues it)."""
-    deadline = time.monotonic() + WEIGHT_READ_TIMEOUT_SEC
-    while time.monotonic() < deadline:
-        before = int(param_seq[0])
-        if before % 2:
-            time.sleep(0)
-            continue
-        local.copy_(shared)
-        if local.is_cuda:
-            torch.cuda.current_stream(local.device).synchronize()
-        if int(param_seq[0]) == before:
-            return before // 2
-    raise TimeoutError(f"the learner's weights stayed mid-write for {WEIGHT_READ_TIMEOUT_SEC:g} s")
-
-
 class PolicyWorker:
-    def __init__(self, cfg, buffers: SharedBuffers, queues, spec):
-        self.buffers, self.queues = buffers, queues
-        self.device = resolve_device(cfg.run.device)
+    def __init__(self, ctx):
+        cfg = ctx.cfg
+        self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
+        self.device = torch.device(cfg.run.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
-        self.model = ActorCritic(spec, cfg.model).to(self.device)
+        self.model = ActorCritic(ctx.plan.spec, cfg.model).to(self.device)
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
-        self.shared_params = None
+        self.weights = ctx.weights()
         self.version = -1
-        self.stage_sec = {"wait_requests": 0.0, "gather": 0.0, "forward": 0.0, "write_results": 0.0,
-                          "weight_reload": 0.0}
-        self.first_step_time = None  # stage seconds add up to the wall time since then
+        self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
         self.num_forwards, self.num_samples = 0, 0
         self.last_stats_time = time.monotonic()
 
+    def describe(self) -> str:
+        return f"model built on {self.device}"
+
     def step(self, timeout_sec: float) -> None:
         """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
-        start = time.monotonic()
-        if self.first_step_time is None:
-            self.first_step_time = start
-        self.buffers.beat("policy_worker")
-        if self.shared_params is None:
-            try:
-                self.shared_params = self.queues.params.get(timeout=max(timeout_sec, 1e-3))
-            except Empty:
-                return
-            finally:
-                self.stage_sec["wait_requests"] += time.monotonic() - start
-            start = time.monotonic()
+        self.timer.start()
+        self.ctx.beat()
+        connected = self.weights.connect("policy_worker", timeout_sec)
+        self.timer.lap("wait_requests")
+        if not connected:
+            return
         requests = get_many(self.queues.policy_requests, timeout_sec)
-        self.stage_sec["wait_requests"] += time.monotonic() - start
+        self.timer.lap("wait_requests")
         if requests:
-            self._maybe_reload()
+            if self.weights.version != self.version:
+                self.version = self.weights.read_into(self.params)
+                self.timer.lap("weight_reload")
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
 
-    def _maybe_reload(self) -> None:
-        if int(self.buffers.param_seq[0]) // 2 != self.version:
-            start = time.monotonic()
-            self.version = read_shared_params(self.buffers.param_seq, self.shared_params, self.params)
-            self.stage_sec["weight_reload"] += time.monotonic() - start
+    def finish(self) -> None:
+        self.send_stats()
+
+    def close(self) -> None:
+        pass
 
     def _serve(self, requests: list) -> None:
-        start = time.monotonic()
         buf, n = self.buffers, len(requests)
         # one fancy-indexed read and one write per array, whatever the number of requests
         slots = np.fromiter((r[2] for r in requests), np.int64, n)
@@ -108,11 +83,11 @@ class PolicyWorker:
             carried[buf.episode_start[slots, rows]] = 0.0
             buf.rnn_states[slots, rows] = carried
             state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
-        gathered = time.monotonic()
+        self.timer.lap("gather")
         with torch.inference_mode():
             actions, log_probs, values, new_state = self.model.sample(obs, state)
             actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
-        computed = time.monotonic()
+        self.timer.lap("forward")
         if new_state is not None:
             new_state = new_state.cpu().numpy().reshape(carried.shape)
             buf.rnn_current[workers, splits] = new_state
@@ -131,29 +106,9 @@ class PolicyWorker:
             self.queues.actions_ready[worker].send(tokens)
         self.num_forwards += 1
         self.num_samples += len(actions)
-        self.stage_sec["gather"] += gathered - start
-        self.stage_sec["forward"] += computed - gathered
-        self.stage_sec["write_results"] += time.monotonic() - computed
+        self.timer.lap("write_results")
 
     def send_stats(self) -> None:
-        stat(self.queues, "inference", forwards=self.num_forwards, samples=self.num_samples,
-             stage_sec=dict(self.stage_sec), wall_sec=time.monotonic() - (self.first_step_time or time.monotonic()))
+        self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples))
         self.num_forwards = self.num_samples = 0
         self.last_stats_time = time.monotonic()
-
-
-def run_policy_worker(cfg, shm_path: str, layout: dict, queues, spec, log_path: str) -> None:
-    """Process target of the policy worker."""
-    init_child("policy_worker", 0, log_path)
-    torch.set_num_threads(1)
-    buffers = SharedBuffers.attach(shm_path, layout)
-    buffers.beat("policy_worker")
-    watch = ParentWatch(queues.lifeline)
-    try:
-        worker = PolicyWorker(cfg, buffers, queues, spec)
-        logging.info("ready: model built on %s", worker.device)
-        while not buffers.stop[0] and watch.parent_alive():
-            worker.step(timeout_sec=0.1)
-    except Exception:
-        report_fault(queues, "policy_worker", 0)
-        sys.exit(1)

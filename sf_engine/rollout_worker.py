@@ -13,32 +13,33 @@ can take back a dead worker's half-written slots.
 """
 from __future__ import annotations
 
-import logging
-import sys
 import time
 
 import numpy as np
 
-from envs import make_batch_env, register_env
-from sf_engine.ipc import ParentWatch, get_many, init_child, report_fault, stat
-from sf_engine.shared_buffers import SharedBuffers
+from envs import make_batch_env
+from sf_engine.ipc import get_many
+from sf_engine.messages import Episodes
+from sf_engine.process import StageTimer
 
 STATS_EVERY_SEC = 0.5
 SLOT_POLL_SEC = 0.0005  # how often a worker with nothing else to do looks for a free slot
 
 
 class RolloutWorker:
-    def __init__(self, cfg, worker_idx: int, buffers: SharedBuffers, queues, spec, generation: int = 0):
-        self.idx, self.buffers, self.queues, self.generation = worker_idx, buffers, queues, generation
-        self.replies = queues.actions_ready[worker_idx]
-        self.rollout, self.num_splits = cfg.sampler.rollout, cfg.sampler.worker_num_splits
-        self.envs_per_split = cfg.sampler.envs_per_split
-        # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
+    def __init__(self, ctx):
+        """Makes and resets the envs (`ctx.generation` > 0: a restarted worker, with new seeds), then
+        queues each split for a free slot."""
+        cfg, worker_idx, generation = ctx.cfg, ctx.index, ctx.generation
+        self.ctx, self.idx, self.buffers, self.queues, self.generation = ctx, worker_idx, ctx.buffers, ctx.queues, generation
+        self.replies = self.queues.actions_ready[worker_idx]
         s = cfg.sampler
+        self.rollout, self.num_splits, self.envs_per_split = s.rollout, s.worker_num_splits, s.envs_per_split
+        # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
         first_seed = (cfg.env.seed * 1_000_003 + worker_idx * s.num_envs_per_worker
                       + generation * s.num_workers * s.num_envs_per_worker)
         self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
-                                    seed=first_seed + split * self.envs_per_split, spec=spec)
+                                    seed=first_seed + split * self.envs_per_split, spec=ctx.plan.spec)
                      for split in range(self.num_splits)]
         self.slot = [-1] * self.num_splits
         self.row = [0] * self.num_splits
@@ -52,11 +53,14 @@ class RolloutWorker:
         self.episode_length = np.zeros((self.num_splits, self.envs_per_split), np.int64)
         self.finished_returns: list = []
         self.finished_lengths: list = []
-        self.stage_sec = {"env_step": 0.0, "write_slot": 0.0, "wait_actions": 0.0, "wait_slot": 0.0}
+        self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
         self.last_stats_time = time.monotonic()
-        self.first_step_time = None  # stage seconds add up to the wall time since then
+        self._reset()
 
-    def start(self) -> None:
+    def describe(self) -> str:
+        return f"{len(self.envs) * self.envs_per_split} envs reset (generation {self.generation})"
+
+    def _reset(self) -> None:
         """Reset every env and queue each split for a free slot."""
         for split, env in enumerate(self.envs):
             self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
@@ -69,22 +73,19 @@ class RolloutWorker:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
         are ready. Blocks at most `timeout_sec` (0 in serial mode). Free slots are polled, never waited
         for on the shared queue (see ipc: a killed waiter would break it for everybody)."""
-        if self.first_step_time is None:
-            self.first_step_time = time.monotonic()
-        self.buffers.beat("rollout_worker", self.idx)
+        start = self.timer.start()
+        self.ctx.beat()
         if self.waiting_for_slot:
-            start = time.monotonic()
             self._take_free_slots()
             if self.num_awaiting_actions == 0:
                 deadline = start + timeout_sec
                 while self.waiting_for_slot and self.num_awaiting_actions == 0 and time.monotonic() < deadline:
                     time.sleep(SLOT_POLL_SEC)
                     self._take_free_slots()
-            self.stage_sec["wait_slot"] += time.monotonic() - start
+            self.timer.lap("wait_slot")
         if self.num_awaiting_actions:
-            start = time.monotonic()
             ready = self.replies.receive(timeout_sec)
-            self.stage_sec["wait_actions"] += time.monotonic() - start
+            self.timer.lap("wait_actions")
             for token in ready:
                 generation, split = divmod(token, self.num_splits)
                 if generation == self.generation:  # else: the reply to a dead predecessor's request
@@ -114,12 +115,11 @@ class RolloutWorker:
     def _advance(self, split: int) -> None:
         """Step split's envs with the actions the policy worker wrote, record the transition."""
         buf, slot, row = self.buffers, self.slot[split], self.row[split]
-        start = time.monotonic()
+        self.timer.start()
         result = self.envs[split].step(buf.actions[slot, row])
-        stepped = time.monotonic()
-        self.stage_sec["env_step"] += stepped - start
+        self.timer.lap("env_step")
         self._record(split, slot, row, result)
-        self.stage_sec["write_slot"] += time.monotonic() - stepped
+        self.timer.lap("write_slot")
 
     def _record(self, split: int, slot: int, row: int, result) -> None:
         """Write the transition into the slot; request the next actions or hand the full slot over."""
@@ -164,42 +164,14 @@ class RolloutWorker:
 
     def send_stats(self) -> None:
         """Episodes finished since the last call (the last 100 of them in full) and stage times."""
-        stat(self.queues, "episodes", worker=self.idx, count=len(self.finished_returns),
-             returns=self.finished_returns[-100:], lengths=self.finished_lengths[-100:],
-             stage_sec=dict(self.stage_sec), wall_sec=time.monotonic() - (self.first_step_time or time.monotonic()))
+        self.ctx.send(Episodes(self.timer.report(self.ctx.name), len(self.finished_returns),
+                               self.finished_returns[-100:], self.finished_lengths[-100:]))
         self.finished_returns, self.finished_lengths = [], []
         self.last_stats_time = time.monotonic()
+
+    def finish(self) -> None:
+        self.send_stats()
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def run_rollout_worker(cfg, worker_idx: int, shm_path: str, layout: dict, queues, spec, log_path: str,
-                       registered_envs: dict, generation: int = 0) -> None:
-    """Process target of rollout worker `worker_idx`; `registered_envs` are the runner's register_env()s.
-    An exception (an env raising in reset or step) goes to the runner as a 'fault' message with its
-    traceback, which the runner logs once before restarting the worker; the process exits with 1."""
-    init_child("rollout_worker", worker_idx, log_path)
-    for name, make_env in registered_envs.items():
-        register_env(name, make_env)
-    buffers = SharedBuffers.attach(shm_path, layout)
-    buffers.beat("rollout_worker", worker_idx)
-    watch = ParentWatch(queues.lifeline)
-    worker = None
-    try:
-        worker = RolloutWorker(cfg, worker_idx, buffers, queues, spec, generation)
-        worker.start()
-        logging.info("ready: %d envs reset (generation %d)", cfg.sampler.num_envs_per_worker, generation)
-        while not buffers.stop[0] and watch.parent_alive():
-            worker.step(timeout_sec=0.1)
-        worker.send_stats()
-    except Exception:
-        report_fault(queues, "rollout_worker", worker_idx)
-        sys.exit(1)
-    finally:
-        if worker is not None:
-            try:
-                worker.close()
-            except Exception:  # an env that failed may fail to close too; the process ends anyway
-                pass

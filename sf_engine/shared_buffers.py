@@ -15,7 +15,7 @@ Slot field shapes (S = slots, T = rollout, E = envs per split):
   terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
   truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
   valid          [S, T, E]                bool, False on the reset step that follows an episode end
-With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
+With a recurrent core (--rnn gru|lstm; H = the model's state_size):
   episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
                                           hidden state is zeroed before acting on it (and in training)
   rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
@@ -25,90 +25,33 @@ With a recurrent core (--rnn gru|lstm; H = rnn_state_size):
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
-param_seq [1] int64 (seqlock of the shared weights: odd while the learner writes), stop [1] int64,
+param_seq [P] int64 (seqlock of each policy's shared weights, see weights.py), stop [1] int64,
 heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
 `heartbeat_index`), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
-slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [1] int64
-(set by the runner when a restarted policy worker needs the shared weights again).
+slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
+int64 (set by the supervisor when a restarted reader needs a policy's shared weights again).
 """
 from __future__ import annotations
 
 import mmap
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from envs.spec import EnvSpec
+
 _ALIGN = 64
+NUM_POLICIES = 1  # policies of a run, each with its own shared weights (see weights.SharedWeights)
+WEIGHT_READERS = ("policy_worker", "evaluator")  # the roles that read a policy's shared weights
 
 
-@dataclass(frozen=True)
-class ActionSpec:
-    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
-    `start`: the env's first action value per dimension (Gymnasium's Discrete start)."""
-    kind: str
-    nvec: tuple = ()
-    start: tuple = ()
-    shape: tuple = ()
-    low: tuple = ()
-    high: tuple = ()
-
-    @property
-    def buffer_shape(self) -> tuple:
-        return {"discrete": (), "multi_discrete": (len(self.nvec),)}.get(self.kind, self.shape)
-
-    @property
-    def dtype(self) -> str:
-        return "float32" if self.kind == "continuous" else "int64"
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the buffers and the model need to know of an env (probed once by the runner).
-    obs: tuple of (key, shape, dtype); a plain Box observation is the single key 'obs'."""
-    obs: tuple
-    action: ActionSpec
-    family: str = "classic"
-    frameskip: int = 1
-
-    @property
-    def is_dict(self) -> bool:
-        return [key for key, _, _ in self.obs] != ["obs"]
-
-
-def _has_image(spec: EnvSpec) -> bool:
-    return any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in spec.obs)
-
-
-def rnn_size(mcfg, spec: EnvSpec) -> int:
-    """Units of the recurrent core (--rnn_size, or 256 with images and 64 without when 'auto')."""
-    if mcfg.rnn_size != "auto":
-        return int(mcfg.rnn_size)
-    return 256 if _has_image(spec) and mcfg.encoder != "mlp" else 64
-
-
-def separate_critic(mcfg, spec: EnvSpec) -> bool:
-    """--actor_critic, with 'auto' resolved: separate for feed-forward models of vector observations."""
-    if mcfg.actor_critic != "auto":
-        return mcfg.actor_critic == "separate"
-    return mcfg.rnn == "none" and not _has_image(spec)
-
-
-def rnn_state_size(mcfg, spec: EnvSpec) -> int:
-    """Floats of hidden state per env: 0 without --rnn; LSTMs keep (h, c); 'separate' actor-critics
-    have a core each."""
-    if mcfg.rnn == "none":
-        return 0
-    return rnn_size(mcfg, spec) * (2 if mcfg.rnn == "lstm" else 1) * (2 if separate_critic(mcfg, spec) else 1)
-
-
-def buffer_layout(cfg, spec: EnvSpec) -> dict:
-    """name -> (shape, dtype) of every shared array of a run."""
+def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
+    """name -> (shape, dtype) of every shared array of a run whose config `cfg` is resolved (no 'auto');
+    `state`: floats of recurrent state per env (0 without a core, see model.state_size)."""
     slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
     step = (slots, rollout, envs)
     layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
-    state = rnn_state_size(cfg.model, spec)
     if state:
         layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
                    "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
@@ -123,12 +66,12 @@ def buffer_layout(cfg, spec: EnvSpec) -> dict:
         "truncated": (step, "bool"),
         "valid": (step, "bool"),
         "env_steps": ((cfg.sampler.num_workers,), "int64"),
-        "param_seq": ((1,), "int64"),
+        "param_seq": ((NUM_POLICIES,), "int64"),
         "stop": ((1,), "int64"),
         "heartbeat": ((3 + cfg.sampler.num_workers,), "float64"),
         "slot_owner": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
-        "params_wanted": ((1,), "int64"),
+        "params_wanted": ((NUM_POLICIES, len(WEIGHT_READERS)), "int64"),
     }
 
 

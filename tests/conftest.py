@@ -8,6 +8,19 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: runs train.py / enjoy.py or a whole run (the slow half)")
+    config.addinivalue_line("markers", "unit: everything else: functions, classes and roles stepped by hand "
+                                       "(`pytest -m unit`, the fast half)")
+
+
+def pytest_collection_modifyitems(items):
+    """A test not marked e2e is a unit test."""
+    for item in items:
+        if item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.unit)
+
+
 def run_train(args, train_dir, timeout=180, **kwargs):
     """Run train.py as a user would; returns the CompletedProcess."""
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(train_dir)] + list(args)
@@ -19,6 +32,19 @@ def one_line_error(result) -> str:
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def train_error(args, train_dir, capsys) -> str:
+    """train.py's promised failure for bad input, run in this process (sf_engine.runner.main, as
+    train.py calls it): exit code 2, one 'error: ...' line on stderr, nothing written to train_dir."""
+    from sf_engine.runner import main
+
+    code = main(["--train_dir", str(train_dir)] + list(args))
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
     return lines[0]
 
 
@@ -37,3 +63,57 @@ def shm_dir(tmp_path):
     for name in os.listdir(path):
         os.unlink(os.path.join(path, name))
     os.rmdir(path)
+
+
+TINY = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
+        "--batch_size", "32", "--num_batches_per_epoch", "2", "--num_epochs", "1"]
+
+
+def serial_plan(tmp_path, shm_dir, env, *flags):
+    """The plan of a tiny serial run of `env` (flags after TINY win)."""
+    from sf_engine.plan import build_plan
+
+    argv = ["--env", env, "--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "family"]
+    return build_plan(argv + TINY + list(flags))
+
+
+class SerialRun:
+    """The roles of a plan, built as serial mode builds them and stepped by hand."""
+
+    def __init__(self, plan, tmp_path):
+        from sf_engine.serial import SerialRoles
+        from sf_engine.shared_buffers import SharedBuffers
+        from sf_engine.wiring import make_queues
+
+        self.plan, self.cfg = plan, plan.cfg
+        self.buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
+        self.queues = make_queues(plan.cfg.sampler.num_workers)
+        self.queues.free_slots.put_many(list(range(plan.cfg.num_slots)))
+        self.roles = SerialRoles(plan, self.buffers, self.queues)
+        self.learner, self.policy = self.roles["learner"], self.roles["policy_worker"]
+        self.workers = [self.roles[("rollout_worker", w)] for w in range(plan.cfg.sampler.num_workers)]
+        self.worker = self.workers[0]
+
+    def full_slots(self, count: int) -> list:
+        from sf_engine.ipc import get_many
+
+        slots = []
+        for _ in range(1000):
+            for worker in self.workers:
+                worker.step(0)
+            self.policy.step(0)
+            slots += get_many(self.queues.full_slots, 0)
+            if len(slots) >= count:
+                return slots
+        raise AssertionError("the workers did not fill slots")
+
+    def messages(self, kind) -> list:
+        """The stats messages of type `kind` waiting in the stats queue (the others are dropped)."""
+        from sf_engine.ipc import drain
+
+        return [m for m in drain(self.queues.stats) if isinstance(m, kind)]
+
+    def close(self):
+        for worker in self.workers:
+            worker.close()
+        self.buffers.release()

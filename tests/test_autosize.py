@@ -4,10 +4,9 @@ import sys
 
 import pytest
 
-from envs import ENVS_PER_WORKER_HINT, probe_env_spec
-from sf_engine.autosize import Costs, choose_envs_per_split, choose_num_workers, resolve_auto
-from sf_engine.config import parse_config
-from sf_engine.runner import family_defaults
+from sf_engine.autosize import Costs, choose_envs_per_split, choose_num_workers
+from sf_engine.config import check_resolved
+from sf_engine.plan import build_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,12 +36,11 @@ def test_envs_per_split_amortize_the_round_trip_and_divide_the_batch():
 
 
 def _auto(env_id):
-    cfg = parse_config(["--env", env_id], family_defaults=family_defaults)
-    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    lines = resolve_auto(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
-    assert any("--num_workers auto" in line for line in lines) and len(lines) == 3
-    cfg.validate()  # the choice is a valid configuration
-    return cfg.sampler
+    plan = build_plan(["--env", env_id, "--restart"])  # --restart: reads no experiment
+    assert any("--num_workers auto" in note for note in plan.notes)
+    assert len([note for note in plan.notes if note.startswith("auto sizing:")]) == 3
+    check_resolved(plan.cfg)  # the choice is a valid configuration
+    return plan.cfg.sampler
 
 
 def test_auto_picks_more_workers_for_a_slow_env_than_a_fast_one():
@@ -52,6 +50,5 @@ def test_auto_picks_more_workers_for_a_slow_env_than_a_fast_one():
 
 
 def test_serial_mode_needs_no_measurement():
-    cfg = parse_config(["--mode", "serial"], family_defaults=family_defaults)
-    resolve_auto(cfg, probe_env_spec("CartPole-v1", "auto"), 128)
-    assert (cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker) == (1, 128)
+    sampler = build_plan(["--mode", "serial", "--restart"]).cfg.sampler
+    assert (sampler.num_workers, sampler.num_envs_per_worker) == (1, 128)

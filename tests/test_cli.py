@@ -1,11 +1,15 @@
-"""Command line: --help, one-line errors for bad input before any process starts."""
+"""Command line: --help, one-line errors for bad input before any process starts, the resolved config."""
+import glob
+import json
 import os
 
 import pytest
 
-from conftest import one_line_error, run_train
+from conftest import read_json, run_train, train_error
+from sf_engine.device import cuda_device_count
 
 
+@pytest.mark.e2e
 def test_help_explains_every_flag(tmp_path):
     result = run_train(["--help"], tmp_path)
     assert result.returncode == 0
@@ -24,27 +28,41 @@ def test_help_explains_every_flag(tmp_path):
     (["--batch_size", "1000", "--num_envs_per_worker", "128"], ["--batch_size", "multiple"]),
     (["--batch_size", "1000", "--rollout", "48"], ["--batch_size", "--rollout"]),
     (["--num_envs_per_worker", "7", "--worker_num_splits", "2"], ["--num_envs_per_worker", "--worker_num_splits"]),
-    (["--device", "cuda"], ["--device cuda", "--device cpu"]),
-    (["--rollout", "100000", "--num_envs_per_worker", "20000", "--batch_size", "1000000000"],
+    pytest.param(["--device", "cuda"], ["--device cuda", "--device cpu"],
+                 marks=pytest.mark.skipif(cuda_device_count() > 0, reason="this host has a GPU")),
+    (["--rollout", "100000", "--num_workers", "1", "--num_envs_per_worker", "20000", "--batch_size", "1000000000"],
      ["MiB", "--num_envs_per_worker"]),
     (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
 ])
-def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words):
-    line = one_line_error(run_train(["--shm_dir", shm_dir] + args, tmp_path))
+def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, capsys):
+    line = train_error(["--shm_dir", shm_dir] + args, tmp_path, capsys)
     for word in words:
         assert word in line
     assert os.listdir(shm_dir) == []
+    assert os.listdir(tmp_path) == []  # found while building the plan: nothing on disk was created
 
 
+@pytest.mark.e2e
 def test_bad_flag_value_is_rejected_by_the_parser(tmp_path):
     result = run_train(["--mode", "fast"], tmp_path)
     assert result.returncode == 2 and "--mode" in result.stderr
 
 
-def test_resuming_with_another_model_is_refused(tmp_path, shm_dir):
+def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
     base = ["--experiment", "resume", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
-    assert run_train(base, tmp_path).returncode == 0
-    line = one_line_error(run_train(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path))
+    assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
+    saved = read_json(tmp_path / "resume" / "config.json")
+    assert "auto" not in json.dumps(saved)  # the resolved plan, not the flags
+    assert saved["command_line"][-2:] == ["--train_dir", str(tmp_path)] and saved["model"]["rnn_size"] == 64
+    before = {path: open(path, "rb").read() for path in glob.glob(str(tmp_path / "resume" / "**"), recursive=True)
+              if os.path.isfile(path)}
+    line = train_error(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path, capsys)
     assert "--hidden_size" in line and "--restart" in line
-    assert run_train(base + ["--hidden_size", "32", "--restart"], tmp_path).returncode == 0
+    after = {path: open(path, "rb").read() for path in glob.glob(str(tmp_path / "resume" / "**"), recursive=True)
+             if os.path.isfile(path)}
+    assert after == before  # refused before anything on disk changed
+    assert run(build_plan(base + ["--hidden_size", "32", "--restart", "--train_dir", str(tmp_path)])) == 0

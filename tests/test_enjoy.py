@@ -9,7 +9,9 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO, one_line_error, read_json, run_train
+from conftest import REPO, read_json, run_train
+
+pytestmark = pytest.mark.e2e
 
 SERIAL = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "64", "--batch_size", "1024"]
 
@@ -75,8 +77,8 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     lengths = [int(n) for n in re.findall(r"^episode \d+: return [0-9.]+, length (\d+)$", result.stdout, re.M)]
     frames = iio.imread(video)
-    # the first observation, every step, and each episode's reset step
-    assert frames.shape == (1 + sum(lengths) + len(lengths), 400, 600, 3)
+    # the first observation, every step, and the reset step between two episodes
+    assert frames.shape == (1 + sum(lengths) + len(lengths) - 1, 400, 600, 3)
     assert frames.std() > 0
     capped = tmp_path / "capped.mp4"
     assert enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1", "--video",
@@ -84,19 +86,33 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path):
     assert iio.imread(capped).shape[0] == 40
 
 
-def test_checkpoint_of_another_env_is_refused(trained, tmp_path):
-    other = run_train(["--experiment", "acrobot", "--env", "Acrobot-v1", "--train_for_env_steps", "5000"] + SERIAL,
-                      tmp_path)
-    assert other.returncode == 0, other.stderr
+def enjoy_error(capsys, *args) -> str:
+    """enjoy.py's promised failure, run in this process (enjoy.main): exit code 2 and one line."""
+    import enjoy as enjoy_script
+
+    code = enjoy_script.main(list(args))
+    captured = capsys.readouterr()
+    assert code == 2, captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+def test_checkpoint_of_another_env_is_refused(trained, tmp_path, capsys):
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
+    assert run(build_plan(["--experiment", "acrobot", "--env", "Acrobot-v1", "--train_for_env_steps", "5000",
+                           "--train_dir", str(tmp_path)] + SERIAL)) == 0
     acrobot_checkpoint = glob.glob(str(tmp_path / "acrobot" / "checkpoints" / "checkpoint_*.pt"))[0]
-    line = one_line_error(enjoy("--train_dir", str(trained), "--experiment", "cartpole",
-                                "--checkpoint", acrobot_checkpoint))
+    line = enjoy_error(capsys, "--train_dir", str(trained), "--experiment", "cartpole",
+                       "--checkpoint", acrobot_checkpoint)
     assert "Acrobot-v1" in line and "cartpole" in line
 
 
-def test_bad_input_is_one_line(trained, tmp_path):
+def test_bad_input_is_one_line(trained, tmp_path, capsys):
     def error_of(*args):
-        return one_line_error(enjoy(*args))
+        return enjoy_error(capsys, *args)
 
     assert "no experiment" in error_of("--train_dir", str(tmp_path), "--experiment", "missing")
     fresh = tmp_path / "fresh"

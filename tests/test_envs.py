@@ -7,40 +7,29 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import REPO, one_line_error, read_json, run_train
+from conftest import REPO, SerialRun, read_json, serial_plan, train_error
 from envs import make_batch_env, probe_env_spec
-from sf_engine.config import parse_config
-from sf_engine.ipc import get_many, make_queues
-from sf_engine.learner import Learner
-from sf_engine.policy_worker import PolicyWorker
-from sf_engine.rollout_worker import RolloutWorker
-from sf_engine.runner import Runner, family_defaults
-from sf_engine.shared_buffers import SharedBuffers, buffer_layout
+from sf_engine.messages import Episodes
+from sf_engine.runner import run
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-TINY = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
-        "--batch_size", "32", "--num_batches_per_epoch", "2", "--num_epochs", "1"]
 
 
-def serial_config(tmp_path, shm_dir, env, *flags):
-    argv = ["--env", env, "--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "family"]
-    return parse_config(argv + TINY + list(flags), family_defaults=family_defaults)
-
-
+@pytest.mark.e2e
 @pytest.mark.parametrize("env, flags, family, encoder", [
     ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
     ("Breakout-v5", ["--train_for_env_steps", "400", "--encoder", "impala_cnn"], "atari", "impala_cnn"),
-    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "auto"),
-    ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "auto"),
-    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "auto"),
-    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "auto"),
-    ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "auto"),
+    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+    ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "mlp"),
+    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "nature_cnn"),
+    ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "nature_cnn"),
 ])
 def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, family, encoder):
-    cfg = serial_config(tmp_path, shm_dir, env, *flags)
-    runner = Runner(cfg)
-    assert runner.spec.family == family and cfg.model.encoder == encoder
-    assert runner.run() == 0
+    plan = serial_plan(tmp_path, shm_dir, env, *flags)
+    cfg = plan.cfg
+    assert plan.spec.family == family and cfg.model.encoder == encoder  # 'auto' resolved in the plan
+    assert run(plan) == 0
     summary = read_json(tmp_path / "family" / "summary.json")
     assert summary["learner_version"] >= 2 and summary["env_steps"] >= cfg.run.train_for_env_steps
     if family == "atari":
@@ -49,43 +38,12 @@ def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, 
 
 
 def test_family_defaults_yield_to_the_users_flags(tmp_path, shm_dir):
-    cfg = serial_config(tmp_path, shm_dir, "Pong-v5")
+    cfg = serial_plan(tmp_path, shm_dir, "Pong-v5").cfg
     assert (cfg.learner.learning_rate, cfg.learner.ppo_clip_ratio, cfg.learner.num_epochs) == (2.5e-4, 0.1, 1)
     assert cfg.sampler.rollout == 16  # given on the command line
-    continuous = serial_config(tmp_path, shm_dir, "HalfCheetah-v4")
+    continuous = serial_plan(tmp_path, shm_dir, "HalfCheetah-v4").cfg
     assert continuous.model.normalize_input and continuous.model.normalize_returns
-    from sf_engine.shared_buffers import separate_critic
-
-    assert separate_critic(continuous.model, probe_env_spec("HalfCheetah-v4", "auto"))
-    assert not separate_critic(cfg.model, probe_env_spec("Pong-v5", "auto"))
-
-
-class SerialRoles:
-    """Worker, policy worker and learner of a tiny run, stepped by hand."""
-
-    def __init__(self, cfg, tmp_path):
-        self.spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-        self.buffers = SharedBuffers.create(str(tmp_path / "segment"), buffer_layout(cfg, self.spec))
-        self.queues = make_queues(cfg.sampler.num_workers)
-        self.queues.free_slots.put_many(list(range(cfg.num_slots)))
-        self.learner = Learner(cfg, self.buffers, self.queues, self.spec, str(tmp_path / "ckpt"), 0)
-        self.policy = PolicyWorker(cfg, self.buffers, self.queues, self.spec)
-        self.worker = RolloutWorker(cfg, 0, self.buffers, self.queues, self.spec)
-        self.worker.start()
-
-    def full_slots(self, count: int) -> list:
-        slots = []
-        for _ in range(1000):
-            self.worker.step(0)
-            self.policy.step(0)
-            slots += get_many(self.queues.full_slots, 0)
-            if len(slots) >= count:
-                return slots
-        raise AssertionError("the worker did not fill slots")
-
-    def close(self):
-        self.worker.close()
-        self.buffers.release()
+    assert continuous.model.actor_critic == "separate" and cfg.model.actor_critic == "shared"
 
 
 def _next_value(value: int) -> int:
@@ -94,9 +52,9 @@ def _next_value(value: int) -> int:
 
 
 def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_dir):
-    cfg = serial_config(tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64",
-                        "--num_batches_per_epoch", "1")
-    roles = SerialRoles(cfg, tmp_path)
+    plan = serial_plan(tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64",
+                       "--num_batches_per_epoch", "1")
+    cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch])
     image = batch["obs"]["image"]
     assert image.dtype.is_floating_point is False and str(image.dtype) == "torch.uint8"
@@ -113,9 +71,9 @@ def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_
 
 
 def test_envpool_next_step_reset_is_never_trained_on(tmp_path, shm_dir):
-    cfg = serial_config(tmp_path, shm_dir, "CartPole-v1", "--rollout", "64", "--batch_size", "256",
-                        "--num_batches_per_epoch", "1")
-    roles = SerialRoles(cfg, tmp_path)
+    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--rollout", "64", "--batch_size", "256",
+                       "--num_batches_per_epoch", "1")
+    cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
     dones = (batch["terminated"] | batch["truncated"]).numpy()
@@ -127,12 +85,13 @@ def test_envpool_next_step_reset_is_never_trained_on(tmp_path, shm_dir):
     roles.learner.train_on(slots)
     assert trained == [int(valid.sum())]
     roles.worker.send_stats()
-    messages = [m for m in get_many(roles.queues.stats, 0) if m["kind"] == "episodes"]
-    lengths = [length for m in messages for length in m["lengths"]]
-    assert sum(m["count"] for m in messages) > 0 and all(length >= 8 for length in lengths)
+    messages = roles.messages(Episodes)
+    lengths = [length for m in messages for length in m.lengths]
+    assert sum(m.count for m in messages) > 0 and all(length >= 8 for length in lengths)
     roles.close()
 
 
+@pytest.mark.e2e
 def test_true_game_score_is_tracked_across_lives():
     spec = probe_env_spec("Breakout-v5", "auto")
     env = make_batch_env("Breakout-v5", "auto", 4, seed=3, spec=spec, training=True)
@@ -160,12 +119,11 @@ def test_true_game_score_is_tracked_across_lives():
     ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"]),
     ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"]),
 ])
-def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words):
-    line = one_line_error(run_train(["--env", env, "--shm_dir", shm_dir], tmp_path,
-                                    env={**os.environ, "PYTHONPATH": TESTS}))
+def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words, capsys):
+    line = train_error(["--env", env, "--shm_dir", shm_dir], tmp_path, capsys)
     for word in words:
         assert word in line
-    assert os.listdir(shm_dir) == []
+    assert os.listdir(shm_dir) == [] and os.listdir(tmp_path) == []
 
 
 def test_discrete_action_start_offset_reaches_the_env():
@@ -195,6 +153,7 @@ def test_discrete_action_start_offset_reaches_the_env():
     assert seen == [-1, 1]
 
 
+@pytest.mark.e2e
 def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir):
     script = tmp_path / "my_training.py"
     script.write_text(textwrap.dedent(f"""
@@ -216,7 +175,7 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
     import subprocess
 
     result = subprocess.run([sys.executable, str(script), "--env", "MyToy-v0", "--train_dir", str(tmp_path),
-                             "--experiment", "mine", "--shm_dir", shm_dir, "--num_envs_per_worker", "8",
+                             "--experiment", "mine", "--shm_dir", shm_dir, "--num_workers", "2", "--num_envs_per_worker", "8",
                              "--batch_size", "256", "--train_for_env_steps", "20000"],
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr

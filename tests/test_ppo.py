@@ -5,7 +5,7 @@ import torch
 
 from sf_engine import ppo
 from sf_engine.model import ActionDistribution
-from sf_engine.shared_buffers import ActionSpec
+from envs import ActionSpec
 
 
 def random_rollout(seed, num_steps=17, num_traj=9):

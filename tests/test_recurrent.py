@@ -7,20 +7,18 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, read_json, run_train
+from conftest import REPO, SerialRun, read_json, run_train, serial_plan
 from envs import make_batch_env, probe_env_spec
 from sf_engine import ppo
-from sf_engine.config import parse_config
 from sf_engine.model import ActorCritic
-from sf_engine.runner import family_defaults
-from test_envs import SerialRoles, serial_config
+from sf_engine.plan import build_plan
 
 
 def recurrent_model(rnn, actor_critic="shared"):
-    cfg = parse_config(["--env", "CartPoleNoVel-v1", "--rnn", rnn, "--rnn_size", "8", "--actor_critic", actor_critic],
-                       family_defaults=family_defaults)
+    plan = build_plan(["--env", "CartPoleNoVel-v1", "--rnn", rnn, "--rnn_size", "8", "--actor_critic", actor_critic,
+                       "--mode", "serial", "--restart"])  # --restart: reads no experiment
     torch.manual_seed(0)
-    return ActorCritic(probe_env_spec("CartPoleNoVel-v1", "auto"), cfg.model)
+    return ActorCritic(plan.spec, plan.cfg.model)
 
 
 @pytest.mark.parametrize("rnn, actor_critic", [("gru", "shared"), ("lstm", "shared"), ("gru", "separate")])
@@ -59,9 +57,9 @@ def test_state_resets_at_episode_boundaries(rnn, actor_critic):
 
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
 def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, shm_dir, rnn):
-    cfg = serial_config(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", rnn, "--rollout", "32", "--batch_size",
-                        "64", "--num_batches_per_epoch", "1")
-    roles = SerialRoles(cfg, tmp_path)
+    plan = serial_plan(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", rnn, "--rollout", "32", "--batch_size",
+                       "64", "--num_batches_per_epoch", "1")
+    cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
     batch = roles.learner._gather(slots)  # acted with version 0, which the learner still has (no lag)
     model = roles.learner.model
@@ -97,9 +95,9 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
 
 
 def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
-    cfg = serial_config(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", "gru", "--rollout", "16", "--recurrence",
-                        "4", "--batch_size", "64", "--num_batches_per_epoch", "3", "--num_epochs", "2")
-    roles = SerialRoles(cfg, tmp_path)
+    plan = serial_plan(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", "gru", "--rollout", "16", "--recurrence",
+                       "4", "--batch_size", "64", "--num_batches_per_epoch", "3", "--num_epochs", "2")
+    cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
     steps, trajectories = batch["rewards"].shape
@@ -140,6 +138,7 @@ def test_cartpole_novel_observes_position_and_angle_only():
     np.testing.assert_array_equal(masked.step(actions).obs["obs"], full.step(actions).obs["obs"][:, [0, 2]])
 
 
+@pytest.mark.e2e
 def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
     args = ["--env", "CartPoleNoVel-v1", "--rnn", "lstm", "--experiment", "rnn", "--shm_dir", shm_dir,
             "--num_workers", "2", "--num_envs_per_worker", "32", "--batch_size", "512", "--eval_every_sec", "2",
@@ -184,14 +183,16 @@ def _require_compiled_loops(recurrent) -> None:
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-@pytest.mark.parametrize("loops", ["native", "numpy", "torch"])
-def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops):
-    """sf_engine.recurrent's forward and backward (the compiled loops, the NumPy loops, and the torch
-    loops CUDA runs) give nn.GRU's / nn.LSTM's outputs and gradients, resets included, in double
-    precision."""
+@pytest.mark.parametrize("loops", ["native", "torch"])
+def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops, monkeypatch):
+    """sf_engine.recurrent's forward and backward (the compiled loops, and the torch loops that CUDA,
+    other dtypes and builds without the compiled loops run) give nn.GRU's / nn.LSTM's outputs and
+    gradients, resets included, in double precision; the autograd node passes gradcheck with each."""
     from sf_engine import recurrent
     if loops == "native":
         _require_compiled_loops(recurrent)
+    else:  # as where the compiled loops are not built
+        monkeypatch.setattr(recurrent, "NATIVE", None)
     torch.manual_seed(1)
     steps, batch, features, size = 9, 6, 5, 4
     module = (torch.nn.GRU if kind == "gru" else torch.nn.LSTM)(features, size).double()
@@ -214,24 +215,23 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops):
         grads = backward(grad_out, x, state, keep, resets, weights[0], weights[1], out, *saved, loops=loops)
     for got, want, name in zip(grads, expected, ("x", "state", "w_ih", "w_hh", "b_ih", "b_hh")):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=f"gradient of {name}")
-    if loops == recurrent.loops_for(x):  # the autograd node as the learner calls it
-        assert torch.autograd.gradcheck(
-            lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)
+    assert recurrent.loops_for(x) == loops  # the autograd node as the learner calls it
+    assert torch.autograd.gradcheck(
+        lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)
+    with pytest.raises(ValueError, match="loops must be"):
+        recurrent.loops_for(x, "numpy")
 
 
 def test_the_compiled_loops_are_built_and_taken():
-    """`make` builds the compiled loops (setup.py); CPU float32/float64 take them, float16 the NumPy
-    loops, bfloat16 the torch loops. In float32, with enough rows for oneDNN's products, they give
-    nn.GRU's / nn.LSTM's outputs and gradients."""
+    """`make` builds the compiled loops (setup.py); CPU float32/float64 take them, other dtypes the
+    torch loops. In float32, on a learner-sized minibatch, they give nn.GRU's / nn.LSTM's outputs and
+    gradients."""
     from sf_engine import recurrent
     _require_compiled_loops(recurrent)
     assert [recurrent.loops_for(torch.zeros(1, dtype=dtype)) for dtype in
-            (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "numpy", "torch"]
+            (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "torch", "torch"]
     torch.manual_seed(3)
     steps, batch, features, size = 16, 32, 64, 64
-    rows = steps * batch
-    for a, w in (((rows, features), (3 * size, features)), ((features, rows), (4 * size, rows))):
-        assert recurrent._onednn_for(torch.zeros(a), torch.zeros(w)) == (recurrent._onednn() is not None)
     for kind, nn_class in (("gru", torch.nn.GRU), ("lstm", torch.nn.LSTM)):
         module = nn_class(features, size)
         x = torch.randn(steps, batch, features, requires_grad=True)
@@ -252,48 +252,3 @@ def test_the_compiled_loops_are_built_and_taken():
     gi, h0 = torch.zeros(2, 3, 3 * size), torch.zeros(3, size + 1)  # the ops check shapes: they read raw memory
     with pytest.raises(RuntimeError, match="h0 must have shape"):
         recurrent.NATIVE.gru_forward(gi, h0, None, torch.zeros(size, 3 * size), torch.zeros(3 * size))
-
-
-def test_large_products_agree_with_torch_mm():
-    """The core's large float32 products (oneDNN's where torch has it) equal torch.mm's for every
-    operand layout the core passes: rows in order or not, weights contiguous, transposed or sliced."""
-    from sf_engine import recurrent
-    torch.manual_seed(4)
-    a, w = torch.randn(600, 64), torch.randn(96, 64)
-    wide, bias = torch.randn(600, 100), torch.randn(96)
-    assert recurrent._onednn_for(a, w) == (recurrent._onednn() is not None)
-    for left, right in ((a, w), (a, w.t().contiguous().t()), (wide[:, 8:72], w), (a.t().contiguous().t(), w),
-                        (torch.randn(64, 600).t(), w), (a, torch.randn(96, 80)[:, 10:74]), (wide.t(), wide.t()[:, :]),
-                        (wide.t(), torch.randn(600, 96).t())):
-        torch.testing.assert_close(recurrent._linear(left, right), left @ right.t(), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(recurrent._linear(a, w, bias), torch.addmm(bias, a, w.t()), rtol=1e-5, atol=1e-4)
-
-
-@pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_padded_stretches_match_the_stepped_core(kind, monkeypatch):
-    """padded_sequence (one nn.GRU / nn.LSTM call over the stretches between episode starts, each a
-    padded row of its own) gives the stepped outputs and gradients; use_padded takes it for a CPU
-    LSTM only without the compiled loops, and while the starts inside the sequences are at most the
-    number of sequences."""
-    from sf_engine import recurrent
-    torch.manual_seed(2)
-    steps, batch, features, size = 8, 5, 3, 4
-    module = (torch.nn.GRU if kind == "gru" else torch.nn.LSTM)(features, size).double()
-    x = torch.randn(steps, batch, features, dtype=torch.double, requires_grad=True)
-    state = torch.randn(batch, size * (1 if kind == "gru" else 2), dtype=torch.double, requires_grad=True)
-    episode_start = torch.zeros(steps, batch, dtype=torch.bool)
-    episode_start[0, 1] = episode_start[3, 0] = episode_start[5, 0] = episode_start[7, 4] = True
-    reference = _stepped_reference(kind, module, x, state, episode_start)[..., :size]
-    out = recurrent.padded_sequence(module, x, state, episode_start)
-    torch.testing.assert_close(out, reference, rtol=1e-10, atol=1e-12)
-    grad_out = torch.randn_like(out)
-    params = (x, state) + tuple(module.parameters())
-    for got, want in zip(torch.autograd.grad((out * grad_out).sum(), params),
-                         torch.autograd.grad((reference * grad_out).sum(), params)):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
-    few, many = torch.zeros(steps, batch, dtype=torch.bool), torch.ones(steps, batch, dtype=torch.bool)
-    few[2, :] = True
-    assert not recurrent.use_padded("lstm", x.float(), few) or recurrent.NATIVE is None  # the compiled loops win
-    monkeypatch.setattr(recurrent, "NATIVE", None)
-    assert recurrent.use_padded("lstm", x.float(), few) and not recurrent.use_padded("lstm", x.float(), many)
-    assert not recurrent.use_padded("gru", x.float(), few) and not recurrent.use_padded("lstm", x, few)

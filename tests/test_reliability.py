@@ -86,12 +86,14 @@ def books_balance(summary):
     return books
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("role, counter", [("rollout_worker", "worker_restarts"),
                                            ("policy_worker", "policy_worker_restarts")])
 def test_a_killed_worker_is_restarted_and_training_goes_on(tmp_path, shm_dir, role, counter):
     exp = str(tmp_path / "kill")
-    proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_seconds", "30", "--save_every_sec", "5"],
-                       tmp_path, "kill")
+    # the run ends on its env-step budget, so only by sampling and training on after the kill
+    proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_env_steps", "300000", "--train_for_seconds", "90",
+                                "--save_every_sec", "5"], tmp_path, "kill")
     rows = wait_for_children(exp, 4)
     wait_for_steps(exp, 50_000)
     victim = next(r["pid"] for r in rows if r["role"] == role and r["index"] == 0)
@@ -101,22 +103,27 @@ def test_a_killed_worker_is_restarted_and_training_goes_on(tmp_path, shm_dir, ro
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, out
     summary = read_json(os.path.join(exp, "summary.json"))
-    assert summary[counter] == 1 and "killed by SIGKILL" in out
+    assert summary[counter] == 1 and "killed by SIGKILL" in out and "env-step budget reached" in out
     assert summary["env_steps"] > after_kill + 50_000  # sampling and training went on
     assert summary["learner_version"] > 10
     books_balance(summary)
     assert os.listdir(shm_dir) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env_id, extra, words", [
-    ("toy_envs:RaiseOnceEnv", [], ["RuntimeError: simulated env failure on step 100", "died (exit code 1)"]),
-    ("toy_envs:HangOnceEnv", ["--stuck_timeout_sec", "3"], ["stuck (no heartbeat for"]),
+    ("toy_envs:RaiseOnceEnv", ["--train_for_env_steps", "20000"],
+     ["RuntimeError: simulated env failure on step 100", "died (exit code 1)"]),
+    # the other worker samples on while the stuck one waits out its timeout: a budget well beyond that
+    ("toy_envs:HangOnceEnv", ["--stuck_timeout_sec", "3", "--train_for_env_steps", "200000"],
+     ["stuck (no heartbeat for"]),
 ])
 def test_a_failing_or_hanging_env_gets_its_worker_restarted(tmp_path, shm_dir, env_id, extra, words):
-    proc = start_train(ASYNC + ["--env", env_id, "--shm_dir", shm_dir, "--train_for_seconds", "25"] + extra,
+    proc = start_train(ASYNC + ["--env", env_id, "--shm_dir", shm_dir, "--train_for_seconds", "90"] + extra,
                        tmp_path, "fault", SF_TEST_FAULT_MARKER=str(tmp_path / "fault_marker"))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
+    assert "env-step budget reached" in out  # ended by training on after the restart, not by the clock
     for word in words:
         assert word in out, out
     assert f"on env {env_id}" in out
@@ -128,6 +135,7 @@ def test_a_failing_or_hanging_env_gets_its_worker_restarted(tmp_path, shm_dir, e
     assert os.listdir(shm_dir) == []
 
 
+@pytest.mark.e2e
 def test_repeated_worker_failures_stop_the_run_cleanly(tmp_path, shm_dir):
     # without the marker variable every env fails on its 100th step
     result = run_train(ASYNC + ["--env", "toy_envs:RaiseOnceEnv", "--shm_dir", shm_dir, "--max_worker_restarts", "2",
@@ -139,6 +147,7 @@ def test_repeated_worker_failures_stop_the_run_cleanly(tmp_path, shm_dir):
     assert os.listdir(shm_dir) == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
 def test_sigint_and_sigterm_stop_cleanly_within_10_s(tmp_path, shm_dir, sig, code):
     exp = str(tmp_path / "stop")
@@ -162,6 +171,7 @@ def test_sigint_and_sigterm_stop_cleanly_within_10_s(tmp_path, shm_dir, sig, cod
     books_balance(read_json(os.path.join(exp, "summary.json")))
 
 
+@pytest.mark.e2e
 def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(tmp_path, shm_dir):
     exp = str(tmp_path / "crash")
     args = ASYNC + ["--shm_dir", shm_dir, "--save_every_sec", "2"]
@@ -177,26 +187,34 @@ def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(
         time.sleep(0.2)
     assert not alive(children)
     assert len(os.listdir(shm_dir)) == 1  # the dead runner could not remove its segment
-    result = run_train(args + ["--experiment", "crash", "--train_for_seconds", "8"], tmp_path)
+    from sf_engine.checkpoint import env_steps_of, latest_checkpoint
+
+    resumed_at = env_steps_of(latest_checkpoint(os.path.join(exp, "checkpoints")))
+    result = run_train(args + ["--experiment", "crash", "--train_for_env_steps", str(resumed_at + 50_000)], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "resuming experiment crash" in result.stdout
     assert os.listdir(shm_dir) == []
 
 
-def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, shm_dir):
+@pytest.mark.e2e
+def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, shm_dir, capsys):
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
     base = ["--experiment", "corrupt", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256"]
-    assert run_train(base + ["--train_for_env_steps", "3000"], tmp_path).returncode == 0
-    assert run_train(base + ["--train_for_env_steps", "6000"], tmp_path).returncode == 0
+            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
+    assert run(build_plan(base + ["--train_for_env_steps", "3000"])) == 0
+    assert run(build_plan(base + ["--train_for_env_steps", "6000"])) == 0
     paths = sorted(glob.glob(str(tmp_path / "corrupt" / "checkpoints" / "checkpoint_*.pt")))
     assert len(paths) == 2
     data = bytearray(open(paths[-1], "rb").read())
     data[len(data) // 2] ^= 0xFF
     open(paths[-1], "wb").write(bytes(data))
-    result = run_train(base + ["--train_for_env_steps", "9000"], tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"{paths[-1]} is truncated or corrupted (checksum mismatch): using the checkpoint before it" in result.stdout
-    assert f"from {os.path.basename(paths[0])}" in result.stdout
+    capsys.readouterr()
+    assert run(build_plan(base + ["--train_for_env_steps", "9000"])) == 0
+    out = capsys.readouterr().out
+    assert f"{paths[-1]} is truncated or corrupted (checksum mismatch): using the checkpoint before it" in out
+    assert f"from {os.path.basename(paths[0])}" in out
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -216,18 +234,15 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monkeypatch):
-    from envs import probe_env_spec
+    from conftest import SerialRun
     from sf_engine import learner as learner_module
-    from sf_engine.config import parse_config
-    from sf_engine.ipc import get_many, make_queues
-    from sf_engine.shared_buffers import SharedBuffers, buffer_layout
+    from sf_engine.messages import CheckpointFailed
+    from sf_engine.plan import build_plan
 
-    cfg = parse_config(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256"])
-    spec = probe_env_spec("CartPole-v1", "auto")
-    layout = buffer_layout(cfg, spec)
-    buffers = SharedBuffers.create(str(tmp_path / "shm"), layout)
-    queues = make_queues(1)
-    learner = learner_module.Learner(cfg, buffers, queues, spec, str(tmp_path / "checkpoints"), 0)
+    plan = build_plan(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256",
+                       "--train_dir", str(tmp_path)])
+    run = SerialRun(plan, tmp_path)
+    learner = run.learner
     first = learner.save()
 
     def disk_full(*args, **kwargs):
@@ -236,13 +251,14 @@ def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monke
     monkeypatch.setattr(learner_module, "save_checkpoint", disk_full)
     learner.version += 1
     assert learner.save() is None
-    assert os.listdir(tmp_path / "checkpoints") == [os.path.basename(first)]
-    kinds = [m["kind"] for m in get_many(queues.stats, 0)]
-    assert "checkpoint_failed" in kinds
-    buffers.release()
+    assert os.listdir(plan.paths.checkpoint_dir) == [os.path.basename(first)]
+    assert run.messages(CheckpointFailed)
+    run.close()
 
 
+@pytest.mark.e2e
 def test_not_enough_memory_is_one_line_with_the_fix(tmp_path, shm_dir):
-    line = one_line_error(run_train(["--shm_dir", shm_dir, "--num_workers", "200", "--num_envs_per_worker", "8",
+    # 100,000 workers: more memory than any host has, whatever this one has
+    line = one_line_error(run_train(["--shm_dir", shm_dir, "--num_workers", "100000", "--num_envs_per_worker", "8",
                                      "--batch_size", "256"], tmp_path))
     assert "MiB of memory" in line and "--num_workers" in line

@@ -4,24 +4,16 @@ import os
 
 import numpy as np
 
-from envs import probe_env_spec
-from sf_engine.config import Config
-from sf_engine.ipc import get_many, make_queues
-from sf_engine.learner import Learner
-from sf_engine.policy_worker import PolicyWorker
-from sf_engine.rollout_worker import RolloutWorker
-from sf_engine.shared_buffers import ActionSpec, EnvSpec, SharedBuffers, buffer_layout
+from conftest import SerialRun
+from envs import ActionSpec, EnvSpec
+from sf_engine.ipc import get_many
+from sf_engine.plan import build_plan
+from sf_engine.shared_buffers import SharedBuffers, buffer_layout
 
 
-def small_config(tmp_path, **sampler) -> Config:
-    cfg = Config()
-    cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.sampler.rollout = 2, 8, 4
-    for key, value in sampler.items():
-        setattr(cfg.sampler, key, value)
-    cfg.learner.batch_size, cfg.learner.num_batches_per_epoch = 16, 2
-    cfg.run.train_dir, cfg.run.mode = str(tmp_path), "serial"
-    cfg.validate()
-    return cfg
+def small_plan(tmp_path):
+    return build_plan(["--num_workers", "2", "--num_envs_per_worker", "8", "--rollout", "4", "--batch_size", "16",
+                       "--num_batches_per_epoch", "2", "--train_dir", str(tmp_path), "--mode", "serial"])
 
 
 def _child_writes(path, layout, slot):
@@ -33,8 +25,9 @@ def _child_writes(path, layout, slot):
 
 
 def test_slot_written_in_one_process_is_read_intact_in_another(tmp_path):
-    cfg = small_config(tmp_path)
-    layout = buffer_layout(cfg, EnvSpec(obs=(("obs", (3, 2), "float32"),), action=ActionSpec("discrete", nvec=(2,))))
+    cfg = small_plan(tmp_path).cfg
+    layout = buffer_layout(cfg, EnvSpec(obs=(("obs", (3, 2), "float32"),), action=ActionSpec("discrete", nvec=(2,))),
+                           state=0)
     path = str(tmp_path / "shm_segment")
     buffers = SharedBuffers.create(path, layout)
     process = multiprocessing.get_context("spawn").Process(target=_child_writes, args=(path, layout, 1))
@@ -60,16 +53,8 @@ def _free_queue_contents(queues) -> list:
 def test_no_slot_is_handed_out_twice(tmp_path):
     """Every slot is, at any moment, in exactly one place: the free queue, a split being filled, the
     full queue on its way to the learner, or the learner's batch."""
-    cfg = small_config(tmp_path)
-    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    buffers = SharedBuffers.create(str(tmp_path / "segment"), buffer_layout(cfg, spec))
-    queues = make_queues(cfg.sampler.num_workers)
-    queues.free_slots.put_many(list(range(cfg.num_slots)))
-    learner = Learner(cfg, buffers, queues, spec, str(tmp_path / "ckpt"), 0)
-    policy = PolicyWorker(cfg, buffers, queues, spec)
-    workers = [RolloutWorker(cfg, w, buffers, queues, spec) for w in range(cfg.sampler.num_workers)]
-    for worker in workers:
-        worker.start()
+    run = SerialRun(small_plan(tmp_path), tmp_path)
+    cfg, queues, learner, policy, workers = run.cfg, run.queues, run.learner, run.policy, run.workers
     trained_batches = 0
     for _ in range(300):
         for worker in workers:
@@ -85,6 +70,4 @@ def test_no_slot_is_handed_out_twice(tmp_path):
         learner.step(0)
         trained_batches += learner.version - version
     assert trained_batches >= 5
-    for worker in workers:
-        worker.close()
-    buffers.release()
+    run.close()

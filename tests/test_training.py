@@ -9,19 +9,19 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO, read_json, run_train
-from sf_engine.config import Config
-from sf_engine.runner import train
+from sf_engine.plan import build_plan
+from sf_engine.runner import run
+
+pytestmark = pytest.mark.e2e
 
 SMALL = ["--num_workers", "2", "--num_envs_per_worker", "64", "--batch_size", "1024"]
 
 
 def test_serial_mode_learns_cartpole(tmp_path, shm_dir):
-    cfg = Config()
-    cfg.run.train_dir, cfg.run.experiment, cfg.run.mode, cfg.run.shm_dir = str(tmp_path), "serial", "serial", shm_dir
-    cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker = 1, 64
-    cfg.learner.batch_size = 1024
-    cfg.run.train_for_env_steps = 150_000
-    assert train(cfg) == 0
+    plan = build_plan(["--train_dir", str(tmp_path), "--experiment", "serial", "--mode", "serial", "--shm_dir", shm_dir,
+                       "--num_workers", "1", "--num_envs_per_worker", "64", "--batch_size", "1024",
+                       "--train_for_env_steps", "150000"])
+    assert run(plan) == 0
     summary = read_json(tmp_path / "serial" / "summary.json")
     assert summary["env_steps"] >= 150_000
     assert summary["episode_return_mean"] > 100, summary  # a random policy averages about 22

@@ -1,0 +1,44 @@
+"""What the engine needs to know of an env: its observation entries, action space, family and frameskip.
+Probed once by the main process (envs.registry.probe_env_spec) and handed to every role in the run plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
+    `start`: the env's first action value per dimension (Gymnasium's Discrete start)."""
+    kind: str
+    nvec: tuple = ()
+    start: tuple = ()
+    shape: tuple = ()
+    low: tuple = ()
+    high: tuple = ()
+
+    @property
+    def buffer_shape(self) -> tuple:
+        return {"discrete": (), "multi_discrete": (len(self.nvec),)}.get(self.kind, self.shape)
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if self.kind == "continuous" else "int64"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the buffers and the model need to know of an env (probed once by the runner).
+    obs: tuple of (key, shape, dtype); a plain Box observation is the single key 'obs'."""
+    obs: tuple
+    action: ActionSpec
+    family: str = "classic"
+    frameskip: int = 1
+
+    @property
+    def is_dict(self) -> bool:
+        return [key for key, _, _ in self.obs] != ["obs"]
+
+    @property
+    def has_image(self) -> bool:
+        """Whether some observation entry is a uint8 image ([H, W, C] or [C, H, W])."""
+        return any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in self.obs)

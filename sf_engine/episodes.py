@@ -1,0 +1,55 @@
+"""The one loop that plays whole episodes outside training: periodic evaluation (sf_engine.evaluator)
+and replay (enjoy.py). Runs in the process that calls it, on `device`.
+
+Envs reset on the step after an episode ends (Gymnasium 1.x / EnvPool): that step's action is
+ignored and it belongs to no episode; a recurrent state starts over from zeros with each episode.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sf_engine.model import obs_tensors
+
+
+@torch.no_grad()
+def act(model, obs: dict, state=None, deterministic: bool = False):
+    """Actions [B] outside training: the most likely ones or samples; and the core's new state (None
+    without a core)."""
+    if deterministic:
+        params, _, new_state = model.outputs(obs, state)
+        return model.distribution.mode(params), new_state
+    actions, _, _, new_state = model.sample(obs, state)
+    return actions, new_state
+
+
+def play(model, env, episodes_per_env: int, deterministic: bool = True, max_steps: int | None = None,
+         should_stop=lambda: False, device="cpu"):
+    """Play `episodes_per_env` whole episodes on each env of `env` (a BatchEnv, E envs). Yields
+    (env index, return, length) of each episode as it ends, in the user's score (the true game score
+    on Atari). Gives up after `max_steps` batched steps or once `should_stop()`."""
+    obs = env.reset()
+    num_envs = env.num_envs
+    returns, lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
+    played = np.zeros(num_envs, np.int64)
+    resetting = np.zeros(num_envs, bool)  # this step is the env's reset step
+    fresh = np.zeros(num_envs, bool)  # the obs starts an episode: the state starts over
+    state = model.initial_state(num_envs, device)
+    steps = 0
+    while (played < episodes_per_env).any() and (max_steps is None or steps < max_steps) and not should_stop():
+        with torch.inference_mode():
+            if state is not None and fresh.any():
+                state = state * torch.as_tensor(~fresh, device=state.device).unsqueeze(-1)
+            actions, state = act(model, obs_tensors(obs, device), state, deterministic)
+        result = env.step(actions.cpu().numpy())
+        counting = (played < episodes_per_env) & ~resetting
+        returns += result.score_rewards * counting
+        lengths += counting
+        ended = result.episode_over & counting
+        for i in np.flatnonzero(ended):
+            yield int(i), float(returns[i]), int(lengths[i])
+            played[i] += 1
+            returns[i], lengths[i] = 0.0, 0
+        fresh, resetting = resetting, ended
+        obs = result.obs
+        steps += 1

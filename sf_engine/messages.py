@@ -1,0 +1,86 @@
+"""Typed stats messages: what each role reports to the main process through the stats queue.
+
+Small dataclasses (pickled by faster-fifo); sf_engine.stats.RunStats aggregates them. Stage seconds
+are cumulative per process: `stage_sec` {stage: seconds} covers `wall_sec` of that process's loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stages:
+    """Where one process's time went: `role` names it ('learner', 'policy_worker', 'rollout_worker_3')."""
+    role: str
+    stage_sec: dict
+    wall_sec: float
+
+
+@dataclass
+class Episodes:
+    """Rollout worker: episodes finished since its last report (the last 100 of them in full)."""
+    stages: Stages
+    count: int
+    returns: list
+    lengths: list
+
+
+@dataclass
+class Training:
+    """Learner: one training batch. Lag = learner version - the version that acted, over valid samples."""
+    stages: Stages
+    version: int
+    samples: int
+    dropped_lag: int
+    not_trainable: int
+    lag_count: int
+    lag_min: float
+    lag_mean: float
+    lag_max: float
+    learning_rate: float
+    losses: dict = field(default_factory=dict)  # policy_loss, value_loss, entropy, approx_kl, ...
+
+
+@dataclass
+class Inference:
+    """Policy worker: forward passes and samples since its last report."""
+    stages: Stages
+    forwards: int
+    samples: int
+
+
+@dataclass
+class Evaluation:
+    """Evaluator: one greedy evaluation of `version`."""
+    version: int
+    return_mean: float
+    return_std: float
+    length_mean: float
+    episodes: int
+    unfinished: int
+    best: float
+    seconds: float
+
+
+@dataclass
+class CheckpointWritten:
+    path: str
+
+
+@dataclass
+class CheckpointFailed:
+    reason: str
+
+
+@dataclass
+class Recycled:
+    """Learner with --sampling_only: env steps handed back untrained."""
+    steps: int
+
+
+@dataclass
+class Fault:
+    """A role's process failed: its traceback, logged once by the supervisor."""
+    role: str
+    index: int
+    traceback: str

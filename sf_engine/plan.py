@@ -1,0 +1,186 @@
+"""The run plan: everything a run is, resolved once by the main process before any child starts and
+before anything on disk changes.
+
+`build_plan(argv)` parses the command line once, probes the env once, lays the env family's defaults
+under the user's flags, resolves every 'auto' (the model's shape decisions in sf_engine.model, the
+sampler's size by measurement in sf_engine.autosize, the device, the env backend, the BPTT length),
+lays out the shared buffers, checks the resources, and finds the checkpoint to resume from. A bad flag
+is found here, so it can never cost a file. The plan is frozen; every role is built from it (plus its
+own config section), and `config.json` records its resolved config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+from envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
+from envs.registry import registered_envs, resolve_backend
+from sf_engine.autosize import resolve_sampler, usable_cores
+from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint
+from sf_engine.config import (Config, ConfigError, ModelConfig, check_flags, check_resolved, make_config,
+                              parse_flags)
+from sf_engine.device import resolve_device
+from sf_engine.model_shape import resolve_model_config, state_size
+from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
+
+PROCESS_MEMORY_BYTES = 400 * 2**20  # resident memory of one process (torch, envs) besides the buffers
+
+
+@dataclass(frozen=True)
+class Paths:
+    experiment_dir: str
+    checkpoint_dir: str
+    log_path: str
+    shm_path: str
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    cfg: Config  # every 'auto' resolved
+    spec: EnvSpec
+    layout: dict  # shared array name -> (shape, dtype)
+    paths: Paths
+    resume_from: str | None  # the newest valid checkpoint (None: a fresh start or --restart)
+    env_steps_base: int  # env steps of the runs before this one
+    command_line: tuple
+    registered_envs: dict  # envs.register_env() factories of the user's script, for the children
+    notes: tuple = ()  # lines that explain choices (auto sizing) and warnings, logged at start
+
+
+def build_plan(argv=None, given: dict | None = None) -> RunPlan:
+    """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags).
+    Bad input raises ConfigError or EnvError with one line naming the flag and the fix; nothing on
+    disk is touched."""
+    given = parse_flags(argv) if given is None else given
+    first = make_config(given)
+    spec = probe_env_spec(first.env.env, first.env.env_backend)
+    cfg = make_config(given, flag_defaults(first.env.env, spec))
+    check_flags(cfg)
+    cfg, notes = _resolve(cfg, spec)
+    check_resolved(cfg)
+    envs = registered_envs()
+    if cfg.run.mode != "serial":
+        _check_picklable(envs)
+    experiment_dir = os.path.join(cfg.run.train_dir, cfg.run.experiment)
+    paths = Paths(experiment_dir, checkpoint_dir(experiment_dir), os.path.join(experiment_dir, "train.log"),
+                  shm_path(cfg.run.shm_dir, experiment_dir))
+    layout = buffer_layout(cfg, spec, state_size(cfg.model))
+    _check_resources(cfg, layout, paths.shm_path)
+    resume_from, skipped = _resume_point(cfg, spec, paths)
+    notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
+    return RunPlan(cfg, spec, layout, paths, resume_from, env_steps_of(resume_from),
+                   tuple(argv if argv is not None else sys.argv[1:]), envs, tuple(notes))
+
+
+def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
+    """Every 'auto' of `cfg` replaced by its value; returns (config, lines explaining the choices)."""
+    recurrence = cfg.learner.recurrence
+    cfg = dataclasses.replace(
+        cfg, env=dataclasses.replace(cfg.env, env_backend=resolve_backend(cfg.env.env, cfg.env.env_backend)),
+        model=resolve_model_config(cfg.model, spec),
+        learner=dataclasses.replace(cfg.learner, recurrence=cfg.sampler.rollout if recurrence == "auto" else recurrence),
+        run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)))
+    sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
+    notes = [f"auto sizing: {line}" for line in lines]
+    if cfg.learner.learner_threads > usable_cores():
+        notes.append(f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "
+                     f"cores: threads will contend; use --learner_threads {usable_cores()}")
+    return dataclasses.replace(cfg, sampler=sampler), notes
+
+
+def _resolve_device(device: str) -> str:
+    try:
+        return resolve_device(device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_picklable(envs: dict) -> None:
+    """register_env factories travel to the worker processes, so they must be picklable."""
+    for name, make_env in envs.items():
+        try:
+            pickle.dumps(make_env)
+        except Exception:
+            raise ConfigError(f"--env {name}: its register_env factory cannot be sent to worker processes; "
+                              f"register a module-level function or class, not a lambda or closure") from None
+
+
+def _check_resources(cfg: Config, layout: dict, path: str) -> None:
+    if not os.path.isdir(cfg.run.shm_dir):
+        raise ConfigError(f"--shm_dir {cfg.run.shm_dir} does not exist; point it at a tmpfs such as /dev/shm")
+    stat = os.statvfs(cfg.run.shm_dir)
+    available = stat.f_bavail * stat.f_frsize + (os.path.getsize(path) if os.path.exists(path) else 0)
+    needed = required_bytes(layout)
+    if needed > available:
+        raise ConfigError(f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
+                          f"{available / 2**20:,.0f} MiB free: lower --num_envs_per_worker or --batch_size, "
+                          f"or choose a larger --shm_dir")
+    processes = cfg.sampler.num_workers + 3
+    memory = needed + processes * PROCESS_MEMORY_BYTES
+    free = psutil.virtual_memory().available
+    if memory > free:
+        raise ConfigError(f"this run needs about {memory / 2**20:,.0f} MiB of memory (buffers and {processes} "
+                          f"processes) but {free / 2**20:,.0f} MiB are available: lower --num_workers or "
+                          f"--num_envs_per_worker")
+
+
+def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
+    """(the checkpoint to resume from or None, [(skipped path, reason)]). A resumed run must have the
+    env and model it was trained with; --restart resumes nothing (the experiment is cleared later)."""
+    if cfg.run.restart or not latest_checkpoint(paths.checkpoint_dir):
+        return None, []
+    saved = _saved_config(os.path.join(paths.experiment_dir, "config.json"), cfg)
+    if saved is not None:
+        old_model = resolve_model_config(ModelConfig(**saved.get("model", {})), spec)
+        changed = [f"--{f.name}" for f in dataclasses.fields(ModelConfig)
+                   if getattr(old_model, f.name) != getattr(cfg.model, f.name)]
+        if saved.get("env", {}).get("env") != cfg.env.env:
+            changed.insert(0, "--env")
+        if changed:
+            raise ConfigError(f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
+                              f"pass --restart to start over or choose another --experiment")
+    resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir)
+    if resume_from is None:
+        raise ConfigError(f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); "
+                          f"pass --restart to start over")
+    return resume_from, skipped
+
+
+def _saved_config(path: str, cfg: Config):
+    """The experiment's config.json as a dict, None if there is none; ConfigError if it is unreadable."""
+    import json
+
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        ModelConfig(**saved.get("model", {}))
+        return saved
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc.__class__.__name__}); "
+                          f"pass --restart to start over or choose another --experiment") from None
+
+
+def log_plan(plan: RunPlan) -> None:
+    """The plan's notes and its one-line description, to the run's log."""
+    for note in plan.notes:
+        (logging.warning if note.startswith("warning: ") else logging.info)(note.removeprefix("warning: "))
+    cfg = plan.cfg
+    if plan.resume_from:
+        logging.info("resuming experiment %s from %s (%s env steps; --restart starts over)", cfg.run.experiment,
+                     os.path.basename(plan.resume_from), f"{plan.env_steps_base:,}")
+    logging.info("experiment %s: %s on %s, mode %s, device %s, %d workers x %d envs, %d slots of %d steps x %d envs",
+                 cfg.run.experiment, cfg.env.env, cfg.env.env_backend, cfg.run.mode, cfg.run.device,
+                 cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.num_slots, cfg.sampler.rollout,
+                 cfg.sampler.envs_per_split)
+    idle = cfg.sampler.total_splits - cfg.slots_per_batch % cfg.sampler.total_splits
+    if cfg.run.mode == "sync" and idle < cfg.sampler.total_splits:
+        logging.info("sync mode: %d of %d env groups wait each round for a slot; a training batch of a multiple "
+                     "of %d slots keeps them all busy", idle, cfg.sampler.total_splits, cfg.sampler.total_splits)

@@ -1,0 +1,138 @@
+"""What every role shares: its context (plan, shared buffers, queues, heartbeat, stats), its stage timer,
+and the one process entry that runs any role class in a child process.
+
+A role is a plain class built as `Role(ctx)` with `step(timeout_sec)` (one unit of work, blocking at
+most that long), `finish()` (a clean stop: the learner's last checkpoint, the last stats) and
+`close()` (release envs). `run_role` is the process target of every role; serial mode
+(sf_engine.serial) builds the same classes from the same plan and steps them in one process.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+from sf_engine import messages
+from sf_engine.ipc import ParentWatch
+from sf_engine.shared_buffers import SharedBuffers, heartbeat_index
+
+STEP_TIMEOUT_SEC = {"learner": 0.1, "policy_worker": 0.1, "rollout_worker": 0.1, "evaluator": 0.2}
+
+
+class StageTimer:
+    """Seconds per stage of one process's loop, adding up to its wall time since the first `start()`:
+    `start()` opens a lap, `lap(stage)` books the time since the last mark to `stage`."""
+
+    def __init__(self, *stages: str):
+        self.stage_sec = dict.fromkeys(stages, 0.0)
+        self.first = None
+        self._mark = 0.0
+
+    def start(self) -> float:
+        self._mark = time.monotonic()
+        if self.first is None:
+            self.first = self._mark
+        return self._mark
+
+    def lap(self, stage: str) -> float:
+        now = time.monotonic()
+        self.stage_sec[stage] += now - self._mark
+        self._mark = now
+        return now
+
+    def report(self, role: str) -> messages.Stages:
+        return messages.Stages(role, dict(self.stage_sec), time.monotonic() - (self.first or time.monotonic()))
+
+
+@dataclass
+class RoleContext:
+    """What a role is built from: the run plan, its place (role, index, generation of a restarted
+    worker), the shared buffers and the queues."""
+    plan: object  # sf_engine.plan.RunPlan
+    role: str
+    index: int
+    buffers: SharedBuffers
+    queues: object  # sf_engine.wiring.Queues
+    generation: int = 0
+
+    @property
+    def cfg(self):
+        return self.plan.cfg
+
+    @property
+    def name(self) -> str:
+        """'learner', 'policy_worker', 'rollout_worker_3', ..."""
+        return f"{self.role}_{self.index}" if self.role == "rollout_worker" else self.role
+
+    def beat(self) -> None:
+        """A sign of life (the supervisor restarts a process whose heartbeat stops)."""
+        self.buffers.heartbeat[heartbeat_index(self.role, self.index)] = time.monotonic()
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.buffers.stop[0])
+
+    def send(self, message) -> None:
+        """A stats message to the main process; dropped (never blocks) if it is far behind."""
+        try:
+            self.queues.stats.put(message, block=False)
+        except queue.Full:
+            pass
+
+    def weights(self):
+        from sf_engine.weights import SharedWeights
+
+        return SharedWeights(self.buffers, self.queues.weights)
+
+
+def _init_child(role: str, index: int, log_path: str) -> None:
+    """The main process alone handles Ctrl-C; logs go to the run's file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logging.basicConfig(filename=log_path, level=logging.INFO,
+                        format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s")
+
+
+def torch_threads(role: str, cfg):
+    """Torch threads of a role's process (None: the role does not use torch)."""
+    return {"learner": cfg.learner.learner_threads, "policy_worker": 1, "evaluator": 1}.get(role)
+
+
+def run_role(role: str, index: int, generation: int, plan, queues) -> None:
+    """Process target of every role: set-up, then `step` until the run stops or the main process is
+    gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
+    once there, with the env id) and the process exits with 1."""
+    from envs import register_env
+    from sf_engine.wiring import role_class
+
+    _init_child(role, index, plan.paths.log_path)
+    for name, make_env in plan.registered_envs.items():
+        register_env(name, make_env)
+    threads = torch_threads(role, plan.cfg)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
+    ctx = RoleContext(plan, role, index, buffers, queues, generation)
+    ctx.beat()
+    watch, instance, timeout = ParentWatch(queues.lifeline), None, STEP_TIMEOUT_SEC[role]
+    try:
+        instance = role_class(role)(ctx)
+        logging.info("ready: %s", instance.describe())
+        while not ctx.stopping and watch.parent_alive():
+            instance.step(timeout)
+        instance.finish()
+    except Exception:
+        ctx.send(messages.Fault(role, index, traceback.format_exc()))
+        sys.exit(1)
+    finally:
+        if instance is not None:
+            try:
+                instance.close()
+            except Exception:  # an env that failed may fail to close too; the process ends anyway
+                pass

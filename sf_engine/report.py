@@ -1,0 +1,155 @@
+"""The writers of a run's figures: TensorBoard scalars, the terminal status line and summary.json, each
+on its own schedule. They read the aggregated RunStats (sf_engine.stats) and write; they aggregate
+nothing. Runs in the main process (no torch: events are written with TensorBoard's own writer).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.text.summary_v2 import text_pb
+
+from sf_engine.stats import RunStats
+
+TENSORBOARD_EVERY_SEC = 1.0
+SUMMARY_EVERY_SEC = 10.0
+_TRAIN_SCALARS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
+    """TensorBoard tag -> value of everything known now."""
+    rate = stats.throughput.rate
+    out = {"perf/env_steps_per_sec_10s": rate(10.0), "perf/env_steps_per_sec_60s": rate(60.0),
+           "perf/learner_samples_per_sec": rate(10.0, 2), "train/samples_dropped_lag": stats.books.dropped_lag,
+           "faults/worker_restarts": stats.worker_restarts,
+           "faults/policy_worker_restarts": stats.policy_worker_restarts,
+           "faults/checkpoint_failures": stats.checkpoint_failures}
+    out["perf/frames_per_sec_10s"] = out["perf/env_steps_per_sec_10s"] * frameskip
+    out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * frameskip
+    if stats.inference_forwards:
+        out["perf/inference_batch_mean"] = stats.inference_samples / stats.inference_forwards
+    if stats.env_steps > stats.env_steps_base:
+        out["perf/sample_reuse"] = stats.books.trained * cfg.learner.num_epochs / (stats.env_steps - stats.env_steps_base)
+    if stats.returns:
+        out["episode/return"] = stats.return_mean
+        out["episode/length"] = sum(stats.lengths) / len(stats.lengths)
+    if stats.evaluation:
+        out.update({"eval/return_mean": stats.evaluation.return_mean, "eval/return_best": stats.evaluation.best,
+                    "eval/length_mean": stats.evaluation.length_mean})
+    train = stats.training
+    if train:
+        out.update({"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max})
+        out.update({f"train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
+        out.update({"train/learning_rate": train.learning_rate, "train/version": train.version})
+    return out
+
+
+def status_line(stats: RunStats, cfg, frameskip: int) -> str:
+    elapsed = time.monotonic() - stats.start_time
+    rate = stats.throughput.rate(10.0)
+    ret = f"{stats.return_mean:.1f}" if stats.returns else "-"
+    train = stats.training
+    lag = f"{train.lag_mean:.1f}/{train.lag_max:.0f}" if train else "-"
+    line = (f"[{elapsed:6.1f}s] env steps {stats.env_steps:,} | {rate:,.0f} env steps/s "
+            f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
+            f"| lag mean/max {lag} | version {train.version if train else 0}")
+    remaining = [cfg.run.train_for_seconds - elapsed]
+    if rate > 0:
+        remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
+    return line + f" | ETA {max(0.0, min(remaining)):,.0f}s"
+
+
+def summary(stats: RunStats, cfg, frameskip: int) -> dict:
+    """summary.json: the run's figures (the perf/ scripts read it)."""
+    steps_per_sec = stats.throughput.env_steps_per_sec()
+    diagnosis, evaluation, train = stats.diagnosis, stats.evaluation, stats.training
+    return {
+        "env": cfg.env.env, "mode": cfg.run.mode, "num_workers": cfg.sampler.num_workers,
+        "num_envs_per_worker": cfg.sampler.num_envs_per_worker,
+        "env_steps": stats.env_steps, "frames": stats.env_steps * frameskip,
+        "wall_sec": round(time.monotonic() - stats.start_time, 2),
+        "env_steps_per_sec": round(steps_per_sec, 1), "frames_per_sec": round(steps_per_sec * frameskip, 1),
+        "episode_return_mean": stats.return_mean, "episodes": stats.episodes,
+        "policy_lag_mean": stats.lag_sum / stats.lag_count if stats.lag_count else None,
+        "policy_lag_max": stats.lag_max if stats.lag_count else None,
+        "learner_version": train.version if train else 0, "learner_samples": stats.books.trained,
+        "samples_dropped_lag": stats.books.dropped_lag, "stage_seconds": stats.stage_sec,
+        "role_wall_seconds": {role: stages.wall_sec for role, stages in stats.stages.items()},
+        "bottleneck": diagnosis.stage if diagnosis else None,
+        "bottleneck_report": diagnosis.message if diagnosis else None,
+        "inference_batch_mean": (stats.inference_samples / stats.inference_forwards
+                                 if stats.inference_forwards else None),
+        "env_steps_per_sec_windows": [round(r, 1) for r in stats.throughput.window_rates],
+        "checkpoint": stats.checkpoint_path,
+        "eval_return_mean": evaluation.return_mean if evaluation else None,
+        "eval_return_best": evaluation.best if evaluation else None,
+        "worker_restarts": stats.worker_restarts, "policy_worker_restarts": stats.policy_worker_restarts,
+        "checkpoint_failures": stats.checkpoint_failures,
+        "env_step_books": stats.books.as_dict(stats.env_steps - stats.env_steps_base),
+    }
+
+
+class Reporter:
+    """Writes the figures of `stats` when each is due: TensorBoard every second, the status line every
+    --status_every_sec, summary.json every 10 s (or the status period if shorter), the bottleneck
+    report every 30 s after warm-up."""
+
+    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self.stats, self.cfg, self.frameskip, self.dir = stats, cfg, frameskip, experiment_dir
+        self.writer = EventFileWriter(experiment_dir)
+        self.last_tb = self.last_status = self.last_summary = time.monotonic()
+
+    def tick(self) -> None:
+        self.stats.sample()
+        now = time.monotonic()
+        if now - self.last_tb >= TENSORBOARD_EVERY_SEC:
+            self.write_tensorboard()
+            self.last_tb = now
+        if now - self.last_status >= self.cfg.run.status_every_sec:
+            logging.info(status_line(self.stats, self.cfg, self.frameskip))
+            self.last_status = now
+        if now - self.last_summary >= min(SUMMARY_EVERY_SEC, self.cfg.run.status_every_sec):
+            self.write_summary()
+            self.last_summary = now
+        if self.stats.bottleneck_due():
+            self.report_bottleneck()
+
+    def report_bottleneck(self) -> None:
+        """The binding stage over the last window: terminal, TensorBoard text and scalars."""
+        window_sec = self.stats.diagnose_window()
+        diagnosis = self.stats.diagnosis
+        logging.info("bottleneck (last %.0f s): %s", window_sec, diagnosis.message)
+        summary_pb = text_pb("perf/bottleneck", diagnosis.message)
+        summary_pb.value.extend(Summary.Value(tag=f"perf/{name}", simple_value=float(v))
+                                for name, v in diagnosis.fractions.items())
+        self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
+
+    def write_tensorboard(self) -> None:
+        values = [Summary.Value(tag=tag, simple_value=float(v))
+                  for tag, v in scalars(self.stats, self.cfg, self.frameskip).items()]
+        self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=Summary(value=values)))
+
+    def write_summary(self) -> dict:
+        data = summary(self.stats, self.cfg, self.frameskip)
+        write_json_atomic(os.path.join(self.dir, "summary.json"), data)
+        return data
+
+    def close(self) -> dict:
+        """The final figures, after the run stopped; returns the summary."""
+        self.stats.finish()
+        self.write_tensorboard()
+        self.writer.close()
+        return self.write_summary()
