@@ -72,9 +72,8 @@ def _first_line(exc: Exception) -> str:
 def load_policy(cfg, spec, path: str, device):
     """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
     from sf_engine.checkpoint import CheckpointError, load_checkpoint
-    from sf_engine.config import ModelConfig
     from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.model_shape import changed_flags
 
     try:
         state = load_checkpoint(path, "cpu")
@@ -83,10 +82,11 @@ def load_policy(cfg, spec, path: str, device):
     if not isinstance(state, dict) or "model" not in state:
         raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
     saved = state.get("config", {})
-    saved_model = saved.get("model")
-    if saved_model is not None:
-        saved_model = resolve_model_config(ModelConfig(**saved_model), spec)  # checkpoints of older versions: 'auto'
-    if saved.get("env", {}).get("env", cfg.env.env) != cfg.env.env or saved_model not in (None, cfg.model):
+    try:
+        changed = changed_flags({"env": {"env": cfg.env.env}} | saved, cfg, spec) if isinstance(saved, dict) else []
+    except ValueError as exc:
+        raise EnjoyError(f"checkpoint {path}: its configuration is {exc}: pick a checkpoint of this experiment") from None
+    if changed:
         raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
                          f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
     policy = ActorCritic(spec, cfg.model)
@@ -191,7 +191,11 @@ def run(args) -> int:
     except ValueError as exc:
         raise EnjoyError(str(exc)) from None
     spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
-    cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))  # config.json of older versions: 'auto'
+    try:  # a config.json of an older version may hold 'auto'
+        cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
+    except (ValueError, TypeError) as exc:
+        raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
+                         f"this version of train.py?") from None
     policy = load_policy(cfg, spec, path, device)
     env = VideoEnv(cfg, spec, args.seed, record=bool(args.video), max_frames=args.max_frames)
     results = []

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def is_image(shape: tuple, dtype: str) -> bool:
+    """An observation entry the model treats as an image: uint8 with 3 dimensions ([H, W, C] or [C, H, W])."""
+    return len(shape) == 3 and dtype == "uint8"
+
+
 @dataclass(frozen=True)
 class ActionSpec:
     """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
@@ -40,5 +45,5 @@ class EnvSpec:
 
     @property
     def has_image(self) -> bool:
-        """Whether some observation entry is a uint8 image ([H, W, C] or [C, H, W])."""
-        return any(len(shape) == 3 and dtype == "uint8" for _, shape, dtype in self.obs)
+        """Whether some observation entry is an image (see is_image)."""
+        return any(is_image(shape, dtype) for _, shape, dtype in self.obs)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -158,10 +157,6 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     @property
-    def experiment_dir(self) -> str:
-        return os.path.join(self.run.train_dir, self.run.experiment)
-
-    @property
     def samples_per_slot(self) -> int:
         return self.sampler.rollout * self.sampler.envs_per_split
 
@@ -184,13 +179,6 @@ class Config:
     def from_dict(cls, data: dict) -> "Config":
         """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored)."""
         return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
-
-    def save(self, path: str, argv: tuple = ()) -> None:
-        """config.json: the resolved values (no 'auto') and the command line that was given."""
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({**self.to_dict(), "command_line": list(argv)}, f, indent=2)
-        os.replace(tmp, path)
 
 
 def check_flags(cfg: Config) -> None:
@@ -265,8 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
     env family's default or the field's own applies, see make_config). --help shows the field's
     default."""
-    parser = argparse.ArgumentParser(description="Train an agent with sf_engine: asynchronous PPO on shared memory.",
-                                     argument_default=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
+                    "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
+                    "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
+        argument_default=argparse.SUPPRESS)
     for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
         for fld in dataclasses.fields(cls):

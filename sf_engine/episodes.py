@@ -25,7 +25,8 @@ def act(model, obs: dict, state=None, deterministic: bool = False):
 
 def play(model, env, episodes_per_env: int, deterministic: bool = True, max_steps: int | None = None,
          should_stop=lambda: False, device="cpu"):
-    """Play `episodes_per_env` whole episodes on each env of `env` (a BatchEnv, E envs). Yields
+    """Play `episodes_per_env` whole episodes on each env of `env` (a BatchEnv made with training=False,
+    whose episode_over marks the end of a whole game, E envs). Yields
     (env index, return, length) of each episode as it ends, in the user's score (the true game score
     on Atari). Gives up after `max_steps` batched steps or once `should_stop()`."""
     obs = env.reset()

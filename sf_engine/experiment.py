@@ -14,7 +14,7 @@ import sys
 
 import psutil
 
-from sf_engine.checkpoint import remove_temporary_files
+from sf_engine.checkpoint import latest_valid_checkpoint, remove_temporary_files
 from sf_engine.config import ConfigError
 from sf_engine.report import write_json_atomic
 
@@ -32,6 +32,10 @@ class Experiment:
         os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
         self.lock = _lock(self.paths.experiment_dir, self.plan.cfg.run.experiment)
         leftovers = _kill_leftovers(os.path.join(self.paths.experiment_dir, "processes.json"))
+        if not self.plan.cfg.run.restart and latest_valid_checkpoint(self.paths.checkpoint_dir)[0] != self.plan.resume_from:
+            self.close()  # another run of the experiment wrote a checkpoint since the plan chose one
+            raise ConfigError(f"--experiment {self.plan.cfg.run.experiment} changed while this run was starting "
+                              f"(another run wrote a checkpoint): run the same command again to resume from it")
         if self.plan.cfg.run.restart:
             shutil.rmtree(self.paths.checkpoint_dir, ignore_errors=True)
             os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
@@ -42,7 +46,9 @@ class Experiment:
         for line in leftovers:
             logging.info(line)
         remove_temporary_files(self.paths.checkpoint_dir)
-        self.plan.cfg.save(os.path.join(self.paths.experiment_dir, "config.json"), self.plan.command_line)
+        # the resolved config (no 'auto') and the command line that was given
+        write_json_atomic(os.path.join(self.paths.experiment_dir, "config.json"),
+                          {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)})
 
     def write_processes(self, rows: list) -> None:
         """processes.json: (role, index, pid) of every live process of the run, with its start time, so

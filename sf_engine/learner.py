@@ -21,6 +21,7 @@ from sf_engine.messages import CheckpointFailed, CheckpointWritten, Recycled, Tr
 from sf_engine.model import ActorCritic
 from sf_engine.process import StageTimer
 from sf_engine.weights import flatten_state
+from sf_engine.wiring import weight_readers
 
 _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
 
@@ -41,8 +42,7 @@ class Learner:
         if plan.resume_from:
             self._load(plan.resume_from)
         self.weights = ctx.weights()
-        self.weights.create(self.params, self.version,
-                            ("policy_worker", "evaluator") if self.cfg.run.eval_every_sec > 0 else ("policy_worker",))
+        self.weights.create(self.params, self.version, weight_readers(self.cfg))
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.timer = StageTimer("wait_data", "batch_assembly", "train", "weight_publish", "checkpoint")

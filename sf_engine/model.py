@@ -1,4 +1,4 @@
-"""Encoders, actor-critic heads, action distributions, normalizers, and the flat shared weights.
+"""Encoders, recurrent cores, actor-critic heads, action distributions and normalizers.
 
 Runs in the policy worker (inference) and the learner (training). Observations arrive as a dict
 key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled here, on the device).
@@ -11,6 +11,7 @@ import math
 import torch
 from torch import nn
 
+from envs.spec import is_image
 from sf_engine.recurrent import run_sequence
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -120,10 +121,6 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def _is_image(shape: tuple, dtype: str) -> bool:
-    return len(shape) == 3 and dtype == "uint8"
-
-
 def _channels_first(shape: tuple) -> bool:
     """Images come as [C, H, W] (EnvPool) or [H, W, C] (most Gymnasium envs, C in 1..4)."""
     return not (shape[-1] <= 4 < shape[0])
@@ -145,7 +142,7 @@ class Encoder(nn.Module):
         self.normalizers = nn.ModuleDict()
         for key, shape, dtype in spec.obs:
             self.keys.append(key)
-            if _is_image(shape, dtype) and mcfg.encoder != "mlp":
+            if is_image(shape, dtype) and mcfg.encoder != "mlp":
                 self.image_keys.add(key)
                 if not _channels_first(shape):
                     self.hwc_keys.add(key)

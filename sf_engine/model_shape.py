@@ -29,3 +29,21 @@ def state_size(mcfg) -> int:
     if mcfg.rnn == "none":
         return 0
     return mcfg.rnn_size * (2 if mcfg.rnn == "lstm" else 1) * (2 if mcfg.actor_critic == "separate" else 1)
+
+
+def changed_flags(saved: dict, cfg, spec) -> list:
+    """The flags ('--env' and model flags) whose values in `saved` (Config.to_dict() as config.json and
+    checkpoints hold it; an 'auto' of an older version is resolved first) differ from the resolved
+    `cfg`: a model saved with them does not fit. ValueError if `saved` is not such a dict."""
+    from sf_engine.config import ModelConfig
+
+    try:
+        changed = []
+        if "model" in saved:
+            old = resolve_model_config(ModelConfig(**saved["model"]), spec)
+            changed = [f"--{f.name}" for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(cfg.model, f.name)]
+        if saved.get("env", {}).get("env") != cfg.env.env:
+            changed.insert(0, "--env")
+        return changed
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"not a configuration of this version of sf_engine ({exc.__class__.__name__})") from None

@@ -2,7 +2,7 @@
 before anything on disk changes.
 
 `build_plan(argv)` parses the command line once, probes the env once, lays the env family's defaults
-under the user's flags, resolves every 'auto' (the model's shape decisions in sf_engine.model, the
+under the user's flags, resolves every 'auto' (the model's shape decisions in sf_engine.model_shape, the
 sampler's size by measurement in sf_engine.autosize, the device, the env backend, the BPTT length),
 lays out the shared buffers, checks the resources, and finds the checkpoint to resume from. A bad flag
 is found here, so it can never cost a file. The plan is frozen; every role is built from it (plus its
@@ -11,6 +11,7 @@ own config section), and `config.json` records its resolved config.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pickle
@@ -23,10 +24,9 @@ from envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from envs.registry import registered_envs, resolve_backend
 from sf_engine.autosize import resolve_sampler, usable_cores
 from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint
-from sf_engine.config import (Config, ConfigError, ModelConfig, check_flags, check_resolved, make_config,
-                              parse_flags)
+from sf_engine.config import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
 from sf_engine.device import resolve_device
-from sf_engine.model_shape import resolve_model_config, state_size
+from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
 from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
 
 PROCESS_MEMORY_BYTES = 400 * 2**20  # resident memory of one process (torch, envs) besides the buffers
@@ -135,13 +135,14 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
     env and model it was trained with; --restart resumes nothing (the experiment is cleared later)."""
     if cfg.run.restart or not latest_checkpoint(paths.checkpoint_dir):
         return None, []
-    saved = _saved_config(os.path.join(paths.experiment_dir, "config.json"), cfg)
-    if saved is not None:
-        old_model = resolve_model_config(ModelConfig(**saved.get("model", {})), spec)
-        changed = [f"--{f.name}" for f in dataclasses.fields(ModelConfig)
-                   if getattr(old_model, f.name) != getattr(cfg.model, f.name)]
-        if saved.get("env", {}).get("env") != cfg.env.env:
-            changed.insert(0, "--env")
+    path = os.path.join(paths.experiment_dir, "config.json")
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                changed = changed_flags(json.load(f), cfg, spec)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc}); pass --restart to "
+                              f"start over or choose another --experiment") from None
         if changed:
             raise ConfigError(f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
                               f"pass --restart to start over or choose another --experiment")
@@ -150,22 +151,6 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
         raise ConfigError(f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); "
                           f"pass --restart to start over")
     return resume_from, skipped
-
-
-def _saved_config(path: str, cfg: Config):
-    """The experiment's config.json as a dict, None if there is none; ConfigError if it is unreadable."""
-    import json
-
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-        ModelConfig(**saved.get("model", {}))
-        return saved
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc.__class__.__name__}); "
-                          f"pass --restart to start over or choose another --experiment") from None
 
 
 def log_plan(plan: RunPlan) -> None:

@@ -1,9 +1,10 @@
 """What every role shares: its context (plan, shared buffers, queues, heartbeat, stats), its stage timer,
 and the one process entry that runs any role class in a child process.
 
-A role is a plain class built as `Role(ctx)` with `step(timeout_sec)` (one unit of work, blocking at
-most that long), `finish()` (a clean stop: the learner's last checkpoint, the last stats) and
-`close()` (release envs). `run_role` is the process target of every role; serial mode
+A role is a plain class built as `Role(ctx)` with `describe()` (its one-line ready message),
+`step(timeout_sec)` (one unit of work, blocking at most that long), `finish()` (a clean stop: the
+learner's last checkpoint, the last stats) and `close()` (release envs); sf_engine.wiring.ROLES says
+the rest of what the plumbing needs to know of it. `run_role` is the process target of every role; serial mode
 (sf_engine.serial) builds the same classes from the same plan and steps them in one process.
 """
 from __future__ import annotations
@@ -18,9 +19,8 @@ from dataclasses import dataclass
 
 from sf_engine import messages
 from sf_engine.ipc import ParentWatch
-from sf_engine.shared_buffers import SharedBuffers, heartbeat_index
-
-STEP_TIMEOUT_SEC = {"learner": 0.1, "policy_worker": 0.1, "rollout_worker": 0.1, "evaluator": 0.2}
+from sf_engine.shared_buffers import SharedBuffers
+from sf_engine.wiring import ROLES, heartbeat_index, role_class
 
 
 class StageTimer:
@@ -97,9 +97,13 @@ def _init_child(role: str, index: int, log_path: str) -> None:
                         format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s")
 
 
-def torch_threads(role: str, cfg):
-    """Torch threads of a role's process (None: the role does not use torch)."""
-    return {"learner": cfg.learner.learner_threads, "policy_worker": 1, "evaluator": 1}.get(role)
+def set_torch_threads(role: str, cfg) -> None:
+    """Torch threads of the process that runs `role` (nothing for a role without torch)."""
+    threads = ROLES[role].torch_threads
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads(cfg))
 
 
 def run_role(role: str, index: int, generation: int, plan, queues) -> None:
@@ -107,20 +111,15 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
     once there, with the env id) and the process exits with 1."""
     from envs import register_env
-    from sf_engine.wiring import role_class
 
     _init_child(role, index, plan.paths.log_path)
     for name, make_env in plan.registered_envs.items():
         register_env(name, make_env)
-    threads = torch_threads(role, plan.cfg)
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+    set_torch_threads(role, plan.cfg)
     buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
     ctx = RoleContext(plan, role, index, buffers, queues, generation)
     ctx.beat()
-    watch, instance, timeout = ParentWatch(queues.lifeline), None, STEP_TIMEOUT_SEC[role]
+    watch, instance, timeout = ParentWatch(queues.lifeline), None, ROLES[role].step_timeout_sec
     try:
         instance = role_class(role)(ctx)
         logging.info("ready: %s", instance.describe())

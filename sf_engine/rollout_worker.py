@@ -13,6 +13,7 @@ can take back a dead worker's half-written slots.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -55,7 +56,12 @@ class RolloutWorker:
         self.finished_lengths: list = []
         self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
         self.last_stats_time = time.monotonic()
-        self._reset()
+        try:
+            self._reset()
+        except BaseException:  # the caller gets no worker to close: close the envs here
+            with contextlib.suppress(Exception):  # an env that failed may fail to close too
+                self.close()
+            raise
 
     def describe(self) -> str:
         return f"{len(self.envs) * self.envs_per_split} envs reset (generation {self.generation})"

@@ -34,7 +34,7 @@ MONITOR_EVERY_SEC = 0.25
 
 def start_forkserver(env: str, env_backend: str):
     """Start the forkserver now so its preloading (torch, envpool) overlaps building the plan.
-    torch._dynamo is what torch.optim imports on first use (about 1 s): preloaded once here."""
+    torch._dynamo is what torch.optim imports on first use: preloaded once here, not in every child."""
     ctx = multiprocessing.get_context("forkserver")
     modules = ["envpool"] if may_use_envpool(env, env_backend) else []
     ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.rollout_worker",
@@ -65,19 +65,42 @@ def _stop_reason(cfg, stats: RunStats, start_time: float):
 def run(plan: RunPlan, mp_context=None) -> int:
     """Run the plan until a budget is reached; returns the exit code (130 after Ctrl-C, 1 after a
     failure the run cannot go on from). `mp_context`: the started forkserver (async and sync modes;
-    started here when not given)."""
-    cfg, start_time = plan.cfg, time.monotonic()
-    if cfg.run.mode != "serial" and mp_context is None:
+    started here when not given). Whatever happens, the shared memory is released, the last summary
+    written and the experiment unlocked."""
+    cfg, serial = plan.cfg, plan.cfg.run.mode == "serial"
+    if not serial and mp_context is None:
         mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
     experiment = Experiment(plan)
     experiment.open()
-    log_plan(plan)
-    buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
-    lifeline = make_lifeline(mp_context) if cfg.run.mode != "serial" else (None, None)
-    queues = make_queues(cfg.sampler.num_workers, mp_context if cfg.run.mode != "serial" else None, lifeline[0])
-    queues.free_slots.put_many(list(range(cfg.num_slots)))
-    stats = RunStats(plan.env_steps_base, buffers.env_steps)
-    reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir)
+    try:
+        log_plan(plan)
+        buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
+        try:
+            queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context,
+                                 None if serial else make_lifeline(mp_context)[0])
+            queues.free_slots.put_many(list(range(cfg.num_slots)))
+            stats = RunStats(plan.env_steps_base, buffers.env_steps)
+            reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir)
+            try:
+                exit_code, reason = _train(plan, experiment, mp_context, buffers, queues, stats, reporter)
+            finally:
+                summary = reporter.close()
+        finally:
+            buffers.release()
+    finally:
+        experiment.close()
+    logging.info("stopped: %s", reason)
+    brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "role_wall_seconds",
+                                                            "env_steps_per_sec_windows", "bottleneck_report",
+                                                            "env_step_books")}
+    logging.info("summary: %s", json.dumps(brief))
+    return exit_code
+
+
+def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunStats, reporter: Reporter):
+    """The roles run until a stop; returns (exit code, the reason of the stop). Every role has stopped
+    (and the env steps in flight are counted) when it returns or raises."""
+    cfg, start_time = plan.cfg, time.monotonic()
     exit_code, reason, roles = 0, None, None
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -111,16 +134,8 @@ def run(plan: RunPlan, mp_context=None) -> int:
         finally:
             stats.consume(drain(queues.stats))
             stats.books.in_flight_at_stop = buffers.take_rows(slice(None))
-            buffers.release()
             signal.signal(signal.SIGTERM, previous_sigterm)
-    summary = reporter.close()
-    experiment.close()
-    logging.info("stopped: %s", reason)
-    brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "role_wall_seconds",
-                                                            "env_steps_per_sec_windows", "bottleneck_report",
-                                                            "env_step_books")}
-    logging.info("summary: %s", json.dumps(brief))
-    return exit_code
+    return exit_code, reason
 
 
 def main(argv=None) -> int:

@@ -2,8 +2,8 @@
 the other modes and stepped in turn (debugging, deterministic tests)."""
 from __future__ import annotations
 
-from sf_engine.process import RoleContext, torch_threads
-from sf_engine.wiring import role_class, roles_of
+from sf_engine.process import RoleContext, set_torch_threads
+from sf_engine.wiring import ROLES, role_class, roles_of
 
 
 class SerialRoles:
@@ -11,9 +11,7 @@ class SerialRoles:
     (serial queues: wiring.make_queues without a multiprocessing context)."""
 
     def __init__(self, plan, buffers, queues):
-        import torch
-
-        torch.set_num_threads(torch_threads("learner", plan.cfg))
+        set_torch_threads("learner", plan.cfg)  # the learner's threads: the one that needs them
         self.roles = {}
         for role, index in roles_of(plan.cfg):
             self.roles[(role, index)] = role_class(role)(RoleContext(plan, role, index, buffers, queues))
@@ -26,7 +24,7 @@ class SerialRoles:
 
     def step(self) -> None:
         """One unit of work of every role, none of them waiting."""
-        for key in sorted(self.roles, key=_step_order):
+        for key in sorted(self.roles, key=lambda key: (ROLES[key[0]].serial_order, key[1])):
             self.roles[key].step(0)
 
     def shutdown(self) -> None:
@@ -37,10 +35,3 @@ class SerialRoles:
         finally:
             for instance in self.roles.values():
                 instance.close()
-
-
-def _step_order(key) -> tuple:
-    """Rollout workers, then the policy worker, the learner, the evaluator: a request made in a round is
-    served in the same round."""
-    order = {"rollout_worker": 0, "policy_worker": 1, "learner": 2, "evaluator": 3}
-    return order[key[0]], key[1]

@@ -27,7 +27,7 @@ With a recurrent core (--rnn gru|lstm; H = the model's state_size):
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
 param_seq [P] int64 (seqlock of each policy's shared weights, see weights.py), stop [1] int64,
 heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
-`heartbeat_index`), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
+wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
 slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
 int64 (set by the supervisor when a restarted reader needs a policy's shared weights again).
 """
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 
 import numpy as np
 
@@ -48,7 +47,7 @@ WEIGHT_READERS = ("policy_worker", "evaluator")  # the roles that read a policy'
 
 def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     """name -> (shape, dtype) of every shared array of a run whose config `cfg` is resolved (no 'auto');
-    `state`: floats of recurrent state per env (0 without a core, see model.state_size)."""
+    `state`: floats of recurrent state per env (0 without a core, see model_shape.state_size)."""
     slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
     step = (slots, rollout, envs)
     layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
@@ -73,11 +72,6 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "slot_rows": ((slots,), "int64"),
         "params_wanted": ((NUM_POLICIES, len(WEIGHT_READERS)), "int64"),
     }
-
-
-def heartbeat_index(role: str, index: int = 0) -> int:
-    """Entry of `role` in the heartbeat array."""
-    return {"learner": 0, "policy_worker": 1, "evaluator": 2}.get(role, 3 + index)
 
 
 def _offsets(layout: dict) -> tuple[dict, int]:
@@ -138,10 +132,6 @@ class SharedBuffers:
         steps = int(self.slot_rows[slots].sum()) * self.log_probs.shape[2]
         self.slot_rows[slots] = 0
         return steps
-
-    def beat(self, role: str, index: int = 0) -> None:
-        """A process's sign of life (the runner restarts one whose heartbeat stops)."""
-        self.heartbeat[heartbeat_index(role, index)] = time.monotonic()
 
     @classmethod
     def attach(cls, path: str, layout: dict) -> "SharedBuffers":

@@ -163,7 +163,7 @@ class RunStats:
         self.faults[(m.role, m.index)] = m.traceback
 
     def sample(self) -> None:
-        """Sample the counters (the runner calls this a few times a second)."""
+        """Sample the counters (report.Reporter.tick, a few times a second)."""
         now = time.monotonic()
         self.throughput.sample(now, self.env_steps, self.books.trained)
         if self.bottleneck_snapshot is None and self.throughput.warmup is not None:

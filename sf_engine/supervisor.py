@@ -16,9 +16,8 @@ import numpy as np
 from sf_engine.checkpoint import latest_valid_checkpoint
 from sf_engine.ipc import drain
 from sf_engine.process import run_role
-from sf_engine.shared_buffers import heartbeat_index
 from sf_engine.weights import SharedWeights
-from sf_engine.wiring import new_policy_requests, roles_of
+from sf_engine.wiring import heartbeat_index, new_policy_requests, roles_of
 
 STOP_TIMEOUT_SEC = 9.0  # every child stops within this (the learner saves first), or is killed
 STARTUP_GRACE_SEC = 120.0  # a process that has not beaten yet is stuck only after this (or the timeout)

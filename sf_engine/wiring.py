@@ -22,21 +22,49 @@ from sf_engine.shared_buffers import WEIGHT_READERS
 
 _QUEUE_BYTES = 1 << 20
 
-# role -> "module:Class" of the role (imported in the process that runs it: rollout workers never import
-# torch); each role class is built from a RoleContext and stepped by sf_engine.process.run_role
-ROLES = {"learner": "sf_engine.learner:Learner", "policy_worker": "sf_engine.policy_worker:PolicyWorker",
-         "rollout_worker": "sf_engine.rollout_worker:RolloutWorker", "evaluator": "sf_engine.evaluator:Evaluator"}
+@dataclass(frozen=True)
+class Role:
+    """What the plumbing needs to know of a role. `cls`: "module:Class", imported in the process that
+    runs it (rollout workers never import torch) and built from a RoleContext; `heartbeat`: its entry in
+    the shared heartbeat array (rollout worker w: HEARTBEAT_WORKERS + w); `step_timeout_sec`: how long
+    one `step` may wait in a process; `serial_order`: its turn in serial mode's round (a request made in
+    a round is served in it); `torch_threads(cfg)`: torch threads of its process (None: no torch)."""
+    cls: str
+    heartbeat: int | None
+    step_timeout_sec: float
+    serial_order: int
+    torch_threads: object = None
+
+
+HEARTBEAT_WORKERS = 3  # heartbeat entries before the rollout workers' (see shared_buffers.buffer_layout)
+ROLES = {
+    "learner": Role("sf_engine.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
+    "policy_worker": Role("sf_engine.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
+    "evaluator": Role("sf_engine.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
+    "rollout_worker": Role("sf_engine.rollout_worker:RolloutWorker", None, 0.1, 0),
+}
 
 
 def role_class(role: str):
-    module, _, name = ROLES[role].partition(":")
+    module, _, name = ROLES[role].cls.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def heartbeat_index(role: str, index: int = 0) -> int:
+    """Entry of `role` (rollout worker `index`) in the shared heartbeat array."""
+    slot = ROLES[role].heartbeat
+    return HEARTBEAT_WORKERS + index if slot is None else slot
 
 
 def roles_of(cfg) -> list:
     """(role, index) of every process of a run, in start order (the learner publishes the weights first)."""
     roles = [("learner", 0), ("policy_worker", 0)] + [("rollout_worker", w) for w in range(cfg.sampler.num_workers)]
     return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])
+
+
+def weight_readers(cfg) -> tuple:
+    """The roles of a run that read the shared weights (the learner sends each the shared vector)."""
+    return tuple(role for role, _ in roles_of(cfg) if role in WEIGHT_READERS)
 
 
 @dataclass

@@ -58,10 +58,12 @@ def test_no_import_cycles_and_the_layers_hold():
 
 
 def test_the_main_process_needs_no_torch_when_nothing_is_measured(tmp_path):
-    """Start-up is part of the user's wait: with the sampler's size given, building the plan and loading
-    the main process's modules import no torch (the forkserver preloads it for the children)."""
+    """Start-up is part of the user's wait: with the sampler's size and the device given, building the
+    plan and loading the main process's modules import no torch (the forkserver preloads it for the
+    children; --device auto imports it only where the CUDA driver sees a GPU, to ask torch too)."""
     code = ("import sys; from sf_engine import runner, supervisor, serial; from sf_engine.plan import build_plan; "
-            f"build_plan(['--num_workers', '1', '--num_envs_per_worker', '8', '--train_dir', {str(tmp_path)!r}]); "
+            "build_plan(['--num_workers', '1', '--num_envs_per_worker', '8', '--device', 'cpu', "
+            f"'--train_dir', {str(tmp_path)!r}]); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
