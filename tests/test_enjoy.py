@@ -68,21 +68,23 @@ def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
     assert (summary.group(1) == "best.pt") == (checkpoint == "best")
 
 
-def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path):
+def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, capsys):
     import imageio.v3 as iio
 
+    import enjoy as enjoy_script  # in this process: the video is what this test is about
+
     video = tmp_path / "run.mp4"
-    result = enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
-                   "--video", str(video), "--deterministic")
-    assert result.returncode == 0, result.stderr
-    lengths = [int(n) for n in re.findall(r"^episode \d+: return [0-9.]+, length (\d+)$", result.stdout, re.M)]
+    assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
+                              "--video", str(video), "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    lengths = [int(n) for n in re.findall(r"^episode \d+: return [0-9.]+, length (\d+)$", out, re.M)]
     frames = iio.imread(video)
     # the first observation, every step, and the reset step between two episodes
     assert frames.shape == (1 + sum(lengths) + len(lengths) - 1, 400, 600, 3)
     assert frames.std() > 0
     capped = tmp_path / "capped.mp4"
-    assert enjoy("--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1", "--video",
-                 str(capped), "--max_frames", "40").returncode == 0
+    assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1",
+                              "--video", str(capped), "--max_frames", "40"]) == 0
     assert iio.imread(capped).shape[0] == 40
 
 
