@@ -87,7 +87,7 @@ def test_sync_mode_has_zero_policy_lag(tmp_path, shm_dir):
 @pytest.mark.parametrize("vtrace", ["false", "true"])
 def test_async_learns_with_gae_and_vtrace(tmp_path, shm_dir, vtrace):
     result = run_train(["--experiment", "learn", "--with_vtrace", vtrace, "--shm_dir", shm_dir,
-                        "--stop_at_return", "300", "--train_for_seconds", "60"], tmp_path)
+                        "--stop_at_return", "300", "--train_for_env_steps", "3000000"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "learn" / "summary.json")
     assert summary["episode_return_mean"] >= 300, summary
