@@ -45,7 +45,7 @@ def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
     from sf_engine.checkpoint import BEST_NAME, checkpoint_dir, latest_valid_checkpoint
 
     if choice == "latest":
-        path, skipped = latest_valid_checkpoint(checkpoint_dir(exp_dir))
+        path, skipped = latest_valid_checkpoint(checkpoint_dir(exp_dir), load=True)
         if path is None and skipped:
             raise EnjoyError(f"experiment {experiment} has no usable checkpoint ({skipped[-1][1]})")
         if path is None:

@@ -1,6 +1,10 @@
 """Checkpoints: written by the learner atomically (temp file, fsync, rename) with a checksum, newest
 found by name; a corrupt or truncated file is skipped for the one before it.
 
+A checkpoint holds tensors and plain data only (dicts, lists, numbers, strings) and is read with
+torch's weights-only unpickler: a file from elsewhere that carries anything else (a pickled callable,
+say) is refused before any of it runs. The checksum checks integrity, not origin.
+
 File name `checkpoint_v{version:09d}_s{env_steps:013d}.pt`, so the runner can read the env-step
 count of a run to resume without importing torch. File contents: torch.save bytes, then a trailer of
 MAGIC and the SHA-256 of those bytes.
@@ -57,12 +61,13 @@ def read_verified(path: str) -> bytes:
     return body
 
 
-def latest_valid_checkpoint(directory: str):
-    """(path of the newest checkpoint whose checksum matches or None, [(skipped path, reason), ...])."""
+def latest_valid_checkpoint(directory: str, load: bool = False):
+    """(path of the newest checkpoint whose checksum matches or None, [(skipped path, reason), ...]).
+    `load`: it must also load (tensors and plain data only, see load_checkpoint)."""
     skipped = []
     for path in reversed(list_checkpoints(directory)):
         try:
-            read_verified(path)
+            load_checkpoint(path) if load else read_verified(path)
             return path, skipped
         except CheckpointError as exc:
             skipped.append((path, str(exc)))
@@ -108,12 +113,19 @@ def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, k
 
 
 def load_checkpoint(path: str, device="cpu") -> dict:
-    """A checkpoint's state after checking its checksum (CheckpointError when it does not match)."""
+    """A checkpoint's state after checking its checksum, read with torch's weights-only unpickler
+    (tensors and plain data; nothing in the file can run code). CheckpointError when the checksum
+    does not match or the file holds anything else."""
+    import pickle
+
     import torch
 
     body = read_verified(path)
     try:
-        return torch.load(io.BytesIO(body), map_location=device, weights_only=False)
+        return torch.load(io.BytesIO(body), map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path} holds more than tensors and plain data: refused, as loading it could run "
+                              f"code") from None
     except Exception as exc:
         raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
 

@@ -10,13 +10,15 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 
 import psutil
 
-from sf_engine.checkpoint import latest_valid_checkpoint, remove_temporary_files
+from sf_engine.checkpoint import list_checkpoints, remove_temporary_files
 from sf_engine.config import ConfigError
 from sf_engine.report import write_json_atomic
+from sf_engine.shared_buffers import SHM_PREFIX
 
 _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
 
@@ -31,8 +33,8 @@ class Experiment:
         log, remove half-written checkpoints and write config.json."""
         os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
         self.lock = _lock(self.paths.experiment_dir, self.plan.cfg.run.experiment)
-        leftovers = _kill_leftovers(os.path.join(self.paths.experiment_dir, "processes.json"))
-        if not self.plan.cfg.run.restart and latest_valid_checkpoint(self.paths.checkpoint_dir)[0] != self.plan.resume_from:
+        leftovers = _remove_leftovers(self.paths.experiment_dir, self.plan.cfg.run.shm_dir)
+        if not self.plan.cfg.run.restart and tuple(list_checkpoints(self.paths.checkpoint_dir)) != self.plan.checkpoints_seen:
             self.close()  # another run of the experiment wrote a checkpoint since the plan chose one
             raise ConfigError(f"--experiment {self.plan.cfg.run.experiment} changed while this run was starting "
                               f"(another run wrote a checkpoint): run the same command again to resume from it")
@@ -51,16 +53,19 @@ class Experiment:
                           {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)})
 
     def write_processes(self, rows: list) -> None:
-        """processes.json: (role, index, pid) of every live process of the run, with its start time, so
-        that the next start can recognise and kill them if this main process dies."""
+        """processes.json: (role, index, pid) of every live process of the run with its start time and
+        command line, and the run's shared-memory file, so that the next start can recognise and remove
+        what is left if this main process dies."""
         out = []
         for role, index, pid in [("runner", 0, os.getpid())] + rows:
             try:
-                created = psutil.Process(pid).create_time()
+                process = psutil.Process(pid)
+                out.append({"role": role, "index": index, "pid": pid, "create_time": process.create_time(),
+                            "cmdline": process.cmdline()})
             except psutil.Error:
                 continue
-            out.append({"role": role, "index": index, "pid": pid, "create_time": created})
-        write_json_atomic(os.path.join(self.paths.experiment_dir, "processes.json"), {"processes": out})
+        write_json_atomic(os.path.join(self.paths.experiment_dir, "processes.json"),
+                          {"processes": out, "shm_path": self.paths.shm_path})
 
     def close(self) -> None:
         if self.lock is not None:
@@ -80,25 +85,51 @@ def _lock(experiment_dir: str, experiment: str):
     return lock
 
 
-def _kill_leftovers(path: str) -> list:
-    """Processes of a dead run of this experiment (its main process was killed) that are still alive:
-    recognised by pid and start time in its processes.json, and killed. Returns what was done."""
-    done = []
+def read_processes(experiment_dir: str) -> dict:
+    """The experiment's processes.json ({} when there is none or it is unreadable)."""
     try:
-        with open(path) as f:
-            rows = json.load(f)["processes"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return done
-    for row in rows:
-        if row.get("pid") == os.getpid() or "create_time" not in row:
+        with open(os.path.join(experiment_dir, "processes.json")) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def leftover_segment(experiment_dir: str, shm_dir: str):
+    """The shared-memory file a killed run of the experiment left, if it is still there and can only
+    be that: a regular file (not a link) of this user, named as shm_path names them, directly in
+    `shm_dir`. None otherwise."""
+    path = read_processes(experiment_dir).get("shm_path")
+    if not isinstance(path, str) or os.path.dirname(path) != os.path.normpath(shm_dir):
+        return None
+    if not os.path.basename(path).startswith(SHM_PREFIX):
+        return None
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return path if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() else None
+
+
+def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
+    """What a killed run of this experiment left: its processes still alive (recognised by pid, start
+    time and command line, all three) are killed, its shared-memory file removed. Returns what was done."""
+    done = []
+    rows = read_processes(experiment_dir).get("processes", [])
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict) or row.get("pid") == os.getpid() or "create_time" not in row:
             continue
         try:
             process = psutil.Process(row["pid"])
-            if abs(process.create_time() - row["create_time"]) < 1e-3:
+            if abs(process.create_time() - row["create_time"]) < 1e-3 and process.cmdline() == row.get("cmdline"):
                 process.kill()
-                done.append(f"killed {row['role']} {row['index']} (pid {row['pid']}) left by a previous run")
-        except psutil.Error:
+                done.append(f"killed {row.get('role')} {row.get('index')} (pid {row['pid']}) left by a previous run")
+        except (psutil.Error, TypeError, ValueError):
             pass
+    segment = leftover_segment(experiment_dir, shm_dir)
+    if segment is not None:
+        os.unlink(segment)
+        done.append(f"removed {segment} left by a previous run")
     return done
 
 

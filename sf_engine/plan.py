@@ -23,9 +23,11 @@ import psutil
 from envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from envs.registry import registered_envs, resolve_backend
 from sf_engine.autosize import resolve_sampler, usable_cores
-from sf_engine.checkpoint import checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint
+from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
+                                  list_checkpoints)
 from sf_engine.config import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
 from sf_engine.device import resolve_device
+from sf_engine.experiment import leftover_segment
 from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
 from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
 
@@ -47,6 +49,7 @@ class RunPlan:
     layout: dict  # shared array name -> (shape, dtype)
     paths: Paths
     resume_from: str | None  # the newest valid checkpoint (None: a fresh start or --restart)
+    checkpoints_seen: tuple  # the experiment's checkpoint files when the plan was made
     env_steps_base: int  # env steps of the runs before this one
     command_line: tuple
     registered_envs: dict  # envs.register_env() factories of the user's script, for the children
@@ -71,10 +74,11 @@ def build_plan(argv=None, given: dict | None = None) -> RunPlan:
     paths = Paths(experiment_dir, checkpoint_dir(experiment_dir), os.path.join(experiment_dir, "train.log"),
                   shm_path(cfg.run.shm_dir, experiment_dir))
     layout = buffer_layout(cfg, spec, state_size(cfg.model))
-    _check_resources(cfg, layout, paths.shm_path)
+    _check_resources(cfg, layout, paths.experiment_dir)
     resume_from, skipped = _resume_point(cfg, spec, paths)
     notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
-    return RunPlan(cfg, spec, layout, paths, resume_from, env_steps_of(resume_from),
+    return RunPlan(cfg, spec, layout, paths, resume_from, tuple(list_checkpoints(paths.checkpoint_dir)),
+                   env_steps_of(resume_from),
                    tuple(argv if argv is not None else sys.argv[1:]), envs, tuple(notes))
 
 
@@ -111,11 +115,12 @@ def _check_picklable(envs: dict) -> None:
                               f"register a module-level function or class, not a lambda or closure") from None
 
 
-def _check_resources(cfg: Config, layout: dict, path: str) -> None:
+def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
     if not os.path.isdir(cfg.run.shm_dir):
         raise ConfigError(f"--shm_dir {cfg.run.shm_dir} does not exist; point it at a tmpfs such as /dev/shm")
     stat = os.statvfs(cfg.run.shm_dir)
-    available = stat.f_bavail * stat.f_frsize + (os.path.getsize(path) if os.path.exists(path) else 0)
+    leftover = leftover_segment(experiment_dir, cfg.run.shm_dir)  # removed once the experiment is locked
+    available = stat.f_bavail * stat.f_frsize + (os.path.getsize(leftover) if leftover else 0)
     needed = required_bytes(layout)
     if needed > available:
         raise ConfigError(f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
@@ -146,7 +151,7 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
         if changed:
             raise ConfigError(f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
                               f"pass --restart to start over or choose another --experiment")
-    resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir)
+    resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir, load=True)
     if resume_from is None:
         raise ConfigError(f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); "
                           f"pass --restart to start over")

@@ -75,6 +75,7 @@ def run(plan: RunPlan, mp_context=None) -> int:
     try:
         log_plan(plan)
         buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
+        experiment.write_processes([])  # the shared-memory file's name, for the next start if this one dies
         try:
             # the write end stays open in this process while it lives: children see EOF once it is gone
             lifeline = (None, None) if serial else make_lifeline(mp_context)
@@ -109,7 +110,6 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             from sf_engine.serial import SerialRoles
 
             roles = SerialRoles(plan, buffers, queues)
-            experiment.write_processes([])
         else:
             roles = Supervisor(plan, experiment, mp_context, buffers, queues, stats)
         roles.start()

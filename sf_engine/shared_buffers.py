@@ -1,8 +1,9 @@
 """Shared-memory trajectory slots and control counters: allocated once by the runner, attached by name.
 
-All arrays of a run live in one file in a tmpfs (`--shm_dir`, /dev/shm by default) named after the
-experiment, mapped by every process as numpy views (rollout workers never import torch). The runner
-creates and finally unlinks it; a file left by a dead run of the same experiment is removed on start.
+All arrays of a run live in one file in a tmpfs (`--shm_dir`, /dev/shm by default) with a new random
+name per run (see shm_path), mapped by every process as numpy views (rollout workers never import
+torch). The main process creates it (exclusively, mode 0600) and finally unlinks it; a file left by a
+killed run of the same experiment is removed by the next start (sf_engine.experiment).
 
 Slot field shapes (S = slots, T = rollout, E = envs per split):
   obs.<key>      [S, T+1, E, *shape]      one array per observation key, in the env's dtype (uint8 images
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 
 import numpy as np
 
@@ -87,10 +89,15 @@ def required_bytes(layout: dict) -> int:
     return _offsets(layout)[1]
 
 
+SHM_PREFIX = "sf_engine_"
+
+
 def shm_path(shm_dir: str, experiment_dir: str) -> str:
-    """One file per experiment: a leftover of a killed run is found and replaced by the next start."""
-    key = os.path.abspath(experiment_dir).strip(os.sep).replace(os.sep, "_")
-    return os.path.join(shm_dir, f"sf_engine_{key}"[:240])
+    """A new, unpredictable name per run (the experiment's name, then 16 random hex digits): nobody can
+    prepare a file or link under it. processes.json records it, so the next start of the experiment
+    removes what a killed run left."""
+    key = os.path.basename(os.path.abspath(experiment_dir))[:64]
+    return os.path.join(shm_dir, f"{SHM_PREFIX}{key}_{secrets.token_hex(8)}")
 
 
 class SharedBuffers:
@@ -99,7 +106,8 @@ class SharedBuffers:
     def __init__(self, path: str, layout: dict, create: bool):
         self.path, self.layout = path, layout
         offsets, total = _offsets(layout)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        # created exclusively, never through a link: a file that is already there is not ours
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
         fd = os.open(path, flags, 0o600)
         try:
             if create:
@@ -120,8 +128,6 @@ class SharedBuffers:
 
     @classmethod
     def create(cls, path: str, layout: dict) -> "SharedBuffers":
-        if os.path.exists(path):
-            os.unlink(path)  # leftover of a dead run of this experiment
         buffers = cls(path, layout, create=True)
         buffers.slot_owner[:] = -1
         return buffers

@@ -262,3 +262,39 @@ def test_not_enough_memory_is_one_line_with_the_fix(tmp_path, shm_dir):
     line = one_line_error(run_train(["--shm_dir", shm_dir, "--num_workers", "100000", "--num_envs_per_worker", "8",
                                      "--batch_size", "256"], tmp_path))
     assert "MiB of memory" in line and "--num_workers" in line
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a checkpoint from elsewhere could carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_carrying_a_pickled_callable_is_refused_and_nothing_runs(tmp_path, shm_dir, capsys):
+    from sf_engine import checkpoint
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
+    base = ["--experiment", "foreign", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
+            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
+    assert run(build_plan(base + ["--train_for_env_steps", "3000"])) == 0
+    good = checkpoint.latest_checkpoint(str(tmp_path / "foreign" / "checkpoints"))
+    marker = tmp_path / "code_ran"
+    state = checkpoint.load_checkpoint(good)
+    state["model"] = _RunsCode(marker)  # with a valid checksum: integrity is not origin
+    evil = str(tmp_path / "foreign" / "checkpoints" / "checkpoint_v000000099_s0000000099999.pt")
+    checkpoint.save_state_atomic(evil, state)
+    with pytest.raises(checkpoint.CheckpointError, match="refused"):
+        checkpoint.load_checkpoint(evil)
+    capsys.readouterr()
+    plan = build_plan(base + ["--train_for_env_steps", "6000"])  # resume skips it for the one before
+    assert plan.resume_from == good and any("refused" in note for note in plan.notes)
+    import enjoy as enjoy_script
+
+    assert enjoy_script.main(["--train_dir", str(tmp_path), "--experiment", "foreign", "--checkpoint", evil]) == 2
+    assert "refused" in capsys.readouterr().err
+    assert not marker.exists()  # nothing in the file ran

@@ -3,6 +3,7 @@ import multiprocessing
 import os
 
 import numpy as np
+import pytest
 
 from conftest import SerialRun
 from envs import ActionSpec, EnvSpec
@@ -71,3 +72,49 @@ def test_no_slot_is_handed_out_twice(tmp_path):
         trained_batches += learner.version - version
     assert trained_batches >= 5
     run.close()
+
+
+def test_the_segment_is_created_exclusively_never_through_a_link(tmp_path):
+    from sf_engine.shared_buffers import shm_path
+
+    layout = {"stop": ((1,), "int64"), "slot_owner": ((4,), "int64")}
+    names = {os.path.basename(shm_path(str(tmp_path), "/x/train_dir/exp")) for _ in range(3)}
+    assert len(names) == 3 and all(name.startswith("sf_engine_exp_") for name in names)  # new per run
+    taken = tmp_path / "taken"
+    taken.write_bytes(b"")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "target")
+    for path in (taken, link):
+        with pytest.raises(OSError):
+            SharedBuffers.create(str(path), layout)
+    assert not (tmp_path / "target").exists()
+    buffers = SharedBuffers.create(str(tmp_path / "segment"), layout)
+    assert os.stat(tmp_path / "segment").st_mode & 0o777 == 0o600
+    buffers.release()
+
+
+def test_leftovers_are_killed_only_when_pid_start_time_and_command_line_match(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from sf_engine.experiment import _remove_leftovers
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import psutil
+
+        process = psutil.Process(child.pid)
+        row = {"role": "rollout_worker", "index": 0, "pid": child.pid, "create_time": process.create_time()}
+        segment = tmp_path / "shm" / "sf_engine_exp_0123456789abcdef"
+        segment.parent.mkdir()
+        segment.write_bytes(b"x")
+        for cmdline, killed in ((["python", "something else"], False), (process.cmdline(), True)):
+            (tmp_path / "processes.json").write_text(json.dumps(
+                {"processes": [{**row, "cmdline": cmdline}], "shm_path": str(segment)}))
+            done = _remove_leftovers(str(tmp_path), str(segment.parent))
+            assert (child.wait(timeout=10) is not None if killed else child.poll() is None), done
+        assert not segment.exists()  # the dead run's segment is gone
+    finally:
+        child.kill()
+        child.wait()
