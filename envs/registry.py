@@ -177,9 +177,14 @@ def _envpool_kwargs(family: str, training: bool) -> dict:
     return {"episodic_life": training, "reward_clip": training} if family == "atari" else {}
 
 
+SEED_MODULUS = 2**31 - 2**24  # env seeds: EnvPool takes int32, Gymnasium non-negative; room for 2**24 envs
+
+
 def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec,
                    training: bool = True, render_mode=None) -> BatchEnv:
-    """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core)."""
+    """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core); env i gets
+    seed + i. Any integer seed works: it is taken modulo SEED_MODULUS, which every backend accepts."""
+    seed %= SEED_MODULUS
     if env_id in MASKED_ENVS:
         base_id, keep = MASKED_ENVS[env_id]
         base = make_batch_env(base_id, backend, num_envs, seed, spec, training, render_mode)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -191,9 +192,23 @@ def check_flags(cfg: Config) -> None:
                 "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps,
                 "--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
                 "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence}
+    for group in (cfg.env, s, model, lrn, run):
+        for fld in dataclasses.fields(group):
+            value = getattr(group, fld.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{fld.name} must be a finite number (got {value})")
     for flag, value in positive.items():
         if value != "auto" and value < 1:
             raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    for flag, value in {"--ppo_clip_ratio": lrn.ppo_clip_ratio, "--vtrace_rho_bar": lrn.vtrace_rho_bar,
+                        "--vtrace_c_bar": lrn.vtrace_c_bar, "--save_every_sec": run.save_every_sec,
+                        "--status_every_sec": run.status_every_sec}.items():
+        if value <= 0:
+            raise ConfigError(f"{flag} must be positive (got {value})")
+    for flag, value in {"--value_loss_coeff": lrn.value_loss_coeff, "--entropy_coeff": lrn.entropy_coeff,
+                        "--max_grad_norm": lrn.max_grad_norm}.items():
+        if value < 0:
+            raise ConfigError(f"{flag} must be >= 0 (got {value})")
     if s.rollout < 2:
         raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
     train_batch = lrn.batch_size * lrn.num_batches_per_epoch

@@ -34,7 +34,7 @@ class Learner:
         self.ctx, self.cfg, self.lcfg, self.buffers, self.queues = ctx, plan.cfg, plan.cfg.learner, ctx.buffers, ctx.queues
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device)
-        torch.manual_seed(self.cfg.env.seed)
+        torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
         self.model = ActorCritic(plan.spec, self.cfg.model).to(self.device)
         self.params = flatten_state(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)

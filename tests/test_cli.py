@@ -33,6 +33,11 @@ def test_help_explains_every_flag(tmp_path):
     (["--rollout", "100000", "--num_workers", "1", "--num_envs_per_worker", "20000", "--batch_size", "1000000000"],
      ["MiB", "--num_envs_per_worker"]),
     (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
+    (["--learning_rate", "nan"], ["--learning_rate", "finite"]),
+    (["--train_for_seconds", "inf"], ["--train_for_seconds", "finite"]),
+    (["--ppo_clip_ratio", "0"], ["--ppo_clip_ratio", "positive"]),
+    (["--save_every_sec", "-1"], ["--save_every_sec", "positive"]),
+    (["--entropy_coeff", "-0.1"], ["--entropy_coeff", ">= 0"]),
 ])
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, capsys):
     line = train_error(["--shm_dir", shm_dir] + args, tmp_path, capsys)

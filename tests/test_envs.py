@@ -181,3 +181,21 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "mine" / "summary.json")
     assert summary["episodes"] > 100 and summary["learner_version"] >= 2
+
+
+@pytest.mark.parametrize("env, backend", [("CartPole-v1", "envpool"), ("Acrobot-v1", "gymnasium")])
+def test_any_integer_seed_works_on_every_backend(env, backend):
+    spec = probe_env_spec(env, backend)
+    for seed in (-5, 0, 2**31 - 1, 2**40, -(2**70)):
+        first = make_batch_env(env, backend, 3, seed=seed, spec=spec)
+        second = make_batch_env(env, backend, 3, seed=seed, spec=spec)
+        np.testing.assert_array_equal(first.reset()["obs"], second.reset()["obs"])  # the seed decides
+        first.close()
+        second.close()
+
+
+def test_a_run_takes_any_integer_seed(tmp_path, shm_dir):
+    for seed in ("-1", str(2**70)):
+        plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--seed", seed, "--train_for_env_steps", "500",
+                           "--restart")
+        assert run(plan) == 0
