@@ -130,6 +130,10 @@ def _user_factory(env_id: str) -> Callable:
     module_name, _, attr = env_id.partition(":")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        package = (exc.name or module_name).split(".")[0]
+        raise EnvError(f"--env {env_id}: cannot import it ({exc}); install the package that provides it "
+                       f"(pip install {package}) or check the spelling") from None
     except ImportError as exc:
         raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
     if not hasattr(module, attr) and attr in gym.registry:
@@ -155,9 +159,19 @@ def _gym_factory(env_id: str) -> Callable:
     try:
         gym.spec(env_id)
     except gym.error.Error as exc:
+        namespace = env_id.split("/")[0] if "/" in env_id else None
+        if namespace in _NAMESPACE_PACKAGES:
+            package, module = _NAMESPACE_PACKAGES[namespace]
+            raise EnvError(f"--env {env_id}: its package is not installed: pip install {package}, then pass "
+                           f"--env {module}:{env_id}") from None
         raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "
                        f"spelling, or name the package that registers it as --env package:{env_id}") from None
     return _GymId(env_id)
+
+
+# Gymnasium namespaces whose envs a separate package registers: (pip package, module to import)
+_NAMESPACE_PACKAGES = {"ALE": ("ale-py", "ale_py"), "MiniGrid": ("minigrid", "minigrid"),
+                       "BabyAI": ("minigrid", "minigrid")}
 
 
 class _GymId:
@@ -238,6 +252,17 @@ def _action_spec(env_id: str, space) -> ActionSpec:
                    f"(Discrete, MultiDiscrete or a 1-D float Box are)")
 
 
+def _make_probe_env(env_id: str):
+    """One env of `env_id`; a Gymnasium id whose extra is not installed (Box2D, MuJoCo, ...) is one line
+    with Gymnasium's install command."""
+    import gymnasium as gym
+
+    try:
+        return _gym_factory(env_id)()
+    except gym.error.DependencyNotInstalled as exc:
+        raise EnvError(f"--env {env_id}: {(str(exc).splitlines() or ['a dependency is missing'])[0]}") from None
+
+
 def _check_gym_api(env_id: str, env) -> None:
     """One reset() call must return (obs, info) as in Gymnasium."""
     try:
@@ -272,7 +297,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
         is_atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
         frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
-        env = _gym_factory(env_id)()
+        env = _make_probe_env(env_id)
         try:
             _check_gym_api(env_id, env)
             obs_space, action_space = env.observation_space, env.action_space

@@ -40,7 +40,8 @@ def train_error(args, train_dir, capsys) -> str:
     train.py calls it): exit code 2, one 'error: ...' line on stderr, nothing written to train_dir."""
     from sf_engine.runner import main
 
-    code = main(["--train_dir", str(train_dir)] + list(args))
+    # a budget of one step first, so that input wrongly accepted ends the run at once (the args win)
+    code = main(["--train_dir", str(train_dir), "--train_for_env_steps", "1"] + list(args))
     captured = capsys.readouterr()
     assert code == 2, captured.out + captured.err
     lines = captured.err.strip().splitlines()

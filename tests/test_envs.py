@@ -15,6 +15,12 @@ from sf_engine.runner import run
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("env, flags, family, encoder", [
     ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
@@ -113,14 +119,23 @@ def test_true_game_score_is_tracked_across_lives():
     assert set(np.unique(clipped)) <= {0.0, 1.0} and scores.sum() >= clipped.sum()
 
 
-@pytest.mark.parametrize("env, words", [
-    ("toy_envs:NoSuchEnv", ["--env toy_envs:NoSuchEnv", "cannot import"]),
-    ("no_such_module:Env", ["--env no_such_module:Env", "cannot import"]),
-    ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"]),
-    ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"]),
+GYM = ["--env_backend", "gymnasium"]  # EnvPool has its own LunarLander-v3 and HalfCheetah-v5
+
+
+@pytest.mark.parametrize("env, words, extra", [
+    ("toy_envs:NoSuchEnv", ["--env toy_envs:NoSuchEnv", "cannot import"], []),
+    ("no_such_module:Env", ["--env no_such_module:Env", "cannot import", "pip install no_such_module"], []),
+    pytest.param("LunarLander-v3", ["--env LunarLander-v3", 'pip install "gymnasium[box2d]"'], GYM,
+                 marks=pytest.mark.skipif(_installed("Box2D"), reason="Box2D is installed here")),
+    pytest.param("HalfCheetah-v5", ["--env HalfCheetah-v5", 'pip install "gymnasium[mujoco]"'], GYM,
+                 marks=pytest.mark.skipif(_installed("mujoco"), reason="MuJoCo is installed here")),
+    pytest.param("ALE/Pong-v5", ["--env ALE/Pong-v5", "pip install ale-py", "--env ale_py:ALE/Pong-v5"], [],
+                 marks=pytest.mark.skipif(_installed("ale_py"), reason="ale-py is installed here")),
+    ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"], []),
+    ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"], []),
 ])
-def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words, capsys):
-    line = train_error(["--env", env, "--shm_dir", shm_dir], tmp_path, capsys)
+def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words, extra, capsys):
+    line = train_error(["--env", env, "--shm_dir", shm_dir] + extra, tmp_path, capsys)
     for word in words:
         assert word in line
     assert os.listdir(shm_dir) == [] and os.listdir(tmp_path) == []
