@@ -12,8 +12,12 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
 class ConfigError(ValueError):
@@ -234,8 +238,9 @@ def check_flags(cfg: Config) -> None:
                           f"0 stops the run at the first worker failure")
     if lrn.max_policy_lag < 0:
         raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
-    if not run.experiment or os.sep in run.experiment:
-        raise ConfigError(f"--experiment must be a plain name (got {run.experiment!r})")
+    if not _PLAIN_NAME.fullmatch(run.experiment):
+        raise ConfigError(f"--experiment must be a plain name: letters, digits, '.', '_', '-', not starting with "
+                          f"'.' or '-', at most 128 characters (got {run.experiment!r})")
 
 
 def check_resolved(cfg: Config) -> None:

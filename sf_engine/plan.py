@@ -115,7 +115,21 @@ def _check_picklable(envs: dict) -> None:
                               f"register a module-level function or class, not a lambda or closure") from None
 
 
+def _check_writable(experiment_dir: str) -> None:
+    """The experiment directory is (or can be made) a writable directory: the nearest part of its path
+    that exists is a directory this user can write to."""
+    path = os.path.abspath(experiment_dir)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise ConfigError(f"--train_dir: {path} is a file, not a directory: choose another --train_dir")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"--train_dir: {path} is not writable by this user: choose another --train_dir "
+                          f"or fix its permissions")
+
+
 def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
+    _check_writable(experiment_dir)
     if not os.path.isdir(cfg.run.shm_dir):
         raise ConfigError(f"--shm_dir {cfg.run.shm_dir} does not exist; point it at a tmpfs such as /dev/shm")
     stat = os.statvfs(cfg.run.shm_dir)

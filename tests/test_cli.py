@@ -38,6 +38,8 @@ def test_help_explains_every_flag(tmp_path):
     (["--ppo_clip_ratio", "0"], ["--ppo_clip_ratio", "positive"]),
     (["--save_every_sec", "-1"], ["--save_every_sec", "positive"]),
     (["--entropy_coeff", "-0.1"], ["--entropy_coeff", ">= 0"]),
+    (["--experiment", "../outside"], ["--experiment", "plain name"]),
+    (["--experiment=-x"], ["--experiment", "plain name"]),
 ])
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, capsys):
     line = train_error(["--shm_dir", shm_dir] + args, tmp_path, capsys)
@@ -71,3 +73,33 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
              if os.path.isfile(path)}
     assert after == before  # refused before anything on disk changed
     assert run(build_plan(base + ["--hidden_size", "32", "--restart", "--train_dir", str(tmp_path)])) == 0
+
+
+def _tree(path) -> dict:
+    """Every file under `path` with its bytes: a bad command must leave the same."""
+    return {p: open(p, "rb").read() for p in glob.glob(os.path.join(str(path), "**"), recursive=True)
+            if os.path.isfile(p)}
+
+
+def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_dir, capsys):
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
+    base = ["--experiment", "kept", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
+            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
+    assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
+    before = _tree(tmp_path)
+    bad = [(["--restart", "--learning_rate", "-1"], "--learning_rate"),
+           (["--restart", "--rollout", "1"], "--rollout")]
+    if cuda_device_count() == 0:
+        bad.append((["--restart", "--device", "cuda"], "--device cuda"))  # once deleted every checkpoint
+    for args, words in bad:
+        assert words in train_error(base + args, tmp_path, capsys)
+        assert _tree(tmp_path) == before
+    (tmp_path / "kept" / "config.json").write_text("{not json")
+    before = _tree(tmp_path)
+    line = train_error(base, tmp_path, capsys)
+    assert "config.json is unreadable" in line and "--restart" in line and _tree(tmp_path) == before
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    assert "is a file" in train_error(base[:2] + ["--train_dir", str(not_a_dir / "sub")] + base[2:], tmp_path, capsys)
