@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
