@@ -119,6 +119,9 @@ class LearnerConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    config: Optional[str] = _f(None, "Start from a saved config.json (of an earlier run, say): its values replace "
+                                     "the defaults, the flags given here win; --restart is never taken from it.",
+                               type=str)
     experiment: str = _f("default", "Experiment name: results go to <train_dir>/<experiment>/.")
     train_dir: str = _f("train_dir", "Root directory of all experiments.")
     mode: str = _f("async", "'async': sampling and learning overlap; 'sync': workers wait for each new policy "
@@ -268,6 +271,15 @@ def _str_to_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _value_type(fld) -> tuple:
+    """(text -> value, allowed values or None) of a field, as the command line and --config read it."""
+    if fld.type in ("bool", bool):
+        return _str_to_bool, None
+    if "choices" in fld.metadata:
+        return str, fld.metadata["choices"]
+    return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(fld.type, str)), None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
     env family's default or the field's own applies, see make_config). --help shows the field's
@@ -280,17 +292,54 @@ def build_parser() -> argparse.ArgumentParser:
     for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
         for fld in dataclasses.fields(cls):
-            meta = dict(fld.metadata)
-            kwargs = {"help": f"{meta.pop('help')} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
-            if fld.type in ("bool", bool):
+            convert, choices = _value_type(fld)
+            kwargs = {"help": f"{fld.metadata['help']} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
+            if convert is _str_to_bool:
                 kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
-            elif "choices" in meta:
-                kwargs.update(choices=meta.pop("choices"))
+            elif choices:
+                kwargs.update(choices=choices)
             else:
-                kwargs.update(type=meta.pop("type", {"int": int, "float": float, "str": str}.get(fld.type, str)),
-                              metavar=fld.name.upper())
+                kwargs.update(type=convert, metavar=fld.name.upper())
             group.add_argument(f"--{fld.name}", **kwargs)
     return parser
+
+
+_NOT_FROM_FILE = ("config", "restart")  # a saved config never restarts an experiment or names another file
+
+
+def read_config_file(path: str) -> dict:
+    """{group: {field: value}} of a saved config.json (--config), each value read as its flag would be;
+    ConfigError (one line) for a file that is not such a config."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--config {path}: cannot be read ({exc.__class__.__name__}); pass the config.json of "
+                          f"an experiment") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: not a config.json (no settings in it)")
+    values: dict = {}
+    for group_name, cls in GROUPS.items():
+        section, fields = data.get(group_name, {}), {fld.name: fld for fld in dataclasses.fields(cls)}
+        if not isinstance(section, dict):
+            raise ConfigError(f"--config {path}: '{group_name}' is not a group of settings")
+        for name, value in section.items():
+            if name not in fields:
+                raise ConfigError(f"--config {path}: unknown setting {group_name}.{name}: was it written by this "
+                                  f"version of train.py?")
+            if name in _NOT_FROM_FILE or (value is None and fields[name].default is None):
+                continue
+            convert, choices = _value_type(fields[name])
+            try:
+                converted = convert(str(value))
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
+                converted = None
+            if converted is None or (choices and converted not in choices):
+                raise ConfigError(f"--config {path}: {group_name}.{name} = {value!r} is not a valid --{name}")
+            values.setdefault(group_name, {})[name] = converted
+    return values
 
 
 def parse_flags(argv=None) -> dict:
@@ -303,13 +352,13 @@ def parse_flags(argv=None) -> dict:
     return given
 
 
-def make_config(given: dict, defaults: dict | None = None) -> Config:
+def make_config(given: dict, defaults: dict | None = None, saved: dict | None = None) -> Config:
     """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's), then by
-    the flags `given` (parse_flags)."""
-    defaults = defaults or {}
+    `saved` ({group: {field: value}}, a --config file), then by the flags `given` (parse_flags)."""
+    defaults, saved = defaults or {}, saved or {}
     groups = {}
     for group_name, cls in GROUPS.items():
         names = {fld.name for fld in dataclasses.fields(cls)}
         values = {name: value for name, value in defaults.items() if name in names}
-        groups[group_name] = cls(**(values | given.get(group_name, {})))
+        groups[group_name] = cls(**(values | saved.get(group_name, {}) | given.get(group_name, {})))
     return Config(**groups)

@@ -25,7 +25,8 @@ from envs.registry import registered_envs, resolve_backend
 from sf_engine.autosize import resolve_sampler, usable_cores
 from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
                                   list_checkpoints)
-from sf_engine.config import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
+from sf_engine.config import (Config, ConfigError, check_flags, check_resolved, make_config, parse_flags,
+                              read_config_file)
 from sf_engine.device import resolve_device
 from sf_engine.experiment import leftover_segment
 from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
@@ -61,9 +62,11 @@ def build_plan(argv=None, given: dict | None = None) -> RunPlan:
     Bad input raises ConfigError or EnvError with one line naming the flag and the fix; nothing on
     disk is touched."""
     given = parse_flags(argv) if given is None else given
-    first = make_config(given)
+    config_file = given.get("run", {}).get("config")
+    saved = read_config_file(config_file) if config_file else {}
+    first = make_config(given, saved=saved)
     spec = probe_env_spec(first.env.env, first.env.env_backend)
-    cfg = make_config(given, flag_defaults(first.env.env, spec))
+    cfg = make_config(given, flag_defaults(first.env.env, spec), saved)
     check_flags(cfg)
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)

@@ -103,3 +103,24 @@ def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     assert "is a file" in train_error(base[:2] + ["--train_dir", str(not_a_dir / "sub")] + base[2:], tmp_path, capsys)
+
+
+def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_dir, capsys):
+    from sf_engine.plan import build_plan
+    from sf_engine.runner import run
+
+    first = ["--experiment", "first", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
+             "--num_envs_per_worker", "8", "--batch_size", "256", "--hidden_size", "32", "--gamma", "0.97",
+             "--train_for_env_steps", "2000", "--train_dir", str(tmp_path), "--restart"]
+    assert run(build_plan(first)) == 0
+    saved = str(tmp_path / "first" / "config.json")
+    plan = build_plan(["--config", saved, "--experiment", "second", "--gamma", "0.9"])
+    old, new = read_json(saved), plan.cfg.to_dict()
+    assert new["learner"]["gamma"] == 0.9 and new["run"]["experiment"] == "second"  # the flags given win
+    assert new["model"] == old["model"] and new["sampler"] == old["sampler"]  # the rest from the file
+    assert new["run"]["restart"] is False  # never taken from the file
+    bad = tmp_path / "bad.json"
+    for text, words in (("{not json", "cannot be read"), ('{"learner": {"gamma": "high"}}', "learner.gamma"),
+                        ('{"learner": {"no_such_flag": 1}}', "unknown setting")):
+        bad.write_text(text)
+        assert words in train_error(["--config", str(bad)], tmp_path, capsys)
