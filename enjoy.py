@@ -28,17 +28,31 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="Device of the policy.")
     parser.add_argument("--video", default=None, help="Record the episodes to this .mp4 or .gif file.")
     parser.add_argument("--video_fps", type=int, default=None, help="Frames per second of the video "
-                        "(default: the env's render_fps, or 30).")
-    parser.add_argument("--max_frames", type=int, default=10_000, help="At most this many frames in the video.")
-    parser.add_argument("--seed", type=int, default=12345, help="Seed of the evaluation env.")
-    args = parser.parse_args(argv)
+                        "(default: the env's own rate: 15 on Atari, the env's render_fps, or 30).")
+    parser.add_argument("--max_frames", type=int, default=10_000, help="At most this many frames in the video "
+                        "(frames are written as they are played: memory does not grow with the video).")
+    parser.add_argument("--max_episode_steps", type=int, default=27_000,
+                        help="Cut an episode after this many steps (an agent that never ends one).")
+    parser.add_argument("--render", action="store_true",
+                        help="Show the agent on screen while it plays (needs a display; Gymnasium's renderer).")
+    parser.add_argument("--seed", type=int, default=12345, help="Seed of the evaluation env (any integer).")
+    return parser.parse_args(argv)
+
+
+def check_args(args) -> None:
+    """Bad values: one line naming the flag, before anything is loaded or written."""
     if args.video and not args.video.lower().endswith((".mp4", ".gif")):
-        parser.error(f"--video {args.video}: the file name must end in .mp4 or .gif")
-    if args.num_episodes < 1:
-        parser.error("--num_episodes must be at least 1")
-    if args.max_frames < 1:
-        parser.error("--max_frames must be at least 1")
-    return args
+        raise EnjoyError(f"--video {args.video}: the file name must end in .mp4 or .gif")
+    if args.video and not os.access(os.path.dirname(os.path.abspath(args.video)), os.W_OK):
+        raise EnjoyError(f"--video {args.video}: its directory does not exist or is not writable")
+    for flag, value in (("--num_episodes", args.num_episodes), ("--max_frames", args.max_frames),
+                        ("--max_episode_steps", args.max_episode_steps)):
+        if value < 1:
+            raise EnjoyError(f"{flag} must be at least 1 (got {value})")
+    if args.video_fps is not None and not 1 <= args.video_fps <= 1000:
+        raise EnjoyError(f"--video_fps must be within 1..1000 (got {args.video_fps})")
+    if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise EnjoyError("--render: no display here (DISPLAY is not set); record a video with --video instead")
 
 
 def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
@@ -98,51 +112,63 @@ def load_policy(cfg, spec, path: str, device):
     return policy.to(device).eval()
 
 
-class VideoEnv:
-    """The env the agent plays, plus the full-colour frames of what it plays for the video.
-    Atari: a twin EnvPool env at 210x160 RGB, same seed and actions (ALE is deterministic), so the
-    video shows the real screen while the policy sees its 84x84 gray stack. Others: Gymnasium's
-    rgb_array renderer."""
+class VideoWriter:
+    """Frames appended to a video file as they come (an .mp4 is encoded on the fly; imageio keeps a .gif's
+    frames until close). Even sizes, as H.264 wants them."""
 
-    def __init__(self, cfg, spec, seed: int, record: bool, max_frames: int):
+    def __init__(self, path: str, fps: int):
+        import imageio.v2 as imageio
+
+        self.path, self.fps, self.frames, self.size = path, fps, 0, None
+        if path.lower().endswith(".gif"):
+            self._writer = imageio.get_writer(path, mode="I", duration=1000 / fps, loop=0)
+        else:
+            # x264's veryfast preset: as small a file as its default here, written in about half the time
+            self._writer = imageio.get_writer(path, fps=fps, macro_block_size=1, ffmpeg_params=["-preset", "veryfast"])
+
+    def append(self, frame: np.ndarray) -> None:
+        height, width = frame.shape[:2]
+        self._writer.append_data(np.ascontiguousarray(frame[:height // 2 * 2, :width // 2 * 2]))
+        self.frames, self.size = self.frames + 1, (width // 2 * 2, height // 2 * 2)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class VideoEnv:
+    """The env the agent plays, and what it plays for the video or the screen (`render`: 'video',
+    'human' or None). Atari video: a twin EnvPool env at 210x160 RGB, same seed and actions (ALE is
+    deterministic), so the video shows the real screen while the policy sees its 84x84 gray stack.
+    Others: Gymnasium's renderer. Frames go to `writer` (a VideoWriter, set by the caller) as played."""
+
+    def __init__(self, cfg, spec, seed: int, render, max_frames: int):
         from envs import make_batch_env
         from envs.registry import resolve_backend
 
-        self.twin, self.frames, self.max_frames = None, [], max_frames
+        self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, 1
         self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
-        backend = cfg.env.env_backend
-        render_mode = None
-        if record and spec.family != "atari":
-            render_mode = "rgb_array"
+        backend, render_mode = cfg.env.env_backend, None
+        if render == "human" and spec.family == "atari":
+            raise EnjoyError(f"--render: {cfg.env.env} is an EnvPool Atari env, which has no screen; use --video")
+        if render and spec.family != "atari":
+            render_mode = "rgb_array" if render == "video" else "human"
             if resolve_backend(cfg.env.env, backend) != "gymnasium":
                 backend = "gymnasium"  # the renderer is Gymnasium's
-                print(f"video: {cfg.env.env} is played through Gymnasium's implementation, which renders")
-            try:
-                warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
-                probe = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
-                                       render_mode=render_mode)
-                probe.reset()
-                probe.render()
-                probe.close()
-            except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
-                raise EnjoyError(f"--video: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
-                                 f"{_first_line(exc)}); replay without --video") from None
+                print(f"{cfg.env.env} is played through Gymnasium's implementation, which renders")
+            _check_renders(cfg, backend, seed, spec, render_mode)
         self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
                                   render_mode=render_mode)
-        if record and spec.family == "atari":
+        if render == "video" and spec.family == "atari":
             import envpool
 
             self.twin = envpool.make(cfg.env.env, env_type="gymnasium", num_envs=1, num_threads=1, seed=seed,
                                      episodic_life=False, reward_clip=False, img_height=210, img_width=160,
                                      gray_scale=False, stack_num=1)
-        self.record = record
-        self.num_envs = 1
 
     def _capture(self, twin_obs=None):
-        if not self.record or len(self.frames) >= self.max_frames:
+        if self.writer is None or self.writer.frames >= self.max_frames:
             return
-        frame = twin_obs[0, -3:].transpose(1, 2, 0) if self.twin is not None else self.env.render()[0]
-        self.frames.append(np.ascontiguousarray(frame))
+        self.writer.append(twin_obs[0, -3:].transpose(1, 2, 0) if self.twin is not None else self.env.render()[0])
 
     def reset(self):
         obs = self.env.reset()
@@ -155,16 +181,21 @@ class VideoEnv:
         return result
 
 
-def write_video(path: str, frames: list, fps: int) -> None:
-    import imageio.v2 as imageio
+def _check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None:
+    """A throwaway env renders once, or EnjoyError: a missing renderer is one line, not a traceback."""
+    from envs import make_batch_env
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    height, width = frames[0].shape[:2]
-    frames = [frame[:height // 2 * 2, :width // 2 * 2] for frame in frames]  # H.264 wants even sizes
-    if path.lower().endswith(".gif"):
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
-    else:
-        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+    try:
+        warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
+        probe = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                               render_mode=render_mode)
+        probe.reset()
+        probe.render()
+        probe.close()
+    except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
+        flag = "--video" if render_mode == "rgb_array" else "--render"
+        raise EnjoyError(f"{flag}: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
+                         f"{_first_line(exc)}); replay without {flag}") from None
 
 
 def run(args) -> int:
@@ -197,30 +228,40 @@ def run(args) -> int:
         raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
                          f"this version of train.py?") from None
     policy = load_policy(cfg, spec, path, device)
-    env = VideoEnv(cfg, spec, args.seed, record=bool(args.video), max_frames=args.max_frames)
+    env = VideoEnv(cfg, spec, args.seed, "video" if args.video else ("human" if args.render else None),
+                   args.max_frames)
+    if args.video:
+        fps = args.video_fps or env.fps or int(getattr(env.env._env, "metadata", {}).get("render_fps") or 30)
+        env.writer = VideoWriter(args.video, fps)
     results = []
-    episodes = play(policy, env, args.num_episodes, args.deterministic, device=device)
-    for episode, (_, episode_return, length) in enumerate(episodes):
-        print(f"episode {episode}: return {episode_return:.1f}, length {length}", flush=True)
-        results.append((episode_return, length))
+    try:
+        episodes = play(policy, env, args.num_episodes, args.deterministic, device=device,
+                        max_episode_steps=args.max_episode_steps)
+        for episode, (_, episode_return, length) in enumerate(episodes):
+            cut = " (cut at --max_episode_steps)" if length >= args.max_episode_steps else ""
+            print(f"episode {episode}: return {episode_return:.1f}, length {length}{cut}", flush=True)
+            results.append((episode_return, length))
+    finally:
+        if env.writer is not None:
+            env.writer.close()  # a replay stopped early still leaves a playable video
     returns = np.array([r for r, _ in results])
     print(f"{len(results)} episodes of {cfg.env.env} from {os.path.basename(path)}: return "
           f"{returns.mean():.1f} +- {returns.std():.1f}, length {np.mean([n for _, n in results]):.1f}")
-    if args.video:
-        fps = args.video_fps or env.fps or int(getattr(env.env._env, "metadata", {}).get("render_fps") or 30)
-        frames = env.frames
-        write_video(args.video, frames, fps)
-        print(f"video: {args.video} ({len(frames)} frames of {frames[0].shape[1]}x{frames[0].shape[0]} at {fps} fps)")
+    if env.writer is not None:
+        (width, height), frames = env.writer.size or (0, 0), env.writer.frames
+        print(f"video: {args.video} ({frames} frames of {width}x{height} at {env.writer.fps} fps)")
     return 0
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
-    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    if not args.render:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     from envs import EnvError
 
     try:
+        check_args(args)
         return run(args)
     except (EnjoyError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,11 +24,12 @@ def act(model, obs: dict, state=None, deterministic: bool = False):
 
 
 def play(model, env, episodes_per_env: int, deterministic: bool = True, max_steps: int | None = None,
-         should_stop=lambda: False, device="cpu"):
+         should_stop=lambda: False, device="cpu", max_episode_steps: int | None = None):
     """Play `episodes_per_env` whole episodes on each env of `env` (a BatchEnv made with training=False,
-    whose episode_over marks the end of a whole game, E envs). Yields
-    (env index, return, length) of each episode as it ends, in the user's score (the true game score
-    on Atari). Gives up after `max_steps` batched steps or once `should_stop()`."""
+    whose episode_over marks the end of a whole game, E envs). Yields (env index, return, length) of each
+    episode as it ends, in the user's score (the true game score on Atari). Gives up after `max_steps`
+    batched steps or once `should_stop()`. An episode that reaches `max_episode_steps` is cut there and
+    yielded; a single env then starts a new one (reset), an env of a larger batch plays no more."""
     obs = env.reset()
     num_envs = env.num_envs
     returns, lengths = np.zeros(num_envs), np.zeros(num_envs, np.int64)
@@ -47,10 +48,13 @@ def play(model, env, episodes_per_env: int, deterministic: bool = True, max_step
         returns += result.score_rewards * counting
         lengths += counting
         ended = result.episode_over & counting
-        for i in np.flatnonzero(ended):
+        cut = counting & ~ended & (lengths >= (max_episode_steps or np.inf))
+        for i in np.flatnonzero(ended | cut):
             yield int(i), float(returns[i]), int(lengths[i])
-            played[i] += 1
+            played[i] += 1 if ended[i] or num_envs == 1 else episodes_per_env
             returns[i], lengths[i] = 0.0, 0
         fresh, resetting = resetting, ended
         obs = result.obs
+        if num_envs == 1 and cut[0] and played[0] < episodes_per_env:  # a new episode from a reset
+            obs, fresh, resetting = env.reset(), np.ones(1, bool), np.zeros(1, bool)
         steps += 1

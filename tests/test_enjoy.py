@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -128,3 +129,49 @@ def test_bad_input_is_one_line(trained, tmp_path, capsys):
     truncated.write_bytes(open(latest, "rb").read()[:2000])
     message = error_of("--train_dir", str(trained), "--experiment", "cartpole", "--checkpoint", str(truncated))
     assert "truncated or corrupted" in message
+
+
+def test_bad_replay_flags_are_one_line_before_anything_is_loaded(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    missing = ["--train_dir", str(tmp_path), "--experiment", "missing"]  # checked before the experiment
+    for args, words in ((["--video_fps", "0", "--video", str(tmp_path / "v.mp4")], "--video_fps"),
+                        (["--max_frames", "0"], "--max_frames"), (["--max_episode_steps", "0"], "--max_episode_steps"),
+                        (["--video", str(tmp_path / "no_dir" / "v.mp4")], "not writable"),
+                        (["--video", str(tmp_path / "v.avi")], ".mp4 or .gif"), (["--render"], "no display")):
+        assert words in enjoy_error(capsys, *missing, *args)
+    assert os.listdir(tmp_path) == []
+
+
+def test_episodes_are_cut_at_max_episode_steps(trained, capsys):
+    import enjoy as enjoy_script
+
+    assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
+                              "--max_episode_steps", "30", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("length 30 (cut at --max_episode_steps)") == 2, out
+
+
+def test_video_memory_stays_flat_in_the_number_of_frames(trained, tmp_path):
+    """Frames are written as they are played: 5,000 frames take about the memory of 100."""
+    import psutil
+
+    def peak_rss(frames: int, episodes: int) -> int:
+        proc = subprocess.Popen([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", str(trained),
+                                 "--experiment", "cartpole", "--num_episodes", str(episodes),
+                                 "--video", str(tmp_path / f"{frames}.mp4"), "--max_frames", str(frames)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        process, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            try:
+                peak = max(peak, process.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        out = proc.stdout.read()
+        assert proc.returncode == 0, proc.stderr.read()
+        assert f"({frames} frames of 600x400" in out, out  # the video is as long as asked
+        return peak
+
+    small, large = peak_rss(100, episodes=1), peak_rss(5000, episodes=40)
+    assert large - small < 200 * 2**20, (small, large)

@@ -14,8 +14,8 @@
 // - tanh: with SF_VECTOR_TANH (setup.py sets it on x86-64 with glibc >= 2.35, and links libmvec)
 //   and GCC, the passes call glibc's vector tanh (libmvec, within 4 ulp), and every pass is built for
 //   AVX-512, AVX2 and SSE and picked for the CPU at load time (target_clones); otherwise tanh is
-//   scalar, and `vector_tanh()` says so (the Python side then keeps its NumPy loops: torch's own
-//   tanh costs about 10 us for the 4096 gate values of one step here, libmvec's about 1).
+//   scalar, and `vector_tanh()` says so (the Python side then runs its torch loops instead: a scalar
+//   tanh per gate value costs more than the compiled loops save).
 // - Every op checks the shapes and devices of its arguments: the loops read raw memory.
 #include <ATen/ATen.h>
 #include <torch/library.h>
