@@ -143,11 +143,11 @@ def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
     args = ["--env", "CartPoleNoVel-v1", "--rnn", "lstm", "--experiment", "rnn", "--shm_dir", shm_dir,
             "--num_workers", "2", "--num_envs_per_worker", "32", "--batch_size", "512", "--eval_every_sec", "2",
             "--eval_episodes", "2"]
-    first = run_train(args + ["--train_for_env_steps", "60000"], tmp_path)
+    first = run_train(args + ["--train_for_env_steps", "40000"], tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     summary = read_json(tmp_path / "rnn" / "summary.json")
     assert summary["learner_version"] > 5 and summary["env_step_books"]["unaccounted"] == 0
-    second = run_train(args + ["--train_for_env_steps", "90000"], tmp_path)
+    second = run_train(args + ["--train_for_env_steps", "60000"], tmp_path)
     assert second.returncode == 0 and "resuming experiment rnn" in second.stdout
     replay = subprocess.run([sys.executable, f"{REPO}/enjoy.py", "--train_dir", str(tmp_path), "--experiment", "rnn",
                              "--num_episodes", "2"], capture_output=True, text=True, timeout=120)

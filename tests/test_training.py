@@ -29,7 +29,7 @@ def test_serial_mode_learns_cartpole(tmp_path, shm_dir):
 
 
 def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
-    args = ["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "300000"] + SMALL
+    args = ["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "200000"] + SMALL
     first = run_train(args, tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     exp = tmp_path / "async"
@@ -37,7 +37,7 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
     for key in ("env", "env_steps", "frames", "wall_sec", "env_steps_per_sec", "frames_per_sec",
                 "episode_return_mean", "episodes", "policy_lag_mean", "policy_lag_max", "learner_version"):
         assert summary[key] is not None, key
-    assert summary["env_steps"] >= 300_000 and summary["learner_version"] > 0
+    assert summary["env_steps"] >= 200_000 and summary["learner_version"] > 0
     # per-stage time accounting covers each role's wall time (within 10%)
     assert set(summary["role_wall_seconds"]) == {"learner", "policy_worker", "rollout_worker_0", "rollout_worker_1"}
     for role, wall in summary["role_wall_seconds"].items():
@@ -66,18 +66,18 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
     assert len(re.findall(r"^episode \d+: return [0-9.]+, length \d+$", replay.stdout, re.M)) == 3
     assert re.search(r"^3 episodes of CartPole-v1 .*: return [0-9.]+ \+- [0-9.]+, length [0-9.]+$", replay.stdout, re.M)
 
-    second = run_train(["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "450000"] + SMALL,
+    second = run_train(["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "300000"] + SMALL,
                        tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = read_json(exp / "summary.json")
-    assert resumed["env_steps"] >= 450_000
-    assert resumed["env_steps"] - summary["env_steps"] < 300_000  # continued, not started over
+    assert resumed["env_steps"] >= 300_000 and "resuming experiment async" in second.stdout
+    assert resumed["env_steps"] - summary["env_steps"] < 200_000  # continued, not started over
     assert resumed["learner_version"] > summary["learner_version"]
 
 
 def test_sync_mode_has_zero_policy_lag(tmp_path, shm_dir):
     result = run_train(["--experiment", "sync", "--mode", "sync", "--shm_dir", shm_dir,
-                        "--train_for_env_steps", "200000"] + SMALL, tmp_path)
+                        "--train_for_env_steps", "100000"] + SMALL, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "sync" / "summary.json")
     assert summary["learner_version"] > 5
