@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import queue
 import select
+import signal
 import time
 
 import numpy as np
@@ -73,6 +74,17 @@ class ReplyPipe:
 def make_lifeline(mp_context):
     """(read end for the children, write end the runner keeps and never writes to)."""
     return mp_context.Pipe(duplex=False)
+
+
+def drain_into(q: Queue, consume) -> None:
+    """consume(every message waiting in `q`), with SIGINT and SIGTERM held until both are done: a
+    Ctrl-C between taking the messages off the queue and counting them would lose them (the main
+    process's stats, whose books of env steps must balance)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        consume(drain(q))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def drain(q: Queue, max_rounds: int = 1000) -> list:

@@ -21,7 +21,7 @@ from envs import EnvError
 from envs.registry import may_use_envpool
 from sf_engine.config import ConfigError, make_config, parse_flags
 from sf_engine.experiment import Experiment
-from sf_engine.ipc import drain, make_lifeline
+from sf_engine.ipc import drain_into, make_lifeline
 from sf_engine.plan import RunPlan, build_plan, log_plan
 from sf_engine.report import Reporter
 from sf_engine.shared_buffers import SharedBuffers
@@ -117,7 +117,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             if cfg.run.mode != "serial":
                 time.sleep(MONITOR_EVERY_SEC)
             roles.step()
-            stats.consume(drain(queues.stats))  # polled: the main process never waits on it (see ipc)
+            drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
             reason = _stop_reason(cfg, stats, start_time)
     except KeyboardInterrupt:
@@ -133,7 +133,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             if roles is not None:
                 roles.shutdown()
         finally:
-            stats.consume(drain(queues.stats))
+            drain_into(queues.stats, stats.consume)
             stats.books.in_flight_at_stop = buffers.take_rows(slice(None))
             signal.signal(signal.SIGTERM, previous_sigterm)
     return exit_code, reason

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sf_engine.checkpoint import latest_valid_checkpoint
-from sf_engine.ipc import drain
+from sf_engine.ipc import drain_into
 from sf_engine.process import run_role
 from sf_engine.weights import SharedWeights
 from sf_engine.wiring import heartbeat_index, new_policy_requests, roles_of
@@ -78,7 +78,7 @@ class Supervisor:
     def _recover(self, role: str, index: int, cause: str) -> None:
         """Restart a failed rollout or policy worker; a failed evaluator is not restarted; a failed
         learner stops the run."""
-        self.stats.consume(drain(self.queues.stats))  # the failed process's traceback, if it sent one
+        drain_into(self.queues.stats, self.stats.consume)  # the failed process's traceback, if it sent one
         trace = self.stats.faults.pop((role, index), None)
         where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
         logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
