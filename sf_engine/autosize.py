@@ -27,6 +27,8 @@ MAX_WORKERS_PER_CORE = 4
 HEADROOM = 1.5  # a worker's cycle also holds writing the slot and the round trip to the policy worker
 PROBE_SEC = 0.25
 LEARN_PROBE_ELEMENTS = 2_000_000
+PROCESS_MEMORY_BYTES = 400 * 2**20  # resident memory of one process (torch, libraries) besides buffers and envs
+ENV_MEMORY_SHARE = 0.5  # the envs auto sizing builds take at most this share of the memory available
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Costs:
     env_cpu: float
     inference: float
     learn: float
+    env_bytes: float = 0.0  # resident memory of one env (measured on the probe's batch)
 
 
 def usable_cores() -> int:
@@ -63,10 +66,14 @@ def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
     return time.perf_counter() - wall0, time.process_time() - cpu0, reps
 
 
-def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict]:
-    """Wall and CPU seconds per env step (one env, stepped in a batch of num_envs); one reset obs batch."""
+def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
+    """Wall and CPU seconds per env step (one env, stepped in a batch of num_envs); one reset obs batch;
+    the resident memory one env takes (this process's growth while the batch is made and stepped)."""
+    import psutil
+
     from envs import make_batch_env
 
+    before = psutil.Process().memory_info().rss
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)
     try:
         obs = env.reset()
@@ -75,10 +82,11 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict]:
         env.step(actions[0])  # first steps may allocate
         count = iter(range(1 << 62))
         wall, cpu, reps = _timed(lambda: env.step(actions[next(count) % 8]), PROBE_SEC)
+        env_bytes = max(0, psutil.Process().memory_info().rss - before) / num_envs
     finally:
         env.close()
     steps = reps * num_envs
-    return wall / steps, min(cpu, wall) / steps, obs
+    return wall / steps, min(cpu, wall) / steps, obs, env_bytes
 
 
 def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
@@ -133,9 +141,9 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
 
 
 def measure(cfg, spec, probe_envs: int) -> Costs:
-    env_wall, env_cpu, obs = measure_env(cfg, spec, probe_envs)
+    env_wall, env_cpu, obs, env_bytes = measure_env(cfg, spec, probe_envs)
     inference, learn = measure_model(cfg, spec, obs, batch=max(probe_envs, 64))
-    return Costs(env_wall, env_cpu, inference, 0.0 if cfg.run.sampling_only else learn)
+    return Costs(env_wall, env_cpu, inference, 0.0 if cfg.run.sampling_only else learn, env_bytes)
 
 
 def _divisors(n: int) -> list:
@@ -167,6 +175,25 @@ def choose_num_workers(costs: Costs, cores: int, learner_threads: int = 1) -> tu
     return max(1, min(workers, MAX_WORKERS_PER_CORE * cores)), demand
 
 
+def fit_memory(workers: int, per_split: int, splits: int, costs: Costs, available_bytes: float,
+               allowed_per_split: list, fixed_workers: bool = False, fixed_envs: bool = False) -> tuple[int, int]:
+    """(workers, envs per split) lowered until the envs and the processes fit in ENV_MEMORY_SHARE of
+    `available_bytes`: fewer envs per split first (down the `allowed_per_split` sizes), then fewer
+    workers; a size the user gave (`fixed_*`) stays."""
+    def fits(w: int, e: int) -> bool:
+        return w * splits * e * costs.env_bytes + (w + 3) * PROCESS_MEMORY_BYTES <= ENV_MEMORY_SHARE * available_bytes
+
+    smaller = sorted(d for d in allowed_per_split if d < per_split)
+    while not fits(workers, per_split):
+        if not fixed_envs and smaller:
+            per_split = smaller.pop()
+        elif not fixed_workers and workers > 1:
+            workers -= 1
+        else:
+            break  # the plan's memory check speaks if even this does not fit
+    return workers, per_split
+
+
 def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     """--num_workers auto and --num_envs_per_worker auto chosen (by measurement unless in serial mode):
     returns (a SamplerConfig without 'auto', the lines that explain the choice; none when nothing
@@ -187,8 +214,8 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
              f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
              f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
     num_workers, num_envs = s.num_workers, s.num_envs_per_worker
+    train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
     if auto_envs:
-        train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
         per_split = choose_envs_per_split(costs, train_batch // s.rollout,
                                           max(1, envs_per_worker_hint // s.worker_num_splits))
         num_envs = per_split * s.worker_num_splits
@@ -200,4 +227,21 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
         lines.append(f"--num_workers auto = {num_workers}: learning and inference can take about "
                      f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
                      f"{1 / costs.env_wall:,.0f}")
+    num_workers, num_envs = _within_memory(s, costs, num_workers, num_envs, train_batch // s.rollout, lines)
     return dataclasses.replace(s, num_workers=num_workers, num_envs_per_worker=num_envs), lines
+
+
+def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_divisor: int, lines: list) -> tuple:
+    """The chosen sizes, lowered where the envs would not fit in memory (see fit_memory); says so in
+    `lines`."""
+    import psutil
+
+    splits, available = s.worker_num_splits, psutil.virtual_memory().available
+    allowed = [d for d in _divisors(slot_divisor) if d <= MAX_ENVS_PER_SPLIT]
+    workers, per_split = fit_memory(num_workers, num_envs // splits, splits, costs, available, allowed,
+                                    fixed_workers=s.num_workers != "auto", fixed_envs=s.num_envs_per_worker != "auto")
+    if (workers, per_split * splits) != (num_workers, num_envs):
+        lines.append(f"lowered to {workers} workers x {per_split * splits} envs so that the envs "
+                     f"({costs.env_bytes / 2**20:,.1f} MiB each) and the processes fit in "
+                     f"{ENV_MEMORY_SHARE:.0%} of the {available / 2**30:,.1f} GiB available")
+    return workers, per_split * splits

@@ -22,7 +22,7 @@ import psutil
 
 from envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from envs.registry import registered_envs, resolve_backend
-from sf_engine.autosize import resolve_sampler, usable_cores
+from sf_engine.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
                                   list_checkpoints)
 from sf_engine.config import (Config, ConfigError, check_flags, check_resolved, make_config, parse_flags,
@@ -31,9 +31,6 @@ from sf_engine.device import resolve_device
 from sf_engine.experiment import leftover_segment
 from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
 from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
-
-PROCESS_MEMORY_BYTES = 400 * 2**20  # resident memory of one process (torch, envs) besides the buffers
-
 
 @dataclass(frozen=True)
 class Paths:

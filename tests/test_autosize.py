@@ -52,3 +52,18 @@ def test_auto_picks_more_workers_for_a_slow_env_than_a_fast_one():
 def test_serial_mode_needs_no_measurement():
     sampler = build_plan(["--mode", "serial", "--restart"]).cfg.sampler
     assert (sampler.num_workers, sampler.num_envs_per_worker) == (1, 128)
+
+
+def test_auto_sizing_builds_no_more_envs_than_memory_allows():
+    from sf_engine.autosize import fit_memory
+
+    heavy = Costs(1e-4, 1e-4, 1e-6, 1e-6, env_bytes=100 * 2**20)  # 100 MiB per env
+    allowed = [1, 2, 4, 8, 16, 32, 64]
+    gib = 2**30
+    # envs per split go down first: 4 workers x 2 splits x 1 env x 100 MiB + 7 processes fit in 4 GiB
+    assert fit_memory(4, 64, 2, heavy, 8 * gib, allowed) == (4, 1)
+    # sizes the user gave stay; what is auto goes down
+    assert fit_memory(4, 64, 2, heavy, 8 * gib, allowed, fixed_envs=True) == (1, 64)
+    assert fit_memory(4, 8, 2, heavy, 8 * gib, allowed, fixed_workers=True) == (4, 1)
+    light = Costs(1e-6, 1e-6, 1e-6, 1e-6, env_bytes=2**10)
+    assert fit_memory(2, 128, 2, light, 8 * gib, allowed + [128]) == (2, 128)  # nothing to lower
