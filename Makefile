@@ -11,7 +11,7 @@ install: $(STAMP)
 
 # torch first, then the package without build isolation, so that setup.py sees torch and compiles
 # the recurrent core's loops (sf_engine/csrc) against it
-$(STAMP): setup.py sf_engine/csrc/recurrent_loops.cpp
+$(STAMP): pyproject.toml setup.py sf_engine/csrc/recurrent_loops.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q torch==2.13.0

@@ -2,7 +2,7 @@ import ctypes
 import os
 import platform
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 
 def compiled_loops() -> dict:
@@ -29,24 +29,6 @@ def compiled_loops() -> dict:
     return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
 
 
-setup(
-    name="sf_engine",
-    version="0.1.0",
-    description="Single-node, high-throughput, shared-memory reinforcement learning (asynchronous PPO / V-trace)",
-    packages=find_packages(include=["sf_engine", "sf_engine.*", "envs", "envs.*"]),
-    py_modules=["train", "enjoy"],
-    python_requires=">=3.9",
-    install_requires=[
-        "torch>=2.1",
-        "numpy",
-        "gymnasium[classic-control]>=1.0",
-        "envpool>=0.8",
-        "faster-fifo>=1.4",
-        "psutil",
-        "tensorboard",
-        "imageio",
-        "imageio-ffmpeg",
-    ],
-    extras_require={"test": ["pytest"], "perf": ["matplotlib"]},
-    **compiled_loops(),
-)
+# The metadata, dependencies, extras and console scripts are in pyproject.toml; this file adds the
+# compiled extension, which needs the installed torch at build time.
+setup(**compiled_loops())

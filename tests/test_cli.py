@@ -124,3 +124,17 @@ def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_di
                         ('{"learner": {"no_such_flag": 1}}', "unknown setting")):
         bad.write_text(text)
         assert words in train_error(["--config", str(bad)], tmp_path, capsys)
+
+
+def test_console_scripts_are_installed_and_no_top_level_train_or_enjoy_module(tmp_path):
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    from sf_engine import replay, runner
+
+    scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
+    assert scripts["sf-train"].load() is runner.main and scripts["sf-enjoy"].load() is replay.main
+    for name in ("train", "enjoy"):  # generic names another package could own: never installed
+        result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True)
+        assert result.returncode != 0

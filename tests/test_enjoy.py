@@ -72,7 +72,7 @@ def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
 def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, capsys):
     import imageio.v3 as iio
 
-    import enjoy as enjoy_script  # in this process: the video is what this test is about
+    from sf_engine import replay as enjoy_script  # in this process: the video is what this test is about
 
     video = tmp_path / "run.mp4"
     assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
@@ -91,7 +91,7 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, caps
 
 def enjoy_error(capsys, *args) -> str:
     """enjoy.py's promised failure, run in this process (enjoy.main): exit code 2 and one line."""
-    import enjoy as enjoy_script
+    from sf_engine import replay as enjoy_script
 
     code = enjoy_script.main(list(args))
     captured = capsys.readouterr()
@@ -144,7 +144,7 @@ def test_bad_replay_flags_are_one_line_before_anything_is_loaded(tmp_path, capsy
 
 
 def test_episodes_are_cut_at_max_episode_steps(trained, capsys):
-    import enjoy as enjoy_script
+    from sf_engine import replay as enjoy_script
 
     assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
                               "--max_episode_steps", "30", "--deterministic"]) == 0

@@ -306,7 +306,7 @@ def test_a_checkpoint_carrying_a_pickled_callable_is_refused_and_nothing_runs(tm
     capsys.readouterr()
     plan = build_plan(base + ["--train_for_env_steps", "6000"])  # resume skips it for the one before
     assert plan.resume_from == good and any("refused" in note for note in plan.notes)
-    import enjoy as enjoy_script
+    from sf_engine import replay as enjoy_script
 
     assert enjoy_script.main(["--train_dir", str(tmp_path), "--experiment", "foreign", "--checkpoint", evil]) == 2
     assert "refused" in capsys.readouterr().err

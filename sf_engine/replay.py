@@ -1,0 +1,268 @@
+"""Replay a trained agent (enjoy.py, or the sf-enjoy command): loads <train_dir>/<experiment>/config.json
+and a checkpoint (the newest by default), plays --num_episodes episodes and prints each episode's return
+and length, then a summary line; --video records them (rgb frames from the env's renderer; the
+full-colour screen on Atari), --render shows them on screen."""
+import argparse
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+
+
+class EnjoyError(RuntimeError):
+    """A problem the user can fix: one line, exit code 2."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
+    parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
+    parser.add_argument("--checkpoint", default="latest",
+                        help="'latest' (newest periodic checkpoint), 'best' (best evaluation return, written "
+                             "with train.py --eval_every_sec), or a path to a checkpoint file.")
+    parser.add_argument("--num_episodes", type=int, default=10, help="Episodes to play.")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="Take the most likely action (mode, or Gaussian mean) instead of sampling.")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"), help="Device of the policy.")
+    parser.add_argument("--video", default=None, help="Record the episodes to this .mp4 or .gif file.")
+    parser.add_argument("--video_fps", type=int, default=None, help="Frames per second of the video "
+                        "(default: the env's own rate: 15 on Atari, the env's render_fps, or 30).")
+    parser.add_argument("--max_frames", type=int, default=10_000, help="At most this many frames in the video "
+                        "(frames are written as they are played: memory does not grow with the video).")
+    parser.add_argument("--max_episode_steps", type=int, default=27_000,
+                        help="Cut an episode after this many steps (an agent that never ends one).")
+    parser.add_argument("--render", action="store_true",
+                        help="Show the agent on screen while it plays (needs a display; Gymnasium's renderer).")
+    parser.add_argument("--seed", type=int, default=12345, help="Seed of the evaluation env (any integer).")
+    return parser.parse_args(argv)
+
+
+def check_args(args) -> None:
+    """Bad values: one line naming the flag, before anything is loaded or written."""
+    if args.video and not args.video.lower().endswith((".mp4", ".gif")):
+        raise EnjoyError(f"--video {args.video}: the file name must end in .mp4 or .gif")
+    if args.video and not os.access(os.path.dirname(os.path.abspath(args.video)), os.W_OK):
+        raise EnjoyError(f"--video {args.video}: its directory does not exist or is not writable")
+    for flag, value in (("--num_episodes", args.num_episodes), ("--max_frames", args.max_frames),
+                        ("--max_episode_steps", args.max_episode_steps)):
+        if value < 1:
+            raise EnjoyError(f"{flag} must be at least 1 (got {value})")
+    if args.video_fps is not None and not 1 <= args.video_fps <= 1000:
+        raise EnjoyError(f"--video_fps must be within 1..1000 (got {args.video_fps})")
+    if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        raise EnjoyError("--render: no display here (DISPLAY is not set); record a video with --video instead")
+
+
+def resolve_checkpoint(exp_dir: str, experiment: str, choice: str) -> str:
+    from sf_engine.checkpoint import BEST_NAME, checkpoint_dir, latest_valid_checkpoint
+
+    if choice == "latest":
+        path, skipped = latest_valid_checkpoint(checkpoint_dir(exp_dir), load=True)
+        if path is None and skipped:
+            raise EnjoyError(f"experiment {experiment} has no usable checkpoint ({skipped[-1][1]})")
+        if path is None:
+            raise EnjoyError(f"experiment {experiment} has no checkpoint yet: train it first "
+                             f"(python train.py --experiment {experiment})")
+        for _, reason in skipped:
+            print(f"skipping checkpoint: {reason}: using the one before it", flush=True)
+        return path
+    if choice == "best":
+        path = os.path.join(checkpoint_dir(exp_dir), BEST_NAME)
+        if not os.path.exists(path):
+            raise EnjoyError(f"experiment {experiment} has no best checkpoint: train it with --eval_every_sec "
+                             f"or use --checkpoint latest")
+        return path
+    if not os.path.isfile(choice):
+        raise EnjoyError(f"--checkpoint {choice}: no such file")
+    return choice
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [exc.__class__.__name__])[0]
+
+
+def load_policy(cfg, spec, path: str, device):
+    """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
+    from sf_engine.checkpoint import CheckpointError, load_checkpoint
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import changed_flags
+
+    try:
+        state = load_checkpoint(path, "cpu")
+    except CheckpointError as exc:
+        raise EnjoyError(f"checkpoint {exc}: pass an older one with --checkpoint PATH") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
+    saved = state.get("config", {})
+    try:
+        changed = changed_flags({"env": {"env": cfg.env.env}} | saved, cfg, spec) if isinstance(saved, dict) else []
+    except ValueError as exc:
+        raise EnjoyError(f"checkpoint {path}: its configuration is {exc}: pick a checkpoint of this experiment") from None
+    if changed:
+        raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
+                         f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
+    policy = ActorCritic(spec, cfg.model)
+    try:
+        policy.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as exc:
+        raise EnjoyError(f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment}: "
+                         f"{_first_line(exc)}") from None
+    return policy.to(device).eval()
+
+
+class VideoWriter:
+    """Frames appended to a video file as they come (an .mp4 is encoded on the fly; imageio keeps a .gif's
+    frames until close). Even sizes, as H.264 wants them."""
+
+    def __init__(self, path: str, fps: int):
+        import imageio.v2 as imageio
+
+        self.path, self.fps, self.frames, self.size = path, fps, 0, None
+        if path.lower().endswith(".gif"):
+            self._writer = imageio.get_writer(path, mode="I", duration=1000 / fps, loop=0)
+        else:
+            # x264's veryfast preset: as small a file as its default here, written in about half the time
+            self._writer = imageio.get_writer(path, fps=fps, macro_block_size=1, ffmpeg_params=["-preset", "veryfast"])
+
+    def append(self, frame: np.ndarray) -> None:
+        height, width = frame.shape[:2]
+        self._writer.append_data(np.ascontiguousarray(frame[:height // 2 * 2, :width // 2 * 2]))
+        self.frames, self.size = self.frames + 1, (width // 2 * 2, height // 2 * 2)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class VideoEnv:
+    """The env the agent plays, and what it plays for the video or the screen (`render`: 'video',
+    'human' or None). Atari video: a twin EnvPool env at 210x160 RGB, same seed and actions (ALE is
+    deterministic), so the video shows the real screen while the policy sees its 84x84 gray stack.
+    Others: Gymnasium's renderer. Frames go to `writer` (a VideoWriter, set by the caller) as played."""
+
+    def __init__(self, cfg, spec, seed: int, render, max_frames: int):
+        from envs import make_batch_env
+        from envs.registry import resolve_backend
+
+        self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, 1
+        self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
+        backend, render_mode = cfg.env.env_backend, None
+        if render == "human" and spec.family == "atari":
+            raise EnjoyError(f"--render: {cfg.env.env} is an EnvPool Atari env, which has no screen; use --video")
+        if render and spec.family != "atari":
+            render_mode = "rgb_array" if render == "video" else "human"
+            if resolve_backend(cfg.env.env, backend) != "gymnasium":
+                backend = "gymnasium"  # the renderer is Gymnasium's
+                print(f"{cfg.env.env} is played through Gymnasium's implementation, which renders")
+            _check_renders(cfg, backend, seed, spec, render_mode)
+        self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                                  render_mode=render_mode)
+        if render == "video" and spec.family == "atari":
+            import envpool
+
+            self.twin = envpool.make(cfg.env.env, env_type="gymnasium", num_envs=1, num_threads=1, seed=seed,
+                                     episodic_life=False, reward_clip=False, img_height=210, img_width=160,
+                                     gray_scale=False, stack_num=1)
+
+    def _capture(self, twin_obs=None):
+        if self.writer is None or self.writer.frames >= self.max_frames:
+            return
+        self.writer.append(twin_obs[0, -3:].transpose(1, 2, 0) if self.twin is not None else self.env.render()[0])
+
+    def reset(self):
+        obs = self.env.reset()
+        self._capture(self.twin.reset()[0] if self.twin is not None else None)
+        return obs
+
+    def step(self, actions):
+        result = self.env.step(actions)
+        self._capture(self.twin.step(actions)[0] if self.twin is not None else None)
+        return result
+
+
+def _check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None:
+    """A throwaway env renders once, or EnjoyError: a missing renderer is one line, not a traceback."""
+    from envs import make_batch_env
+
+    try:
+        warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
+        probe = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+                               render_mode=render_mode)
+        probe.reset()
+        probe.render()
+        probe.close()
+    except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
+        flag = "--video" if render_mode == "rgb_array" else "--render"
+        raise EnjoyError(f"{flag}: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
+                         f"{_first_line(exc)}); replay without {flag}") from None
+
+
+def run(args) -> int:
+    exp_dir = os.path.join(args.train_dir, args.experiment)
+    if not os.path.exists(os.path.join(exp_dir, "config.json")):
+        raise EnjoyError(f"no experiment at {exp_dir} (config.json missing): check --experiment and --train_dir")
+    import dataclasses
+
+    from envs import probe_env_spec
+    from sf_engine.config import Config
+    from sf_engine.device import resolve_device
+    from sf_engine.episodes import play
+    from sf_engine.model_shape import resolve_model_config
+
+    try:
+        with open(os.path.join(exp_dir, "config.json")) as f:
+            cfg = Config.from_dict(json.load(f))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
+                         f"this version of train.py?") from None
+    path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise EnjoyError(str(exc)) from None
+    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend)
+    try:  # a config.json of an older version may hold 'auto'
+        cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
+    except (ValueError, TypeError) as exc:
+        raise EnjoyError(f"{exp_dir}/config.json is unreadable ({exc.__class__.__name__}): was it written by "
+                         f"this version of train.py?") from None
+    policy = load_policy(cfg, spec, path, device)
+    env = VideoEnv(cfg, spec, args.seed, "video" if args.video else ("human" if args.render else None),
+                   args.max_frames)
+    if args.video:
+        fps = args.video_fps or env.fps or int(getattr(env.env._env, "metadata", {}).get("render_fps") or 30)
+        env.writer = VideoWriter(args.video, fps)
+    results = []
+    try:
+        episodes = play(policy, env, args.num_episodes, args.deterministic, device=device,
+                        max_episode_steps=args.max_episode_steps)
+        for episode, (_, episode_return, length) in enumerate(episodes):
+            cut = " (cut at --max_episode_steps)" if length >= args.max_episode_steps else ""
+            print(f"episode {episode}: return {episode_return:.1f}, length {length}{cut}", flush=True)
+            results.append((episode_return, length))
+    finally:
+        if env.writer is not None:
+            env.writer.close()  # a replay stopped early still leaves a playable video
+    returns = np.array([r for r, _ in results])
+    print(f"{len(results)} episodes of {cfg.env.env} from {os.path.basename(path)}: return "
+          f"{returns.mean():.1f} +- {returns.std():.1f}, length {np.mean([n for _, n in results]):.1f}")
+    if env.writer is not None:
+        (width, height), frames = env.writer.size or (0, 0), env.writer.frames
+        print(f"video: {args.video} ({frames} frames of {width}x{height} at {env.writer.fps} fps)")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.render:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    from envs import EnvError
+
+    try:
+        check_args(args)
+        return run(args)
+    except (EnjoyError, EnvError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
