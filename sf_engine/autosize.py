@@ -238,10 +238,12 @@ def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_diviso
 
     splits, available = s.worker_num_splits, psutil.virtual_memory().available
     allowed = [d for d in _divisors(slot_divisor) if d <= MAX_ENVS_PER_SPLIT]
+    fixed_envs = s.num_envs_per_worker != "auto"
     workers, per_split = fit_memory(num_workers, num_envs // splits, splits, costs, available, allowed,
-                                    fixed_workers=s.num_workers != "auto", fixed_envs=s.num_envs_per_worker != "auto")
-    if (workers, per_split * splits) != (num_workers, num_envs):
-        lines.append(f"lowered to {workers} workers x {per_split * splits} envs so that the envs "
+                                    fixed_workers=s.num_workers != "auto", fixed_envs=fixed_envs)
+    envs = num_envs if fixed_envs else per_split * splits  # a size the user gave is kept as given
+    if (workers, envs) != (num_workers, num_envs):
+        lines.append(f"lowered to {workers} workers x {envs} envs so that the envs "
                      f"({costs.env_bytes / 2**20:,.1f} MiB each) and the processes fit in "
                      f"{ENV_MEMORY_SHARE:.0%} of the {available / 2**30:,.1f} GiB available")
-    return workers, per_split * splits
+    return workers, envs
