@@ -41,5 +41,9 @@ class MaskedObsBatchEnv:
     def render(self):
         return self._base.render()
 
+    @property
+    def render_fps(self):
+        return self._base.render_fps
+
     def close(self) -> None:
         self._base.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -92,6 +93,11 @@ class BatchEnv:
     def render(self):
         return self._env.render()
 
+    @property
+    def render_fps(self):
+        """The frame rate the env renders at (Gymnasium's metadata), or None when it says none."""
+        return getattr(self._env, "metadata", {}).get("render_fps")
+
     def close(self) -> None:
         self._env.close()
 
@@ -131,9 +137,9 @@ def _user_factory(env_id: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        package = (exc.name or module_name).split(".")[0]
-        raise EnvError(f"--env {env_id}: cannot import it ({exc}); install the package that provides it "
-                       f"(pip install {package}) or check the spelling") from None
+        module = (exc.name or module_name).split(".")[0]
+        raise EnvError(f"--env {env_id}: cannot import it ({exc}); check the spelling, or install the package "
+                       f"that provides module {module!r} (pip install PACKAGE; its name may differ)") from None
     except ImportError as exc:
         raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
     if not hasattr(module, attr) and attr in gym.registry:
@@ -162,6 +168,9 @@ def _gym_factory(env_id: str) -> Callable:
         namespace = env_id.split("/")[0] if "/" in env_id else None
         if namespace in _NAMESPACE_PACKAGES:
             package, module = _NAMESPACE_PACKAGES[namespace]
+            if importlib.util.find_spec(module) is not None:  # installed: importing it registers the ids
+                raise EnvError(f"--env {env_id}: pass --env {module}:{env_id}, which imports the package that "
+                               f"registers it") from None
             raise EnvError(f"--env {env_id}: its package is not installed: pip install {package}, then pass "
                            f"--env {module}:{env_id}") from None
         raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "

@@ -178,11 +178,15 @@ def choose_num_workers(costs: Costs, cores: int, learner_threads: int = 1) -> tu
 def fit_memory(workers: int, per_split: int, splits: int, costs: Costs, available_bytes: float,
                allowed_per_split: list, fixed_workers: bool = False, fixed_envs: bool = False) -> tuple[int, int]:
     """(workers, envs per split) lowered until the envs and the processes fit in ENV_MEMORY_SHARE of
-    `available_bytes`: fewer envs per split first (down the `allowed_per_split` sizes), then fewer
-    workers; a size the user gave (`fixed_*`) stays."""
-    def fits(w: int, e: int) -> bool:
-        return w * splits * e * costs.env_bytes + (w + 3) * PROCESS_MEMORY_BYTES <= ENV_MEMORY_SHARE * available_bytes
+    `available_bytes`: fewer workers while the processes alone do not fit, then fewer envs per split
+    (down the `allowed_per_split` sizes), then fewer workers; a size the user gave (`fixed_*`) stays."""
+    budget = ENV_MEMORY_SHARE * available_bytes
 
+    def fits(w: int, e: int) -> bool:
+        return w * splits * e * costs.env_bytes + (w + 3) * PROCESS_MEMORY_BYTES <= budget
+
+    while not fixed_workers and workers > 1 and (workers + 3) * PROCESS_MEMORY_BYTES > budget:
+        workers -= 1
     smaller = sorted(d for d in allowed_per_split if d < per_split)
     while not fits(workers, per_split):
         if not fixed_envs and smaller:

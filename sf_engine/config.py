@@ -120,7 +120,8 @@ class LearnerConfig:
 @dataclass(frozen=True)
 class RunConfig:
     config: Optional[str] = _f(None, "Start from a saved config.json (of an earlier run, say): its values replace "
-                                     "the defaults, the flags given here win; --restart is never taken from it.",
+                                     "the defaults, the flags given here win; --restart, --experiment, --train_dir "
+                                     "and --shm_dir are never taken from it.",
                                type=str)
     experiment: str = _f("default", "Experiment name: results go to <train_dir>/<experiment>/.")
     train_dir: str = _f("train_dir", "Root directory of all experiments.")
@@ -304,7 +305,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_NOT_FROM_FILE = ("config", "restart")  # a saved config never restarts an experiment or names another file
+# a saved config never names another file, restarts an experiment, or says where this run writes
+_NOT_FROM_FILE = ("config", "restart", "experiment", "train_dir", "shm_dir")
+
+
+def _json_type_fits(fld, value) -> bool:
+    """Whether a config.json value has the JSON type of its field (a number for a number, true/false for
+    a switch, a string for a name or choice; 'auto' where the field takes it)."""
+    kind = str(fld.type)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind.startswith("int"):
+        return isinstance(value, int) or (value == "auto" and "str" in kind)
+    if "float" in kind:
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
 
 
 def read_config_file(path: str) -> dict:
@@ -333,7 +350,7 @@ def read_config_file(path: str) -> dict:
                 continue
             convert, choices = _value_type(fields[name])
             try:
-                converted = convert(str(value))
+                converted = convert(str(value)) if _json_type_fits(fields[name], value) else None
             except (ValueError, TypeError, argparse.ArgumentTypeError):
                 converted = None
             if converted is None or (choices and converted not in choices):

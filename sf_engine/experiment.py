@@ -65,7 +65,8 @@ class Experiment:
             except psutil.Error:
                 continue
         write_json_atomic(os.path.join(self.paths.experiment_dir, "processes.json"),
-                          {"processes": out, "shm_path": self.paths.shm_path})
+                          {"processes": out, "shm_path": os.path.realpath(self.paths.shm_path),
+                           "experiment": _identity(self.paths.experiment_dir)})
 
     def close(self) -> None:
         if self.lock is not None:
@@ -85,12 +86,24 @@ def _lock(experiment_dir: str, experiment: str):
     return lock
 
 
+def _identity(experiment_dir: str) -> list:
+    """What ties a processes.json to this very directory: its real path, device and inode (a copied or
+    moved experiment folder, or one received from elsewhere, does not match)."""
+    info = os.stat(experiment_dir)
+    return [os.path.realpath(experiment_dir), info.st_dev, info.st_ino]
+
+
 def read_processes(experiment_dir: str) -> dict:
-    """The experiment's processes.json ({} when there is none or it is unreadable)."""
+    """The experiment's processes.json, if this user wrote it for this very directory (owned by this
+    user, writable by nobody else, the directory's identity recorded in it); {} otherwise."""
+    path = os.path.join(experiment_dir, "processes.json")
     try:
-        with open(os.path.join(experiment_dir, "processes.json")) as f:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return {}
+        with open(path) as f:
             data = json.load(f)
-        return data if isinstance(data, dict) else {}
+        return data if isinstance(data, dict) and data.get("experiment") == _identity(experiment_dir) else {}
     except (OSError, ValueError):
         return {}
 
@@ -100,7 +113,7 @@ def leftover_segment(experiment_dir: str, shm_dir: str):
     be that: a regular file (not a link) of this user, named as shm_path names them, directly in
     `shm_dir`. None otherwise."""
     path = read_processes(experiment_dir).get("shm_path")
-    if not isinstance(path, str) or os.path.dirname(path) != os.path.normpath(shm_dir):
+    if not isinstance(path, str) or os.path.dirname(path) != os.path.realpath(shm_dir):
         return None
     if not os.path.basename(path).startswith(SHM_PREFIX):
         return None
@@ -116,21 +129,33 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
     time and command line, all three) are killed, its shared-memory file removed. Returns what was done."""
     done = []
     rows = read_processes(experiment_dir).get("processes", [])
-    for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, dict) or row.get("pid") == os.getpid() or "create_time" not in row:
-            continue
-        try:
-            process = psutil.Process(row["pid"])
-            if abs(process.create_time() - row["create_time"]) < 1e-3 and process.cmdline() == row.get("cmdline"):
-                process.kill()
+    rows = [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+    if any(row.get("role") == "runner" and _alive(row) for row in rows):
+        return done  # its main process lives (and holds another lock): a live run, not leftovers
+    for row in rows:
+        if row.get("pid") != os.getpid() and _alive(row):
+            try:
+                psutil.Process(row["pid"]).kill()
                 done.append(f"killed {row.get('role')} {row.get('index')} (pid {row['pid']}) left by a previous run")
-        except (psutil.Error, TypeError, ValueError):
-            pass
+            except psutil.Error:
+                pass
     segment = leftover_segment(experiment_dir, shm_dir)
     if segment is not None:
-        os.unlink(segment)
-        done.append(f"removed {segment} left by a previous run")
+        try:
+            os.unlink(segment)
+            done.append(f"removed {segment} left by a previous run")
+        except OSError:
+            pass
     return done
+
+
+def _alive(row: dict) -> bool:
+    """Whether the process of a processes.json row still runs: pid, start time and command line match."""
+    try:
+        process = psutil.Process(row["pid"])
+        return abs(process.create_time() - row["create_time"]) < 1e-3 and process.cmdline() == row.get("cmdline")
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
 
 
 def _setup_logging(log_path: str) -> None:

@@ -170,6 +170,15 @@ class VideoEnv:
             return
         self.writer.append(twin_obs[0, -3:].transpose(1, 2, 0) if self.twin is not None else self.env.render()[0])
 
+    def close(self) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            self.env.close()
+            if self.twin is not None:
+                self.twin.close()
+
     def reset(self):
         obs = self.env.reset()
         self._capture(self.twin.reset()[0] if self.twin is not None else None)
@@ -231,8 +240,13 @@ def run(args) -> int:
     env = VideoEnv(cfg, spec, args.seed, "video" if args.video else ("human" if args.render else None),
                    args.max_frames)
     if args.video:
-        fps = args.video_fps or env.fps or int(getattr(env.env._env, "metadata", {}).get("render_fps") or 30)
-        env.writer = VideoWriter(args.video, fps)
+        fps = args.video_fps or env.fps or int(env.env.render_fps or 30)
+        try:
+            env.writer = VideoWriter(args.video, fps)
+        except Exception as exc:  # imageio/ffmpeg raise their own types: one line, not a traceback
+            env.close()
+            raise EnjoyError(f"--video {args.video}: cannot write it ({exc.__class__.__name__}: "
+                             f"{_first_line(exc)})") from None
     results = []
     try:
         episodes = play(policy, env, args.num_episodes, args.deterministic, device=device,
@@ -242,8 +256,7 @@ def run(args) -> int:
             print(f"episode {episode}: return {episode_return:.1f}, length {length}{cut}", flush=True)
             results.append((episode_return, length))
     finally:
-        if env.writer is not None:
-            env.writer.close()  # a replay stopped early still leaves a playable video
+        env.close()  # the video too: a replay stopped early still leaves a playable one
     returns = np.array([r for r, _ in results])
     print(f"{len(results)} episodes of {cfg.env.env} from {os.path.basename(path)}: return "
           f"{returns.mean():.1f} +- {returns.std():.1f}, length {np.mean([n for _, n in results]):.1f}")
@@ -263,6 +276,9 @@ def main(argv=None) -> int:
     try:
         check_args(args)
         return run(args)
+    except KeyboardInterrupt:  # Ctrl-C: the video so far is closed and playable
+        print("interrupted", file=sys.stderr)
+        return 130
     except (EnjoyError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

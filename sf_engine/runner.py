@@ -74,8 +74,8 @@ def run(plan: RunPlan, mp_context=None) -> int:
     experiment.open()
     try:
         log_plan(plan)
+        experiment.write_processes([])  # the shared-memory file's name first, for the next start if this one dies
         buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
-        experiment.write_processes([])  # the shared-memory file's name, for the next start if this one dies
         try:
             # the write end stays open in this process while it lives: children see EOF once it is gone
             lifeline = (None, None) if serial else make_lifeline(mp_context)

@@ -65,5 +65,7 @@ def test_auto_sizing_builds_no_more_envs_than_memory_allows():
     # sizes the user gave stay; what is auto goes down
     assert fit_memory(4, 64, 2, heavy, 8 * gib, allowed, fixed_envs=True) == (1, 64)
     assert fit_memory(4, 8, 2, heavy, 8 * gib, allowed, fixed_workers=True) == (4, 1)
+    # 16 processes alone do not fit in 2 GiB of 4: fewer workers first, the envs per split stay
+    assert fit_memory(16, 64, 2, Costs(1e-4, 1e-4, 1e-6, 1e-6, env_bytes=2**10), 4 * gib, allowed) == (2, 64)
     light = Costs(1e-6, 1e-6, 1e-6, 1e-6, env_bytes=2**10)
     assert fit_memory(2, 128, 2, light, 8 * gib, allowed + [128]) == (2, 128)  # nothing to lower

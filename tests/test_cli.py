@@ -118,7 +118,7 @@ def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_di
     old, new = read_json(saved), plan.cfg.to_dict()
     assert new["learner"]["gamma"] == 0.9 and new["run"]["experiment"] == "second"  # the flags given win
     assert new["model"] == old["model"] and new["sampler"] == old["sampler"]  # the rest from the file
-    assert new["run"]["restart"] is False  # never taken from the file
+    assert new["run"]["restart"] is False and new["run"]["train_dir"] == "train_dir"  # never taken from the file
     bad = tmp_path / "bad.json"
     for text, words in (("{not json", "cannot be read"), ('{"learner": {"gamma": "high"}}', "learner.gamma"),
                         ('{"learner": {"no_such_flag": 1}}', "unknown setting")):
@@ -138,3 +138,12 @@ def test_console_scripts_are_installed_and_no_top_level_train_or_enjoy_module(tm
     for name in ("train", "enjoy"):  # generic names another package could own: never installed
         result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True)
         assert result.returncode != 0
+
+
+@pytest.mark.parametrize("text", ['{"run": {"mode": null}}', '{"learner": {"num_epochs": true}}',
+                                  '{"learner": {"batch_size": "1024"}}', '{"env": {"env": ["CartPole-v1"]}}',
+                                  '{"model": {"normalize_input": "yes"}}', '{"sampler": {"rollout": 3.5}}'])
+def test_config_values_of_the_wrong_type_are_refused(tmp_path, text, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    assert "is not a valid" in train_error(["--config", str(bad)], tmp_path / "runs", capsys)

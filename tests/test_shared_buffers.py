@@ -93,28 +93,45 @@ def test_the_segment_is_created_exclusively_never_through_a_link(tmp_path):
     buffers.release()
 
 
-def test_leftovers_are_killed_only_when_pid_start_time_and_command_line_match(tmp_path):
+def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
+    """A processes.json counts only for the very directory it was written in (a copied experiment folder
+    or one from elsewhere does not), only while its main process is gone, and then kills only processes
+    whose pid, start time and command line all match; the dead run's segment goes with them."""
     import json
+    import shutil
     import subprocess
     import sys
 
-    from sf_engine.experiment import _remove_leftovers
+    import psutil
+
+    from sf_engine.experiment import _identity, _remove_leftovers
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        import psutil
-
         process = psutil.Process(child.pid)
-        row = {"role": "rollout_worker", "index": 0, "pid": child.pid, "create_time": process.create_time()}
-        segment = tmp_path / "shm" / "sf_engine_exp_0123456789abcdef"
-        segment.parent.mkdir()
+        row = {"role": "rollout_worker", "index": 0, "pid": child.pid, "create_time": process.create_time(),
+               "cmdline": process.cmdline()}
+        me = psutil.Process()
+        runner = {"role": "runner", "index": 0, "pid": me.pid, "create_time": me.create_time(), "cmdline": me.cmdline()}
+        exp, shm = tmp_path / "exp", tmp_path / "shm"
+        exp.mkdir(), shm.mkdir()
+        segment = shm / "sf_engine_exp_0123456789abcdef"
         segment.write_bytes(b"x")
-        for cmdline, killed in ((["python", "something else"], False), (process.cmdline(), True)):
-            (tmp_path / "processes.json").write_text(json.dumps(
-                {"processes": [{**row, "cmdline": cmdline}], "shm_path": str(segment)}))
-            done = _remove_leftovers(str(tmp_path), str(segment.parent))
-            assert (child.wait(timeout=10) is not None if killed else child.poll() is None), done
-        assert not segment.exists()  # the dead run's segment is gone
+
+        def write(rows, identity):
+            (exp / "processes.json").write_text(json.dumps({"processes": rows, "shm_path": str(segment),
+                                                            "experiment": identity}))
+            return _remove_leftovers(str(exp), str(shm))
+
+        copy = tmp_path / "copy"
+        shutil.copytree(exp, copy)
+        assert write([row], _identity(str(copy))) == []  # written for another directory: ignored
+        assert write([row, runner], _identity(str(exp))) == []  # its main process lives: a live run
+        assert write([{**row, "cmdline": ["python", "other"]}], _identity(str(exp))) == [
+            f"removed {segment} left by a previous run"] and child.poll() is None  # another program: kept
+        segment.write_bytes(b"x")
+        assert len(write([row], _identity(str(exp)))) == 2 and child.wait(timeout=10) is not None
+        assert not segment.exists()
     finally:
         child.kill()
         child.wait()
