@@ -108,11 +108,11 @@ def read_processes(experiment_dir: str) -> dict:
         return {}
 
 
-def leftover_segment(experiment_dir: str, shm_dir: str):
+def leftover_segment(experiment_dir: str, shm_dir: str, processes: dict | None = None):
     """The shared-memory file a killed run of the experiment left, if it is still there and can only
     be that: a regular file (not a link) of this user, named as shm_path names them, directly in
-    `shm_dir`. None otherwise."""
-    path = read_processes(experiment_dir).get("shm_path")
+    `shm_dir`. None otherwise. `processes`: the experiment's processes.json when already read."""
+    path = (read_processes(experiment_dir) if processes is None else processes).get("shm_path")
     if not isinstance(path, str) or os.path.dirname(path) != os.path.realpath(shm_dir):
         return None
     if not os.path.basename(path).startswith(SHM_PREFIX):
@@ -127,8 +127,8 @@ def leftover_segment(experiment_dir: str, shm_dir: str):
 def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
     """What a killed run of this experiment left: its processes still alive (recognised by pid, start
     time and command line, all three) are killed, its shared-memory file removed. Returns what was done."""
-    done = []
-    rows = read_processes(experiment_dir).get("processes", [])
+    done, processes = [], read_processes(experiment_dir)
+    rows = processes.get("processes", [])
     rows = [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
     if any(row.get("role") == "runner" and _alive(row) for row in rows):
         return done  # its main process lives (and holds another lock): a live run, not leftovers
@@ -139,7 +139,7 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
                 done.append(f"killed {row.get('role')} {row.get('index')} (pid {row['pid']}) left by a previous run")
             except psutil.Error:
                 pass
-    segment = leftover_segment(experiment_dir, shm_dir)
+    segment = leftover_segment(experiment_dir, shm_dir, processes)
     if segment is not None:
         try:
             os.unlink(segment)

@@ -35,18 +35,23 @@ def one_line_error(result) -> str:
     return lines[0]
 
 
-def train_error(args, train_dir, capsys) -> str:
-    """train.py's promised failure for bad input, run in this process (sf_engine.runner.main, as
-    train.py calls it): exit code 2, one 'error: ...' line on stderr, nothing written to train_dir."""
-    from sf_engine.runner import main
-
-    # a budget of one step first, so that input wrongly accepted ends the run at once (the args win)
-    code = main(["--train_dir", str(train_dir), "--train_for_env_steps", "1"] + list(args))
+def main_error(main, argv, capsys) -> str:
+    """The promised failure of a script's main(argv) for bad input, run in this process: exit code 2
+    and one 'error: ...' line on stderr, which is returned."""
+    code = main(list(argv))
     captured = capsys.readouterr()
     assert code == 2, captured.out + captured.err
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
     return lines[0]
+
+
+def train_error(args, train_dir, capsys) -> str:
+    """train.py's promised failure (sf_engine.runner.main, as train.py calls it), with `train_dir`."""
+    from sf_engine.runner import main
+
+    # a budget of one step first, so that input wrongly accepted ends the run at once (the args win)
+    return main_error(main, ["--train_dir", str(train_dir), "--train_for_env_steps", "1"] + list(args), capsys)
 
 
 def read_json(path):

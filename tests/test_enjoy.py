@@ -10,7 +10,7 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO, read_json, run_train
+from conftest import REPO, main_error, read_json, run_train
 
 pytestmark = pytest.mark.e2e
 
@@ -90,15 +90,10 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, caps
 
 
 def enjoy_error(capsys, *args) -> str:
-    """enjoy.py's promised failure, run in this process (enjoy.main): exit code 2 and one line."""
-    from sf_engine import replay as enjoy_script
+    """enjoy.py's promised failure (sf_engine.replay.main, as enjoy.py calls it)."""
+    from sf_engine.replay import main
 
-    code = enjoy_script.main(list(args))
-    captured = capsys.readouterr()
-    assert code == 2, captured.out + captured.err
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
-    return lines[0]
+    return main_error(main, args, capsys)
 
 
 def test_checkpoint_of_another_env_is_refused(trained, tmp_path, capsys):
