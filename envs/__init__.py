@@ -1,8 +1,8 @@
 """Environment families for sf_engine: batched envs a rollout worker steps as one unit. Imports nothing
 from sf_engine (the engine depends on envs, never the other way)."""
-from envs.registry import (ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, BatchEnv, EnvError, StepResult, flag_defaults,
+from .registry import (ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, BatchEnv, EnvError, StepResult, flag_defaults,
                            make_batch_env, probe_env_spec, register_env)
-from envs.spec import ActionSpec, EnvSpec
+from .spec import ActionSpec, EnvSpec
 
 __all__ = ["ENVS_PER_WORKER_HINT", "FAMILY_DEFAULTS", "ActionSpec", "BatchEnv", "EnvError", "EnvSpec", "StepResult",
            "flag_defaults", "make_batch_env", "probe_env_spec", "register_env"]

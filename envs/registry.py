@@ -24,8 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from envs.partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
-from envs.spec import ActionSpec, EnvSpec
+from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
+from .spec import ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
 

@@ -1,5 +1,5 @@
 """What the engine needs to know of an env: its observation entries, action space, family and frameskip.
-Probed once by the main process (envs.registry.probe_env_spec) and handed to every role in the run plan."""
+Probed once by the main process (registry.probe_env_spec) and handed to every role in the run plan."""
 from __future__ import annotations
 
 from dataclasses import dataclass

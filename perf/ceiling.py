@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from envs import ENVS_PER_WORKER_HINT, make_batch_env
+    from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
     from sf_engine.model import ActorCritic, obs_tensors
     from sf_engine.plan import build_plan
 

@@ -71,7 +71,7 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
     the resident memory one env takes (this process's growth while the batch is made and stepped)."""
     import psutil
 
-    from envs import make_batch_env
+    from sf_engine.envs import make_batch_env
 
     before = psutil.Process().memory_info().rss
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)

@@ -152,8 +152,20 @@ class RunConfig:
                                       "restarted more than this many times within 5 minutes.")
 
 
+@dataclass(frozen=True)
+class TrackingConfig:
+    with_wandb: bool = _f(False, "Also log the TensorBoard scalars and the config to Weights & Biases (pip install "
+                                 "'sf_engine[wandb]'; `wandb login` first, or WANDB_MODE=offline).")
+    wandb_project: str = _f("sf_engine", "W&B project of the run.")
+    wandb_entity: Optional[str] = _f(None, "W&B team or user the project belongs to (default: your W&B default).",
+                                     type=str)
+    wandb_group: Optional[str] = _f(None, "W&B group of the run (default: none), to compare runs side by side.",
+                                    type=str)
+    wandb_tags: str = _f("", "Comma-separated W&B tags of the run, e.g. pong,baseline.")
+
+
 GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
-          "run": RunConfig}
+          "run": RunConfig, "tracking": TrackingConfig}
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     @property
     def samples_per_slot(self) -> int:

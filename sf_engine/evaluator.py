@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from envs import make_batch_env
 from sf_engine.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
+from sf_engine.envs import make_batch_env
 from sf_engine.episodes import play
 from sf_engine.messages import Evaluation
 from sf_engine.model import ActorCritic

@@ -26,18 +26,22 @@ _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "eve
 class Experiment:
     def __init__(self, plan):
         self.plan, self.paths = plan, plan.paths
-        self.lock = None
+        self._lock_file = None
 
-    def open(self) -> None:
-        """Lock the experiment, kill what a dead run of it left alive, clear it on --restart, start the
-        log, remove half-written checkpoints and write config.json."""
+    def lock(self) -> None:
+        """Lock the experiment (one run at a time) and check that the checkpoint the plan chose is still
+        the latest; nothing in the experiment changes yet."""
         os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
-        self.lock = _lock(self.paths.experiment_dir, self.plan.cfg.run.experiment)
-        leftovers = _remove_leftovers(self.paths.experiment_dir, self.plan.cfg.run.shm_dir)
+        self._lock_file = _lock(self.paths.experiment_dir, self.plan.cfg.run.experiment)
         if not self.plan.cfg.run.restart and tuple(list_checkpoints(self.paths.checkpoint_dir)) != self.plan.checkpoints_seen:
             self.close()  # another run of the experiment wrote a checkpoint since the plan chose one
             raise ConfigError(f"--experiment {self.plan.cfg.run.experiment} changed while this run was starting "
                               f"(another run wrote a checkpoint): run the same command again to resume from it")
+
+    def prepare(self) -> None:
+        """Once locked: kill what a dead run of the experiment left alive, clear it on --restart, start
+        the log, remove half-written checkpoints and write config.json."""
+        leftovers = _remove_leftovers(self.paths.experiment_dir, self.plan.cfg.run.shm_dir)
         if self.plan.cfg.run.restart:
             shutil.rmtree(self.paths.checkpoint_dir, ignore_errors=True)
             os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
@@ -69,9 +73,9 @@ class Experiment:
                            "experiment": _identity(self.paths.experiment_dir)})
 
     def close(self) -> None:
-        if self.lock is not None:
-            self.lock.close()
-            self.lock = None
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
 
 
 def _lock(experiment_dir: str, experiment: str):

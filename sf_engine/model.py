@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from envs.spec import is_image
+from sf_engine.envs.spec import is_image
 from sf_engine.recurrent import run_sequence
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}

@@ -20,17 +20,18 @@ from dataclasses import dataclass
 
 import psutil
 
-from envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
-from envs.registry import registered_envs, resolve_backend
 from sf_engine.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
                                   list_checkpoints)
 from sf_engine.config import (Config, ConfigError, check_flags, check_resolved, make_config, parse_flags,
                               read_config_file)
 from sf_engine.device import resolve_device
+from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
+from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.experiment import leftover_segment
 from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
 from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
+from sf_engine.tracking import check_tracking
 
 @dataclass(frozen=True)
 class Paths:
@@ -50,7 +51,7 @@ class RunPlan:
     checkpoints_seen: tuple  # the experiment's checkpoint files when the plan was made
     env_steps_base: int  # env steps of the runs before this one
     command_line: tuple
-    registered_envs: dict  # envs.register_env() factories of the user's script, for the children
+    registered_envs: dict  # sf_engine.envs.register_env() factories of the user's script, for the children
     notes: tuple = ()  # lines that explain choices (auto sizing) and warnings, logged at start
 
 
@@ -65,6 +66,7 @@ def build_plan(argv=None, given: dict | None = None) -> RunPlan:
     spec = probe_env_spec(first.env.env, first.env.env_backend)
     cfg = make_config(given, flag_defaults(first.env.env, spec), saved)
     check_flags(cfg)
+    check_tracking(cfg)
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)
     envs = registered_envs()

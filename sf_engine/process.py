@@ -110,7 +110,7 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     """Process target of every role: set-up, then `step` until the run stops or the main process is
     gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
     once there, with the env id) and the process exits with 1."""
-    from envs import register_env
+    from sf_engine.envs import register_env
 
     _init_child(role, index, plan.paths.log_path)
     for name, make_env in plan.registered_envs.items():

@@ -142,8 +142,8 @@ class VideoEnv:
     Others: Gymnasium's renderer. Frames go to `writer` (a VideoWriter, set by the caller) as played."""
 
     def __init__(self, cfg, spec, seed: int, render, max_frames: int):
-        from envs import make_batch_env
-        from envs.registry import resolve_backend
+        from sf_engine.envs import make_batch_env
+        from sf_engine.envs.registry import resolve_backend
 
         self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, 1
         self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
@@ -192,7 +192,7 @@ class VideoEnv:
 
 def _check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None:
     """A throwaway env renders once, or EnjoyError: a missing renderer is one line, not a traceback."""
-    from envs import make_batch_env
+    from sf_engine.envs import make_batch_env
 
     try:
         warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
@@ -213,7 +213,7 @@ def run(args) -> int:
         raise EnjoyError(f"no experiment at {exp_dir} (config.json missing): check --experiment and --train_dir")
     import dataclasses
 
-    from envs import probe_env_spec
+    from sf_engine.envs import probe_env_spec
     from sf_engine.config import Config
     from sf_engine.device import resolve_device
     from sf_engine.episodes import play
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     if not args.render:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
         os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    from envs import EnvError
+    from sf_engine.envs import EnvError
 
     try:
         check_args(args)

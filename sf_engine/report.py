@@ -1,4 +1,4 @@
-"""The writers of a run's figures: TensorBoard scalars, the terminal status line and summary.json, each
+"""The writers of a run's figures: TensorBoard scalars (and W&B's), the terminal status line and summary.json, each
 on its own schedule. They read the aggregated RunStats (sf_engine.stats) and write; they aggregate
 nothing. Runs in the main process (no torch: events are written with TensorBoard's own writer).
 """
@@ -105,10 +105,11 @@ class Reporter:
     --status_every_sec, summary.json every 10 s (or the status period if shorter), the bottleneck
     report every 30 s after warm-up."""
 
-    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str):
+    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str, tracker=None):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.stats, self.cfg, self.frameskip, self.dir = stats, cfg, frameskip, experiment_dir
+        self.tracker = tracker  # tracking.WandbRun (--with_wandb) or None
         self.writer = EventFileWriter(experiment_dir)
         self.last_tb = self.last_status = self.last_summary = time.monotonic()
 
@@ -136,11 +137,17 @@ class Reporter:
         summary_pb.value.extend(Summary.Value(tag=f"perf/{name}", simple_value=float(v))
                                 for name, v in diagnosis.fractions.items())
         self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
+        if self.tracker is not None:
+            self.tracker.log({f"perf/{name}": float(v) for name, v in diagnosis.fractions.items()},
+                             self.stats.env_steps)
 
     def write_tensorboard(self) -> None:
-        values = [Summary.Value(tag=tag, simple_value=float(v))
-                  for tag, v in scalars(self.stats, self.cfg, self.frameskip).items()]
+        """The scalars to TensorBoard, and to W&B with --with_wandb."""
+        current = {tag: float(v) for tag, v in scalars(self.stats, self.cfg, self.frameskip).items()}
+        values = [Summary.Value(tag=tag, simple_value=v) for tag, v in current.items()]
         self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=Summary(value=values)))
+        if self.tracker is not None:
+            self.tracker.log(current, self.stats.env_steps)
 
     def write_summary(self) -> dict:
         data = summary(self.stats, self.cfg, self.frameskip)

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from envs import make_batch_env
+from sf_engine.envs import make_batch_env
 from sf_engine.ipc import get_many
 from sf_engine.messages import Episodes
 from sf_engine.process import StageTimer

@@ -17,9 +17,9 @@ import signal
 import sys
 import time
 
-from envs import EnvError
-from envs.registry import may_use_envpool
 from sf_engine.config import ConfigError, make_config, parse_flags
+from sf_engine.envs import EnvError
+from sf_engine.envs.registry import may_use_envpool
 from sf_engine.experiment import Experiment
 from sf_engine.ipc import drain_into, make_lifeline
 from sf_engine.plan import RunPlan, build_plan, log_plan
@@ -27,6 +27,7 @@ from sf_engine.report import Reporter
 from sf_engine.shared_buffers import SharedBuffers
 from sf_engine.stats import RunStats
 from sf_engine.supervisor import ChildFailed, Supervisor
+from sf_engine.tracking import WandbRun
 from sf_engine.wiring import make_queues
 
 MONITOR_EVERY_SEC = 0.25
@@ -71,8 +72,11 @@ def run(plan: RunPlan, mp_context=None) -> int:
     if not serial and mp_context is None:
         mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
     experiment = Experiment(plan)
-    experiment.open()
+    experiment.lock()
+    tracker, summary, exit_code = None, None, 1
     try:
+        tracker = WandbRun.start(plan)  # before anything in the experiment changes: W&B may refuse
+        experiment.prepare()
         log_plan(plan)
         experiment.write_processes([])  # the shared-memory file's name first, for the next start if this one dies
         buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
@@ -82,7 +86,7 @@ def run(plan: RunPlan, mp_context=None) -> int:
             queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context, lifeline[0])
             queues.free_slots.put_many(list(range(cfg.num_slots)))
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
-            reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir)
+            reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)
             try:
                 exit_code, reason = _train(plan, experiment, mp_context, buffers, queues, stats, reporter)
             finally:
@@ -90,6 +94,8 @@ def run(plan: RunPlan, mp_context=None) -> int:
         finally:
             buffers.release()
     finally:
+        if tracker is not None:
+            tracker.finish(summary, exit_code)
         experiment.close()
     logging.info("stopped: %s", reason)
     brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "role_wall_seconds",
@@ -141,7 +147,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
 
 def main(argv=None) -> int:
     """Entry point of train.py: flags -> run plan -> training. Bad input prints one line and returns 2.
-    Envs registered with envs.register_env before this call can be used."""
+    Envs registered with sf_engine.envs.register_env before this call can be used."""
     try:
         given = parse_flags(argv)
         first = make_config(given)  # the env and mode given, to start the forkserver's preloading early

@@ -40,7 +40,7 @@ import secrets
 
 import numpy as np
 
-from envs.spec import EnvSpec
+from sf_engine.envs.spec import EnvSpec
 
 _ALIGN = 64
 NUM_POLICIES = 1  # policies of a run, each with its own shared weights (see weights.SharedWeights)

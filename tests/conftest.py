@@ -1,3 +1,4 @@
+import glob
 import json
 import os
 import subprocess
@@ -52,6 +53,12 @@ def train_error(args, train_dir, capsys) -> str:
 
     # a budget of one step first, so that input wrongly accepted ends the run at once (the args win)
     return main_error(main, ["--train_dir", str(train_dir), "--train_for_env_steps", "1"] + list(args), capsys)
+
+
+def files_of(path) -> dict:
+    """Every file under `path` with its bytes: a bad command must leave the same."""
+    return {p: open(p, "rb").read() for p in glob.glob(os.path.join(str(path), "**"), recursive=True)
+            if os.path.isfile(p)}
 
 
 def read_json(path):

@@ -1,11 +1,10 @@
 """Command line: --help, one-line errors for bad input before any process starts, the resolved config."""
-import glob
 import json
 import os
 
 import pytest
 
-from conftest import read_json, run_train, train_error
+from conftest import files_of, read_json, run_train, train_error
 from sf_engine.device import cuda_device_count
 
 
@@ -24,6 +23,8 @@ def test_help_explains_every_flag(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--env", "NoSuchEnv-v0"], ["--env NoSuchEnv-v0", "unknown"]),
     (["--rollout", "1"], ["--rollout", "at least 2"]),
+    (["--with_wandb", "--wandb_tags", "ok," + "x" * 65], ["--wandb_tags", "64 characters"]),
+    (["--with_wandb", "--wandb_project", "team/project"], ["--wandb_project", "without"]),
     (["--rnn", "gru", "--recurrence", "5"], ["--recurrence", "--rollout"]),
     (["--batch_size", "1000", "--num_envs_per_worker", "128"], ["--batch_size", "multiple"]),
     (["--batch_size", "1000", "--rollout", "48"], ["--batch_size", "--rollout"]),
@@ -65,20 +66,11 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
     saved = read_json(tmp_path / "resume" / "config.json")
     assert "auto" not in json.dumps(saved)  # the resolved plan, not the flags
     assert saved["command_line"][-2:] == ["--train_dir", str(tmp_path)] and saved["model"]["rnn_size"] == 64
-    before = {path: open(path, "rb").read() for path in glob.glob(str(tmp_path / "resume" / "**"), recursive=True)
-              if os.path.isfile(path)}
+    before = files_of(tmp_path / "resume")
     line = train_error(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path, capsys)
     assert "--hidden_size" in line and "--restart" in line
-    after = {path: open(path, "rb").read() for path in glob.glob(str(tmp_path / "resume" / "**"), recursive=True)
-             if os.path.isfile(path)}
-    assert after == before  # refused before anything on disk changed
+    assert files_of(tmp_path / "resume") == before  # refused before anything on disk changed
     assert run(build_plan(base + ["--hidden_size", "32", "--restart", "--train_dir", str(tmp_path)])) == 0
-
-
-def _tree(path) -> dict:
-    """Every file under `path` with its bytes: a bad command must leave the same."""
-    return {p: open(p, "rb").read() for p in glob.glob(os.path.join(str(path), "**"), recursive=True)
-            if os.path.isfile(p)}
 
 
 def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_dir, capsys):
@@ -88,18 +80,18 @@ def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_
     base = ["--experiment", "kept", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
     assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
-    before = _tree(tmp_path)
+    before = files_of(tmp_path)
     bad = [(["--restart", "--learning_rate", "-1"], "--learning_rate"),
            (["--restart", "--rollout", "1"], "--rollout")]
     if cuda_device_count() == 0:
         bad.append((["--restart", "--device", "cuda"], "--device cuda"))  # once deleted every checkpoint
     for args, words in bad:
         assert words in train_error(base + args, tmp_path, capsys)
-        assert _tree(tmp_path) == before
+        assert files_of(tmp_path) == before
     (tmp_path / "kept" / "config.json").write_text("{not json")
-    before = _tree(tmp_path)
+    before = files_of(tmp_path)
     line = train_error(base, tmp_path, capsys)
-    assert "config.json is unreadable" in line and "--restart" in line and _tree(tmp_path) == before
+    assert "config.json is unreadable" in line and "--restart" in line and files_of(tmp_path) == before
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     assert "is a file" in train_error(base[:2] + ["--train_dir", str(not_a_dir / "sub")] + base[2:], tmp_path, capsys)
@@ -126,7 +118,7 @@ def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_di
         assert words in train_error(["--config", str(bad)], tmp_path, capsys)
 
 
-def test_console_scripts_are_installed_and_no_top_level_train_or_enjoy_module(tmp_path):
+def test_console_scripts_are_installed_and_sf_engine_is_the_only_top_level_name(tmp_path):
     import subprocess
     import sys
     from importlib.metadata import entry_points
@@ -135,9 +127,12 @@ def test_console_scripts_are_installed_and_no_top_level_train_or_enjoy_module(tm
 
     scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
     assert scripts["sf-train"].load() is runner.main and scripts["sf-enjoy"].load() is replay.main
-    for name in ("train", "enjoy"):  # generic names another package could own: never installed
+    for name in ("train", "enjoy", "envs"):  # generic names another package could own: never installed
         result = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=tmp_path, capture_output=True)
         assert result.returncode != 0
+    # the repository's envs/ folder is installed as sf_engine.envs
+    result = subprocess.run([sys.executable, "-c", "from sf_engine.envs import make_batch_env"], cwd=tmp_path)
+    assert result.returncode == 0
 
 
 @pytest.mark.parametrize("text", ['{"run": {"mode": null}}', '{"learner": {"num_epochs": true}}',

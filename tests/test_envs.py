@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SerialRun, read_json, serial_plan, train_error
-from envs import make_batch_env, probe_env_spec
+from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.messages import Episodes
 from sf_engine.runner import run
 
@@ -159,7 +159,7 @@ def test_discrete_action_start_offset_reaches_the_env():
             seen.append(int(action))
             return np.zeros(1, np.float32), 0.0, False, False, {}
 
-    from envs import register_env
+    from sf_engine.envs import register_env
 
     register_env("Offset-v0", Offset)
     spec = probe_env_spec("Offset-v0", "auto")
@@ -175,7 +175,7 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{REPO!r}, {TESTS!r}]
-        from envs import register_env
+        from sf_engine.envs import register_env
         from toy_envs import ToyDictEnv
 
 

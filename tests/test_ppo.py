@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from sf_engine import ppo
+from sf_engine.envs import ActionSpec
 from sf_engine.model import ActionDistribution
-from envs import ActionSpec
 
 
 def random_rollout(seed, num_steps=17, num_traj=9):

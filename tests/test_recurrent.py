@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import REPO, SerialRun, read_json, run_train, serial_plan
-from envs import make_batch_env, probe_env_spec
 from sf_engine import ppo
+from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.model import ActorCritic
 from sf_engine.plan import build_plan
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import SerialRun
-from envs import ActionSpec, EnvSpec
+from sf_engine.envs import ActionSpec, EnvSpec
 from sf_engine.ipc import get_many
 from sf_engine.plan import build_plan
 from sf_engine.shared_buffers import SharedBuffers, buffer_layout

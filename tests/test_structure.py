@@ -8,14 +8,15 @@ import sys
 
 from conftest import REPO
 
-PACKAGES = ("sf_engine", "envs")
+PACKAGES = {"sf_engine": "sf_engine", "envs": "sf_engine.envs"}  # folder -> the package it installs as
+ENVS = "sf_engine.envs"
 
 
 def _modules() -> dict:
     """module name -> parsed source of every module of the two packages."""
     out = {}
-    for package in PACKAGES:
-        for path in glob.glob(os.path.join(REPO, package, "*.py")):
+    for folder, package in PACKAGES.items():
+        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
             name = f"{package}.{os.path.basename(path)[:-3]}".removesuffix(".__init__")
             with open(path) as f:
                 out[name] = f.read()
@@ -28,8 +29,11 @@ def _imports(modules: dict) -> dict:
     for name, source in modules.items():
         targets = set()
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            if isinstance(node, ast.ImportFrom):
+                package = name if name in PACKAGES.values() else name.rpartition(".")[0]
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+                module = ".".join(part for part in (base, node.module) if part)
+                targets |= {module} | {f"{module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
                 targets |= {alias.name for alias in node.names}
         graph[name] = {t for t in targets if t in modules and t != name}
@@ -52,8 +56,10 @@ def test_no_import_cycles_and_the_layers_hold():
 
     cycles = [name for name in graph if reaches(name, name)]
     assert not cycles, f"import cycles through {cycles}"
-    assert not [(m, t) for m in graph if m.startswith("envs") for t in graph[m] if t.startswith("sf_engine")]
-    for name in ["sf_engine.model"] + [m for m in graph if m.startswith("envs")]:
+    envs = [m for m in graph if m.startswith(ENVS)]
+    assert len(envs) >= 4 and graph[ENVS] >= {f"{ENVS}.registry", f"{ENVS}.spec"}, "the envs imports were not read"
+    assert not [(m, t) for m in envs for t in graph[m] if not t.startswith(ENVS)]
+    for name in ["sf_engine.model"] + envs:
         assert "sf_engine.shared_buffers" not in graph[name], name
 
 
