@@ -103,10 +103,18 @@ class BatchEnv:
 
 
 # ---- backends ---------------------------------------------------------------------------------
-def _envpool_ids() -> set:
-    import envpool
+def _envpool():
+    """The envpool module, or EnvError with the install command (its wheels are for Linux x86-64)."""
+    try:
+        import envpool
+    except ImportError as exc:
+        raise EnvError(f"EnvPool is not installed here ({exc.__class__.__name__}): pip install envpool "
+                       f"(Linux x86-64), or use --env_backend gymnasium") from None
+    return envpool
 
-    return set(envpool.list_all_envs())
+
+def _envpool_ids() -> set:
+    return set(_envpool().list_all_envs())
 
 
 def _is_user_class(env_id: str) -> bool:
@@ -125,7 +133,9 @@ def resolve_backend(env_id: str, backend: str) -> str:
     env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend
-    return "envpool" if may_use_envpool(env_id, backend) and env_id in _envpool_ids() else "gymnasium"
+    if not may_use_envpool(env_id, backend) or importlib.util.find_spec("envpool") is None:
+        return "gymnasium"  # 'auto' without EnvPool installed: Gymnasium's implementation
+    return "envpool" if env_id in _envpool_ids() else "gymnasium"
 
 
 def _user_factory(env_id: str) -> Callable:
@@ -214,8 +224,7 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: En
         return MaskedObsBatchEnv(base, keep)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
-        import envpool
-
+        envpool = _envpool()
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
             warnings.simplefilter("ignore")
             env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed,
@@ -295,8 +304,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
                        frameskip=base.frameskip)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
-        import envpool
-
+        envpool = _envpool()
         if env_id not in _envpool_ids():
             raise EnvError(f"--env {env_id}: EnvPool has no such id (use --env_backend gymnasium for Gymnasium ids)")
         with warnings.catch_warnings():

@@ -83,10 +83,11 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, caps
     # the first observation, every step, and the reset step between two episodes
     assert frames.shape == (1 + sum(lengths) + len(lengths) - 1, 400, 600, 3)
     assert frames.std() > 0
-    capped = tmp_path / "capped.mp4"
-    assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1",
-                              "--video", str(capped), "--max_frames", "40"]) == 0
-    assert iio.imread(capped).shape[0] == 40
+    for capped in (tmp_path / "capped.mp4", tmp_path / "capped.gif"):  # both through the same ffmpeg pipe
+        assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "1",
+                                  "--video", str(capped), "--max_frames", "40"]) == 0
+        frames = iio.imread(capped)
+        assert frames.shape[:3] == (40, 400, 600) and frames.std() > 0
 
 
 def enjoy_error(capsys, *args) -> str:

@@ -215,3 +215,30 @@ def test_a_run_takes_any_integer_seed(tmp_path, shm_dir):
         plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--seed", seed, "--train_for_env_steps", "500",
                            "--restart")
         assert run(plan) == 0
+
+
+_WITHOUT_ENVPOOL = ("import sys; sys.modules['envpool'] = None; from sf_engine.{} import main; "
+                    "sys.exit(main(sys.argv[1:]))")  # as on a machine where EnvPool is not installed
+
+
+@pytest.mark.e2e
+def test_without_envpool_auto_plays_gymnasium_and_envpool_is_one_line_with_the_install_command(tmp_path, shm_dir):
+    import subprocess
+
+    from conftest import one_line_error
+
+    def without_envpool(module, *args):
+        return subprocess.run([sys.executable, "-c", _WITHOUT_ENVPOOL.format(module), "--train_dir", str(tmp_path)]
+                              + list(args), cwd=REPO, capture_output=True, text=True, timeout=180)
+
+    serial = ["--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "8",
+              "--batch_size", "256", "--train_for_env_steps", "2000"]
+    result = without_envpool("runner", "--experiment", "gym", *serial)
+    assert result.returncode == 0, result.stderr
+    assert read_json(tmp_path / "gym" / "config.json")["env"]["env_backend"] == "gymnasium"
+    line = one_line_error(without_envpool("runner", "--experiment", "pool", "--env_backend", "envpool", *serial))
+    assert "pip install envpool" in line and not (tmp_path / "pool").exists()
+    assert run(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--experiment", "pool", "--train_for_env_steps", "2000")) == 0
+    assert read_json(tmp_path / "pool" / "config.json")["env"]["env_backend"] == "envpool"
+    line = one_line_error(without_envpool("replay", "--experiment", "pool", "--num_episodes", "1"))
+    assert "pip install envpool" in line
