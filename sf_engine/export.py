@@ -9,7 +9,6 @@ back and zeroes where an episode starts. Observation normalization is inside the
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ import warnings
 import torch
 from torch import nn
 
-from sf_engine.replay import EnjoyError, load_policy, resolve_checkpoint
+from sf_engine.replay import EnjoyError, experiment_parser, load_policy, resolve_checkpoint
 
 FORMATS = ("onnx", "torchscript", "both")
 OPSET = 18
@@ -132,12 +131,7 @@ def export(model, spec, out_dir: str, formats: str = "both") -> list:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
-    parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
-    parser.add_argument("--checkpoint", default="latest",
-                        help="'latest' (newest periodic checkpoint), 'best' (best evaluation return), or a path "
-                             "to a checkpoint file.")
+    parser = experiment_parser(__doc__)
     parser.add_argument("--format", default="both", choices=FORMATS, help="Which files to write.")
     parser.add_argument("--output", default=None,
                         help="Directory the files go to (default: <train_dir>/<experiment>/export).")
@@ -145,18 +139,19 @@ def parse_args(argv=None):
 
 
 def run(args) -> int:
+    import importlib.util
+
     from sf_engine.replay import load_experiment
 
+    if args.format in ("onnx", "both"):  # before anything is loaded or written
+        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise EnjoyError(f"--format {args.format} needs the {' and '.join(missing)} package(s): pip install "
+                             f"'sf_engine[onnx]' (or --format torchscript)")
     cfg, spec, exp_dir = load_experiment(args.train_dir, args.experiment)
     out_dir = args.output or os.path.join(exp_dir, "export")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise EnjoyError(f"--output {out_dir} is a file: choose a directory")
-    if args.format in ("onnx", "both"):
-        import importlib.util
-
-        if importlib.util.find_spec("onnx") is None:
-            raise EnjoyError("--format onnx needs the onnx package: pip install 'sf_engine[onnx]' "
-                             "(or --format torchscript)")
     path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
     model = load_policy(cfg, spec, path, "cpu")
     for written in export(model, spec, out_dir, args.format):

@@ -15,13 +15,19 @@ class EnjoyError(RuntimeError):
     """A problem the user can fix: one line, exit code 2."""
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def experiment_parser(description: str) -> argparse.ArgumentParser:
+    """The flags that pick a trained experiment and its checkpoint (enjoy.py, export)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
     parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
     parser.add_argument("--checkpoint", default="latest",
                         help="'latest' (newest periodic checkpoint), 'best' (best evaluation return, written "
                              "with train.py --eval_every_sec), or a path to a checkpoint file.")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = experiment_parser(__doc__)
     parser.add_argument("--num_episodes", type=int, default=10, help="Episodes to play.")
     parser.add_argument("--deterministic", action="store_true",
                         help="Take the most likely action (mode, or Gaussian mean) instead of sampling.")
@@ -118,19 +124,18 @@ class VideoWriter:
     .gif with a fixed 256-colour palette. Even sizes, as H.264 wants them."""
 
     def __init__(self, path: str, fps: int):
-        import imageio_ffmpeg  # noqa: F401 (a missing ffmpeg fails here, before anything is played)
+        import imageio_ffmpeg  # a missing package fails here, before anything is played
 
         self.path, self.fps, self.frames, self.size, self._writer = path, fps, 0, None, None
+        self._ffmpeg = imageio_ffmpeg
 
     def _open(self, width: int, height: int) -> None:
-        import imageio_ffmpeg
-
         if self.path.lower().endswith(".gif"):
             options = {"codec": "gif", "pix_fmt_out": "rgb8", "quality": None}
         else:
             options = {"codec": "libx264", "pix_fmt_out": "yuv420p", "output_params": ["-preset", "veryfast"]}
         try:
-            self._writer = imageio_ffmpeg.write_frames(self.path, (width, height), fps=self.fps,
+            self._writer = self._ffmpeg.write_frames(self.path, (width, height), fps=self.fps,
                                                        macro_block_size=1, **options)
             self._writer.send(None)  # starts ffmpeg
         except Exception as exc:  # ffmpeg's own failures: one line, not a traceback

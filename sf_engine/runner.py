@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from sf_engine.config import ConfigError, make_config, parse_flags
+from sf_engine.config import ConfigError, make_config, parse_flags, read_config_file
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.experiment import Experiment
@@ -150,7 +150,9 @@ def main(argv=None) -> int:
     Envs registered with sf_engine.envs.register_env before this call can be used."""
     try:
         given = parse_flags(argv)
-        first = make_config(given)  # the env and mode given, to start the forkserver's preloading early
+        config_file = given["run"].get("config")
+        # the env and mode given, to start the forkserver's preloading early
+        first = make_config(given, saved=read_config_file(config_file) if config_file else None)
         mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
         return run(build_plan(argv, given), mp_context)
     except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment

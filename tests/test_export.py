@@ -137,9 +137,15 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
         assert (outputs[0] == model.distribution.mode(params).numpy() + np.asarray(spec.action.start)).all()
 
 
-def test_export_of_a_missing_experiment_is_one_line(tmp_path, capsys):
+def test_export_of_a_missing_experiment_or_without_onnx_is_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
     from sf_engine.export import main
 
     line = main_error(main, ["--train_dir", str(tmp_path), "--experiment", "nothing"], capsys)
     assert "no experiment" in line and "--experiment" in line
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
+    line = main_error(main, ["--train_dir", str(tmp_path), "--experiment", "nothing"], capsys)
+    assert "onnxscript" in line and "pip install 'sf_engine[onnx]'" in line and "--format torchscript" in line
     assert os.listdir(tmp_path) == []

@@ -74,7 +74,7 @@ def test_wandb_gets_the_tensorboard_scalars_and_the_config_and_resumes_its_run(t
     files = sorted(glob.glob(str(exp / "wandb" / "offline-run-*" / "run-*.wandb")))
     assert len(files) == 2 and {os.path.basename(f) for f in files} == {f"run-{run.run_id}.wandb"}
     earlier, later = ([row["env_steps"] for row in _logged(wandb_records(f))[1]] for f in files)
-    assert min(later) > max(earlier) and max(later) == read_json(exp / "summary.json")["env_steps"] >= 6000
+    assert min(later) >= max(earlier) and max(later) == read_json(exp / "summary.json")["env_steps"] >= 6000
 
     # online without a W&B login: refused in one line, before anything of the experiment changes
     before = files_of(tmp_path)
