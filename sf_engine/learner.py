@@ -19,6 +19,7 @@ from sf_engine.checkpoint import load_checkpoint, save_checkpoint
 from sf_engine.ipc import get_many
 from sf_engine.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
 from sf_engine.model import ActorCritic
+from sf_engine.ops import FlatAdam
 from sf_engine.process import StageTimer
 from sf_engine.weights import flatten_state
 from sf_engine.wiring import weight_readers
@@ -37,7 +38,7 @@ class Learner:
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
         self.model = ActorCritic(plan.spec, self.cfg.model).to(self.device)
         self.params = flatten_state(self.model)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lcfg.learning_rate, eps=1e-5)
+        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
         if plan.resume_from:
             self._load(plan.resume_from)
@@ -236,10 +237,9 @@ class Learner:
                     log_probs, old_log_probs, ppo.normalize(advantages), values, self.model.normalize_returns(returns),
                     entropy, lcfg.ppo_clip_ratio)
                 loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad()
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), lcfg.max_grad_norm if lcfg.max_grad_norm > 0 else float("inf"))
+                grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
                 self.optimizer.step()
                 totals += torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(),
                                        approx_kl, clip_fraction, grad_norm.detach()]).cpu()

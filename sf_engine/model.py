@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 from sf_engine.envs.spec import is_image
+from sf_engine.ops import Tanh
 from sf_engine.recurrent import run_sequence
 
-_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+_ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 
 
 def _init(layer: nn.Module, gain: float) -> nn.Module:

@@ -24,32 +24,22 @@ from sf_engine.shared_buffers import WEIGHT_READERS
 READ_TIMEOUT_SEC = 30.0
 
 
-def _channels_last(t) -> bool:
-    import torch
-
-    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
 def flatten_state(model):
     """Make every parameter and floating buffer (normalizer statistics) of the nn.Module `model` a view
-    into one flat float32 tensor (returned): publishing and loading the whole state is then one copy.
-    Channels-last conv weights keep their layout."""
+    into one flat float32 tensor (returned), the parameters first in the order of model.parameters():
+    publishing and loading the whole state is then one copy. Channels-last conv weights keep their
+    layout."""
     import torch
+
+    from sf_engine.ops import flat_layout, view_like
 
     tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
     tensors += [("buffer", m, n, t) for m in model.modules() for n, t in m._buffers.items()
                 if t is not None and t.is_floating_point()]
-    pieces = [(t.detach().permute(0, 2, 3, 1) if _channels_last(t) else t.detach()).reshape(-1).float()
-              for _, _, _, t in tensors]
-    flat = torch.cat(pieces).contiguous()
+    flat = torch.cat([flat_layout(t.detach()).float() for _, _, _, t in tensors]).contiguous()
     offset = 0
     for kind, module, name, tensor in tensors:
-        chunk = flat[offset:offset + tensor.numel()]
-        if _channels_last(tensor):
-            out_c, in_c, height, width = tensor.shape
-            view = chunk.view(out_c, height, width, in_c).permute(0, 3, 1, 2)
-        else:
-            view = chunk.view_as(tensor)
+        view = view_like(flat[offset:offset + tensor.numel()], tensor)
         if kind == "param":
             tensor.data = view
         else:
