@@ -3,9 +3,11 @@ CartPole-v1 measurements on both, interleaved, and prints the ratios this / othe
 
   git worktree add ../previous origin/main   # then, in this checkout:
   python perf/compare_checkouts.py --other ../previous --rounds 2
-Per round and checkout (the order alternates between rounds): a training run until the mean return of
-the last 100 episodes reaches 475 (time from launch), a training run of --seconds (env steps/s, median
-of 2-s windows), and a sampling-only run of --seconds. Both checkouts run with this Python (the other
+  python perf/compare_checkouts.py --other ../previous --env Pong-v5 --seconds 120 --this_flags=--bf16
+Per round and checkout (the order alternates between rounds): on CartPole-v1 a training run until the
+mean return of the last 100 episodes reaches 475 (time from launch), a training run of --seconds (env
+steps/s, median of 2-s windows), and a sampling-only run of --seconds; on another env the training run
+alone (env steps/s over the run after warm-up: a slow learner hands slots back in bursts). --this_flags go to this checkout's runs only. Both checkouts run with this Python (the other
 checkout's compiled recurrent loops are not needed for feed-forward runs). One JSON line last.
 """
 from __future__ import annotations
@@ -20,12 +22,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, median_windows, run_train  # noqa: E402
 
 
-def measure(repo: str, seconds: float) -> dict:
-    solve = run_train(["--stop_at_return", "475", "--train_for_seconds", "120"], 240, repo)
-    train = run_train(["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)], seconds + 120, repo)
-    sample = run_train(["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo)
-    return {"solve_sec_from_launch": solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None,
-            "train_env_steps_per_sec": median_windows([train]), "sampling_env_steps_per_sec": median_windows([sample])}
+def measure(repo: str, seconds: float, env: str, flags: list) -> dict:
+    flags = ["--env", env] + flags
+    train = run_train(flags + ["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)],
+                      seconds + 180, repo)
+    if env != "CartPole-v1":  # a slow learner hands slots back in bursts: the whole run's rate after warm-up
+        return {"train_env_steps_per_sec": train["env_steps_per_sec"], "train_bottleneck": train["bottleneck"]}
+    out = {"train_env_steps_per_sec": median_windows([train]), "train_bottleneck": train["bottleneck"]}
+    solve = run_train(flags + ["--stop_at_return", "475", "--train_for_seconds", "120"], 240, repo)
+    sample = run_train(flags + ["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo)
+    return {**out, "solve_sec_from_launch": solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None,
+            "sampling_env_steps_per_sec": median_windows([sample])}
 
 
 def main() -> None:
@@ -33,6 +40,8 @@ def main() -> None:
     parser.add_argument("--other", required=True, help="path of the other checkout (its train.py is run)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both checkouts (>= 1)")
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each throughput run")
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--this_flags", default="", help="train.py flags for this checkout's runs only")
     args = parser.parse_args()
     other = os.path.abspath(args.other)
     if not os.path.isfile(os.path.join(other, "train.py")):
@@ -41,12 +50,13 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1 (got {args.rounds})")
     runs = {"this": [], "other": []}
     for round_index in range(args.rounds):
-        order = [("this", REPO), ("other", other)]
-        for name, repo in (order if round_index % 2 == 0 else order[::-1]):
-            runs[name].append(measure(repo, args.seconds))
+        order = [("this", REPO, args.this_flags.split()), ("other", other, [])]
+        for name, repo, flags in (order if round_index % 2 == 0 else order[::-1]):
+            runs[name].append(measure(repo, args.seconds, args.env, flags))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    out = {"bench": "compare_checkouts", "env": "CartPole-v1", "other": other, "rounds": args.rounds}
-    for key in ("solve_sec_from_launch", "train_env_steps_per_sec", "sampling_env_steps_per_sec"):
+    out = {"bench": "compare_checkouts", "env": args.env, "other": other, "rounds": args.rounds,
+           "this_flags": args.this_flags}
+    for key in [k for k in runs["this"][0] if not k.endswith("bottleneck")]:
         for name in runs:
             out[f"{name}_{key}_runs"] = [r[key] for r in runs[name]]
         medians = {name: statistics.median([r[key] for r in runs[name] if r[key] is not None] or [float("nan")])

@@ -29,3 +29,13 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (avx512_bf16 or AMX), from /proc/cpuinfo (Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -36,7 +36,7 @@ class Learner:
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
-        self.model = ActorCritic(plan.spec, self.cfg.model).to(self.device)
+        self.model = ActorCritic(plan.spec, self.cfg.model, self.cfg.run.bf16).to(self.device)
         self.params = flatten_state(self.model)
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
@@ -148,7 +148,7 @@ class Learner:
         keep = valid & (lag <= self.lcfg.max_policy_lag)
         advantages, returns = self._targets(batch)
         index = keep.reshape(-1).nonzero().squeeze(1)
-        flat = lambda x: x.reshape(-1, *x.shape[2:])[index]  # noqa: E731  [T, N, ...] -> kept samples
+        flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept
         samples = {"obs": {key: flat(value[:-1]) for key, value in batch["obs"].items()},
                    "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
                    "advantages": flat(advantages), "returns": flat(returns)}
@@ -193,10 +193,11 @@ class Learner:
     def _ppo_epochs(self, samples: dict) -> dict:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""
         def minibatch_outputs(minibatch):
-            params, values = self.model({key: obs[minibatch] for key, obs in samples["obs"].items()})
-            log_probs, entropy = self.model.log_prob_entropy(params, samples["actions"][minibatch])
-            return (log_probs, entropy, values, samples["log_probs"][minibatch], samples["advantages"][minibatch],
-                    samples["returns"][minibatch])
+            take = lambda x: x.index_select(0, minibatch)  # noqa: E731  (a row copy: faster than x[minibatch])
+            params, values = self.model({key: take(obs) for key, obs in samples["obs"].items()})
+            log_probs, entropy = self.model.log_prob_entropy(params, take(samples["actions"]))
+            return (log_probs, entropy, values, take(samples["log_probs"]), take(samples["advantages"]),
+                    take(samples["returns"]))
 
         return self._optimize(samples["log_probs"].numel(), minibatch_outputs)
 

@@ -156,12 +156,12 @@ class Encoder(nn.Module):
         self.out_size = sum(net.out_size for net in self.nets.values())
 
     def prepare(self, key: str, x: torch.Tensor) -> torch.Tensor:
-        """Stored dtype -> network input: images to float in [0, 1] (channels-last), vectors flattened
-        and normalized."""
-        if key in self.hwc_keys:  # [B, H, W, C] is already the channels-last layout of [B, C, H, W]
-            return x.permute(0, 3, 1, 2).float().div_(255.0)
-        if key in self.image_keys:
-            return x.float().div_(255.0).contiguous(memory_format=torch.channels_last)
+        """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
+        --bf16's autocast), vectors flattened and normalized."""
+        if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
+            image = x.permute(0, 3, 1, 2) if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last)
+            bf16 = torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
+            return image.to(torch.bfloat16 if bf16 else torch.float32).div_(255.0)
         if x.dtype == torch.uint8:
             return x.reshape(x.shape[0], -1).float().div_(255.0)
         x = x.reshape(x.shape[0], -1).float()
@@ -255,9 +255,11 @@ class ActorCritic(nn.Module):
     """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two); with
     --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
 
-    def __init__(self, spec, mcfg):
-        """`mcfg`: a ModelConfig resolved by model_shape.resolve_model_config (no 'auto')."""
+    def __init__(self, spec, mcfg, bf16: bool = False):
+        """`mcfg`: a ModelConfig resolved by model_shape.resolve_model_config (no 'auto'). `bf16`: the
+        encoders run under bfloat16 autocast (--bf16); the cores, heads and losses stay float32."""
         super().__init__()
+        self.bf16 = bf16
         if "auto" in (mcfg.encoder, mcfg.actor_critic, mcfg.rnn_size):
             raise ValueError("ActorCritic needs a resolved ModelConfig: see sf_engine.model_shape")
         self.distribution = ActionDistribution(spec.action)
@@ -285,8 +287,11 @@ class ActorCritic(nn.Module):
         return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
 
     def _features(self, obs: dict):
-        features = self.actor_encoder(obs)
-        return features, (features if self.critic_encoder is None else self.critic_encoder(obs))
+        device = next(iter(obs.values())).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16):
+            features = self.actor_encoder(obs)
+            critic = features if self.critic_encoder is None else self.critic_encoder(obs)
+        return (features.float(), critic.float()) if self.bf16 else (features, critic)
 
     def _cores(self, features, critic_features, state):
         """One step of the core(s): (actor out, critic out, new state)."""

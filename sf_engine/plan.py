@@ -23,9 +23,9 @@ import psutil
 from sf_engine.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
                                   list_checkpoints)
-from sf_engine.config import (Config, ConfigError, check_flags, check_resolved, make_config, parse_flags,
-                              read_config_file)
-from sf_engine.device import resolve_device
+from sf_engine.config import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
+from sf_engine.config_file import read_config_file
+from sf_engine.device import cpu_has_native_bf16, resolve_device
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.experiment import leftover_segment
@@ -69,6 +69,9 @@ def build_plan(argv=None, given: dict | None = None) -> RunPlan:
     check_tracking(cfg)
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)
+    if cfg.run.bf16 and cfg.run.device == "cpu" and not cpu_has_native_bf16():
+        raise ConfigError("--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
+                          "and slower: drop --bf16")
     envs = registered_envs()
     if cfg.run.mode != "serial":
         _check_picklable(envs)

@@ -30,7 +30,7 @@ class PolicyWorker:
         self.device = torch.device(cfg.run.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
-        self.model = ActorCritic(ctx.plan.spec, cfg.model).to(self.device)
+        self.model = ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device)
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
         self.weights = ctx.weights()

@@ -17,7 +17,8 @@ import signal
 import sys
 import time
 
-from sf_engine.config import ConfigError, make_config, parse_flags, read_config_file
+from sf_engine.config import ConfigError, make_config, parse_flags
+from sf_engine.config_file import read_config_file
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.experiment import Experiment

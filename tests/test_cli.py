@@ -51,6 +51,15 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, c
 
 
 @pytest.mark.e2e
+def test_bf16_without_native_bf16_is_one_line(tmp_path, monkeypatch, capsys):
+    import sf_engine.plan
+
+    monkeypatch.setattr(sf_engine.plan, "cpu_has_native_bf16", lambda: False)
+    line = train_error(["--bf16", "--device", "cpu", "--mode", "serial"], tmp_path, capsys)
+    assert "--bf16" in line and "avx512_bf16" in line
+    assert os.listdir(tmp_path) == []
+
+
 def test_bad_flag_value_is_rejected_by_the_parser(tmp_path):
     result = run_train(["--mode", "fast"], tmp_path)
     assert result.returncode == 2 and "--mode" in result.stderr

@@ -9,6 +9,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO, read_json, run_train
+from sf_engine.device import cpu_has_native_bf16
 from sf_engine.plan import build_plan
 from sf_engine.runner import run
 
@@ -17,10 +18,14 @@ pytestmark = pytest.mark.e2e
 SMALL = ["--num_workers", "2", "--num_envs_per_worker", "64", "--batch_size", "1024"]
 
 
-def test_serial_mode_learns_cartpole(tmp_path, shm_dir):
+@pytest.mark.parametrize("precision", [[], ["--bf16"]], ids=["float32", "bf16"])
+def test_serial_mode_learns_cartpole(tmp_path, shm_dir, precision):
+    if precision and not cpu_has_native_bf16():
+        pytest.skip("--bf16 needs a CPU with native bfloat16 (avx512_bf16 or AMX)")
     plan = build_plan(["--train_dir", str(tmp_path), "--experiment", "serial", "--mode", "serial", "--shm_dir", shm_dir,
                        "--num_workers", "1", "--num_envs_per_worker", "64", "--batch_size", "1024",
-                       "--train_for_env_steps", "150000"])
+                       "--train_for_env_steps", "150000"] + precision)
+    assert plan.cfg.run.bf16 == bool(precision)
     assert run(plan) == 0
     summary = read_json(tmp_path / "serial" / "summary.json")
     assert summary["env_steps"] >= 150_000
