@@ -96,13 +96,15 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     import torch
 
     from sf_engine.model import ActorCritic, obs_tensors
+    from sf_engine.ops import FlatAdam
+    from sf_engine.weights import flatten_state
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
         reps = -(-rows // len(next(iter(obs.values()))))
         return obs_tensors({k: np.concatenate([v] * reps)[:rows] for k, v in obs.items()})
 
     threads = torch.get_num_threads()
-    model = ActorCritic(spec, cfg.model)
+    model = ActorCritic(spec, cfg.model, cfg.run.bf16)  # as the policy worker and learner will run it
     inputs = tiled(batch)
     try:
         torch.set_num_threads(1)
@@ -116,7 +118,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         elements = sum(v[0].numel() for v in inputs.values())
         minibatch = max(16, min(cfg.learner.batch_size, LEARN_PROBE_ELEMENTS // elements))
         train_inputs = tiled(minibatch)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-6)
+        optimizer = FlatAdam(model, flatten_state(model), lr=1e-6, eps=1e-5)  # the learner's optimizer
 
         sequence = (minibatch // 16, 16) if model.recurrent else None  # [R, B] as the learner runs the core
 
