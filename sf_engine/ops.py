@@ -34,7 +34,9 @@ class _NumpyTanh(torch.autograd.Function):
 def tanh(x: torch.Tensor) -> torch.Tensor:
     if (x.device.type == "cpu" and x.dtype in _NUMPY_DTYPES and not torch.jit.is_tracing()
             and not torch.compiler.is_compiling()):
-        return _NumpyTanh.apply(x)
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _NumpyTanh.apply(x)
+        return torch.from_numpy(np.tanh(x.detach().numpy()))  # acting: no autograd node to build
     return torch.tanh(x)
 
 

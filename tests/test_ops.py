@@ -24,6 +24,14 @@ def test_tanh_matches_torch_in_values_and_gradients(dtype):
     assert y.grad_fn is not None and "NumpyTanh" in type(y.grad_fn).__name__  # the fast path was taken
 
 
+def test_tanh_without_autograd_matches_torch():
+    x = torch.randn(128, 64) * 3
+    with torch.inference_mode():  # as the policy worker acts
+        torch.testing.assert_close(Tanh()(x), torch.tanh(x))
+    with torch.no_grad():
+        assert Tanh()(x.requires_grad_()).grad_fn is None
+
+
 def test_tanh_is_torch_tanh_when_traced():
     traced = torch.jit.trace(Tanh(), torch.zeros(2, 3))
     assert "aten::tanh" in str(traced.graph)
