@@ -194,7 +194,10 @@ class ActionDistribution:
             gumbel = torch.empty_like(logits).exponential_().log_().neg_()  # Gumbel-max sampling
             chosen.append(torch.argmax(logits + gumbel, dim=-1))
         actions = chosen[0] if self.kind == "discrete" else torch.stack(chosen, dim=-1)
-        return actions, self.log_prob_entropy(params, actions)[0]
+        columns = actions.unsqueeze(-1) if self.kind == "discrete" else actions
+        log_prob = sum(torch.log_softmax(logits, dim=-1).gather(1, columns[:, i:i + 1]).squeeze(1)
+                       for i, logits in enumerate(self._split(params)))  # no entropy: acting needs none
+        return actions, log_prob
 
     def log_prob_entropy(self, params, actions, log_std=None):
         """Log-probabilities [B] of `actions` and entropies [B]."""
