@@ -40,8 +40,9 @@ def fill(buffers, spec, rng) -> None:
     buffers.truncated[...] = False
     buffers.valid[...] = True
     buffers.policy_version[...] = 0
-    if buffers.episode_start is not None:
-        buffers.episode_start[...] = buffers.terminated[:, :1].any()
+    if buffers.episode_start is not None:  # an episode starts on the step after one ends
+        buffers.episode_start[:, 0] = False
+        buffers.episode_start[:, 1:] = buffers.terminated
         buffers.rnn_states[...] = 0.0
 
 
@@ -51,7 +52,8 @@ def build(flags: list, shm_dir: str):
     from sf_engine.shared_buffers import SharedBuffers
     from sf_engine.wiring import make_queues
 
-    train_dir = tempfile.mkdtemp(prefix="sf_engine_learner_step_")
+    train_dir = tempfile.mkdtemp(prefix="sf_engine_learner_step_")  # checked by the plan, never written
+    os.rmdir(train_dir)
     plan = build_plan(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "256", "--device", "cpu",
                        "--train_dir", train_dir, "--shm_dir", shm_dir, "--experiment", "learner_step"] + flags)
     buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)

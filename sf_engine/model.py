@@ -194,24 +194,23 @@ class ActionDistribution:
             gumbel = torch.empty_like(logits).exponential_().log_().neg_()  # Gumbel-max sampling
             chosen.append(torch.argmax(logits + gumbel, dim=-1))
         actions = chosen[0] if self.kind == "discrete" else torch.stack(chosen, dim=-1)
-        columns = actions.unsqueeze(-1) if self.kind == "discrete" else actions
-        log_prob = sum(torch.log_softmax(logits, dim=-1).gather(1, columns[:, i:i + 1]).squeeze(1)
-                       for i, logits in enumerate(self._split(params)))  # no entropy: acting needs none
-        return actions, log_prob
+        return actions, self.log_prob_entropy(params, actions, with_entropy=False)[0]  # acting needs no entropy
 
-    def log_prob_entropy(self, params, actions, log_std=None):
-        """Log-probabilities [B] of `actions` and entropies [B]."""
+    def log_prob_entropy(self, params, actions, log_std=None, with_entropy: bool = True):
+        """Log-probabilities [B] of `actions` and entropies [B] (categorical: None without
+        `with_entropy`)."""
         if self.kind == "continuous":
             log_std = log_std.expand_as(params)
             log_prob = -0.5 * ((actions - params) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
             entropy = 0.5 + 0.5 * math.log(2 * math.pi) + log_std
             return log_prob.sum(-1), entropy.sum(-1)
         columns = actions.unsqueeze(-1) if self.kind == "discrete" else actions
-        log_prob, entropy = 0.0, 0.0
+        log_prob, entropy = 0.0, (0.0 if with_entropy else None)
         for i, logits in enumerate(self._split(params)):
             log_pi = torch.log_softmax(logits, dim=-1)
             log_prob = log_prob + log_pi.gather(1, columns[:, i:i + 1]).squeeze(1)
-            entropy = entropy - (log_pi.exp() * log_pi).sum(-1)
+            if with_entropy:
+                entropy = entropy - (log_pi.exp() * log_pi).sum(-1)
         return log_prob, entropy
 
     def mode(self, params):

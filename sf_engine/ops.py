@@ -120,4 +120,3 @@ class FlatAdam:
             group = {**state["param_groups"][0], "params": [0]}
             state = {"state": {0: merged}, "param_groups": [group]}
         self.optimizer.load_state_dict(state)
-

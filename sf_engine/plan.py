@@ -55,13 +55,18 @@ class RunPlan:
     notes: tuple = ()  # lines that explain choices (auto sizing) and warnings, logged at start
 
 
-def build_plan(argv=None, given: dict | None = None) -> RunPlan:
-    """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags).
-    Bad input raises ConfigError or EnvError with one line naming the flag and the fix; nothing on
-    disk is touched."""
-    given = parse_flags(argv) if given is None else given
+def saved_config(given: dict) -> dict:
+    """{group: {field: value}} of the --config file among the flags `given` (parse_flags), or {}."""
     config_file = given.get("run", {}).get("config")
-    saved = read_config_file(config_file) if config_file else {}
+    return read_config_file(config_file) if config_file else {}
+
+
+def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) -> RunPlan:
+    """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags,
+    `saved`: its --config file already read by saved_config). Bad input raises ConfigError or
+    EnvError with one line naming the flag and the fix; nothing on disk is touched."""
+    given = parse_flags(argv) if given is None else given
+    saved = saved_config(given) if saved is None else saved
     first = make_config(given, saved=saved)
     spec = probe_env_spec(first.env.env, first.env.env_backend)
     cfg = make_config(given, flag_defaults(first.env.env, spec), saved)

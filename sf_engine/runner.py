@@ -18,12 +18,11 @@ import sys
 import time
 
 from sf_engine.config import ConfigError, make_config, parse_flags
-from sf_engine.config_file import read_config_file
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.experiment import Experiment
 from sf_engine.ipc import drain_into, make_lifeline
-from sf_engine.plan import RunPlan, build_plan, log_plan
+from sf_engine.plan import RunPlan, build_plan, log_plan, saved_config
 from sf_engine.report import Reporter
 from sf_engine.shared_buffers import SharedBuffers
 from sf_engine.stats import RunStats
@@ -151,11 +150,10 @@ def main(argv=None) -> int:
     Envs registered with sf_engine.envs.register_env before this call can be used."""
     try:
         given = parse_flags(argv)
-        config_file = given["run"].get("config")
-        # the env and mode given, to start the forkserver's preloading early
-        first = make_config(given, saved=read_config_file(config_file) if config_file else None)
+        saved = saved_config(given)
+        first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
         mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
-        return run(build_plan(argv, given), mp_context)
+        return run(build_plan(argv, given, saved), mp_context)
     except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment
         print(f"error: {exc}", file=sys.stderr)
         return 2
