@@ -39,3 +39,22 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep large blocks it frees, for the next allocation of the same size.
+
+    By default glibc serves every block above its mmap threshold (at most 32 MiB) with a fresh mmap
+    and unmaps it on free, so each large tensor of a training step (a Pong minibatch's images and
+    conv activations are 30 to 60 MiB) costs the kernel's page faults and zeroing all over again:
+    a third of a Pong learner step on the CPU. With mmap off for malloc and the heap's top trimmed
+    only past 1 GiB, freed blocks are reused. Called by the processes that run torch; a no-op
+    (False) where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30))
+    except (OSError, AttributeError):
+        return False

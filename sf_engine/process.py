@@ -98,12 +98,16 @@ def _init_child(role: str, index: int, log_path: str) -> None:
 
 
 def set_torch_threads(role: str, cfg) -> None:
-    """Torch threads of the process that runs `role` (nothing for a role without torch)."""
+    """Torch threads of the process that runs `role`, and its allocator told to keep freed memory
+    (sf_engine.device.keep_freed_memory); nothing for a role without torch."""
     threads = ROLES[role].torch_threads
     if threads is not None:
         import torch
 
+        from sf_engine.device import keep_freed_memory
+
         torch.set_num_threads(threads(cfg))
+        keep_freed_memory()
 
 
 def run_role(role: str, index: int, generation: int, plan, queues) -> None:
