@@ -37,6 +37,8 @@ class Learner:
         self.device = torch.device(self.cfg.run.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
         self.model = ActorCritic(plan.spec, self.cfg.model, self.cfg.run.bf16).to(self.device)
+        encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
+        self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
         self.params = flatten_state(self.model)
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=1e-5)
         self.version = 0
@@ -149,7 +151,8 @@ class Learner:
         advantages, returns = self._targets(batch)
         index = keep.reshape(-1).nonzero().squeeze(1)
         flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept
-        samples = {"obs": {key: flat(value[:-1]) for key, value in batch["obs"].items()},
+        samples = {"obs": {key: flat(value[:-1].permute(0, 1, 3, 4, 2) if key in self.chw_images else value[:-1])
+                           for key, value in batch["obs"].items()},
                    "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
                    "advantages": flat(advantages), "returns": flat(returns)}
         self.timer.lap("batch_assembly")
@@ -194,7 +197,8 @@ class Learner:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""
         def minibatch_outputs(minibatch):
             take = lambda x: x.index_select(0, minibatch)  # noqa: E731  (a row copy: faster than x[minibatch])
-            params, values = self.model({key: take(obs) for key, obs in samples["obs"].items()})
+            params, values = self.model({key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
+                                         for key, obs in samples["obs"].items()})
             return (params, values, take(samples["actions"]), take(samples["log_probs"]), take(samples["advantages"]),
                     take(samples["returns"]))
 

@@ -159,9 +159,11 @@ class Encoder(nn.Module):
         """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
         --bf16's autocast), vectors flattened and normalized."""
         if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
-            image = x.permute(0, 3, 1, 2) if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last)
+            rows = x if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
             bf16 = torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
-            return image.to(torch.bfloat16 if bf16 else torch.float32).div_(255.0)
+            # converted as contiguous [B, H, W, C] rows (torch's CPU conversion of a channels-last view
+            # takes its slow strided path), then seen as [B, C, H, W] in channels-last
+            return rows.to(torch.bfloat16 if bf16 else torch.float32).div_(255.0).permute(0, 3, 1, 2)
         if x.dtype == torch.uint8:
             return x.reshape(x.shape[0], -1).float().div_(255.0)
         x = x.reshape(x.shape[0], -1).float()
