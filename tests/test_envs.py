@@ -76,9 +76,10 @@ def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_
     roles.close()
 
 
-def test_envpool_next_step_reset_is_never_trained_on(tmp_path, shm_dir):
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])  # EnvPool's, and Gymnasium's vectorized CartPole
+def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
     plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--rollout", "64", "--batch_size", "256",
-                       "--num_batches_per_epoch", "1")
+                       "--num_batches_per_epoch", "1", "--env_backend", backend)
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
@@ -199,7 +200,8 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
     assert summary["episodes"] > 100 and summary["learner_version"] >= 2
 
 
-@pytest.mark.parametrize("env, backend", [("CartPole-v1", "envpool"), ("Acrobot-v1", "gymnasium")])
+@pytest.mark.parametrize("env, backend", [("CartPole-v1", "envpool"), ("Acrobot-v1", "gymnasium"),
+                                          ("CartPole-v1", "gymnasium")])
 def test_any_integer_seed_works_on_every_backend(env, backend):
     spec = probe_env_spec(env, backend)
     for seed in (-5, 0, 2**31 - 1, 2**40, -(2**70)):
@@ -208,6 +210,17 @@ def test_any_integer_seed_works_on_every_backend(env, backend):
         np.testing.assert_array_equal(first.reset()["obs"], second.reset()["obs"])  # the seed decides
         first.close()
         second.close()
+
+
+def test_auto_prefers_gymnasiums_vectorized_implementation_then_envpool():
+    from sf_engine.envs.registry import resolve_backend
+
+    assert resolve_backend("CartPole-v1", "auto") == "gymnasium"  # one NumPy-vectorized env object
+    assert resolve_backend("CartPoleNoVel-v1", "auto") == "gymnasium"
+    assert resolve_backend("Acrobot-v1", "auto") == "envpool"  # Gymnasium steps it env by env
+    env = make_batch_env("CartPole-v1", "gymnasium", 5, seed=0, spec=probe_env_spec("CartPole-v1", "auto"))
+    assert type(env._env).__name__ == "CartPoleVectorEnv" and env.reset()["obs"].shape == (5, 4)
+    env.close()
 
 
 def test_a_run_takes_any_integer_seed(tmp_path, shm_dir):
@@ -238,7 +251,8 @@ def test_without_envpool_auto_plays_gymnasium_and_envpool_is_one_line_with_the_i
     assert read_json(tmp_path / "gym" / "config.json")["env"]["env_backend"] == "gymnasium"
     line = one_line_error(without_envpool("runner", "--experiment", "pool", "--env_backend", "envpool", *serial))
     assert "pip install envpool" in line and not (tmp_path / "pool").exists()
-    assert run(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--experiment", "pool", "--train_for_env_steps", "2000")) == 0
+    assert run(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--experiment", "pool", "--env_backend", "envpool",
+                           "--train_for_env_steps", "2000")) == 0
     assert read_json(tmp_path / "pool" / "config.json")["env"]["env_backend"] == "envpool"
     line = one_line_error(without_envpool("replay", "--experiment", "pool", "--num_episodes", "1"))
     assert "pip install envpool" in line
