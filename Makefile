@@ -10,8 +10,8 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch first, then the package without build isolation, so that setup.py sees torch and compiles
-# the recurrent core's loops (sf_engine/csrc) against it
-$(STAMP): pyproject.toml setup.py sf_engine/csrc/recurrent_loops.cpp
+# the kernels in sf_engine/csrc against it
+$(STAMP): pyproject.toml setup.py sf_engine/csrc/recurrent_loops.cpp sf_engine/csrc/cpu_kernels.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q torch==2.13.0
@@ -25,4 +25,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest tests -q $(ARGS)
 
 clean:
-	rm -rf $(VENV) train_dir *.egg-info build sf_engine/_recurrent_loops*.so
+	rm -rf $(VENV) train_dir *.egg-info build sf_engine/_recurrent_loops*.so sf_engine/_cpu_kernels*.so

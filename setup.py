@@ -5,10 +5,11 @@ import platform
 from setuptools import setup
 
 
-def compiled_loops() -> dict:
-    """The recurrent core's compiled loops (sf_engine/csrc), built when torch is importable here
-    (`pip install --no-build-isolation`, as the Makefile does) and a C++ compiler works; without them
-    sf_engine runs the same loops in Python (slower)."""
+def compiled_extensions() -> dict:
+    """The compiled kernels (sf_engine/csrc): the recurrent core's loops, and an MLP's forward and backward
+    and the discrete PPO loss on the CPU, built when torch is importable here (`pip install
+    --no-build-isolation`, as the Makefile does) and a C++ compiler works; without them sf_engine runs
+    the same maths as torch ops (slower)."""
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
@@ -22,13 +23,14 @@ def compiled_loops() -> dict:
     libc, version = platform.libc_ver()
     glibc = tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) if libc == "glibc" else ()
     vector_tanh = platform.machine() == "x86_64" and glibc >= (2, 35)  # glibc's libmvec has tanh
-    extension = CppExtension("sf_engine._recurrent_loops", ["sf_engine/csrc/recurrent_loops.cpp"],
-                             extra_compile_args=["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}",
-                                                 f"-DSF_VECTOR_TANH={int(vector_tanh)}"],
-                             extra_link_args=["-lmvec"] if vector_tanh else [], optional=True)
-    return {"ext_modules": [extension], "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
+    flags = ["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}", f"-DSF_VECTOR_TANH={int(vector_tanh)}"]
+    link = ["-lmvec"] if vector_tanh else []
+    extensions = [CppExtension(f"sf_engine.{name}", [f"sf_engine/csrc/{source}"], extra_compile_args=flags,
+                               extra_link_args=link, optional=True)
+                  for name, source in (("_recurrent_loops", "recurrent_loops.cpp"), ("_cpu_kernels", "cpu_kernels.cpp"))]
+    return {"ext_modules": extensions, "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
 
 
 # The metadata, dependencies, extras and console scripts are in pyproject.toml; this file adds the
 # compiled extension, which needs the installed torch at build time.
-setup(**compiled_loops())
+setup(**compiled_extensions())

@@ -11,8 +11,9 @@ import math
 import torch
 from torch import nn
 
+from sf_engine.distributions import ActionDistribution
 from sf_engine.envs.spec import is_image
-from sf_engine.ops import Tanh
+from sf_engine.ops import Tanh, mlp
 from sf_engine.recurrent import run_sequence
 
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
@@ -109,6 +110,11 @@ class ImpalaCNN(_ConvEncoder):
 
 
 class MLP(nn.Module):
+    """`layers` linear layers of `hidden_size` units, each followed by the activation, run by ops.mlp (one
+    compiled forward and backward on the CPU) rather than module by module: a module call costs several
+    us of Python, a large part of acting on a small batch. The parameters keep the nn.Sequential names
+    (net.0.weight, ...)."""
+
     def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str):
         super().__init__()
         modules, size = [], in_size
@@ -116,10 +122,12 @@ class MLP(nn.Module):
             modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), _ACTIVATIONS[activation]()]
             size = hidden_size
         self.net = nn.Sequential(*modules)
+        self.linears = [module for module in modules if isinstance(module, nn.Linear)]
+        self.activations = (activation,) * layers
         self.out_size = size
 
     def forward(self, x):
-        return self.net(x)
+        return mlp(x, self.linears, self.activations)
 
 
 def _channels_first(shape: tuple) -> bool:
@@ -155,6 +163,13 @@ class Encoder(nn.Module):
                     self.normalizers[key] = RunningMeanStd((int(math.prod(shape)),))
         self.out_size = sum(net.out_size for net in self.nets.values())
 
+    @property
+    def single_mlp(self):
+        """(key, MLP) when the encoder is one MLP over one vector observation, else None."""
+        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP):
+            return self.keys[0], self.nets[self.keys[0]]
+        return None
+
     def prepare(self, key: str, x: torch.Tensor) -> torch.Tensor:
         """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
         --bf16's autocast), vectors flattened and normalized."""
@@ -170,56 +185,10 @@ class Encoder(nn.Module):
         return self.normalizers[key].normalize(x) if key in self.normalizers else x
 
     def forward(self, obs: dict) -> torch.Tensor:
-        outs = [self.nets[key](self.prepare(key, obs[key])) for key in self.keys]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-
-
-class ActionDistribution:
-    """Categorical (per dimension for MultiDiscrete) or diagonal Gaussian with a learned log-std.
-    Parameters [B, P]: concatenated logits, or Gaussian means (log-std is a separate parameter)."""
-
-    def __init__(self, action_spec):
-        self.kind, self.nvec = action_spec.kind, list(action_spec.nvec)
-        self.num_params = sum(self.nvec) if self.kind != "continuous" else action_spec.shape[0]
-
-    def _split(self, params):
-        return params.split(self.nvec, dim=-1)
-
-    def sample(self, params, log_std=None):
-        """Returns actions ([B] int64, [B, K] int64, or [B, A] float32 unclipped) and log-probs [B]."""
-        if self.kind == "continuous":
-            std = log_std.exp()
-            actions = params + std * torch.randn_like(params)
-            return actions, self.log_prob_entropy(params, actions, log_std)[0]
-        chosen = []
-        for logits in self._split(params):
-            gumbel = torch.empty_like(logits).exponential_().log_().neg_()  # Gumbel-max sampling
-            chosen.append(torch.argmax(logits + gumbel, dim=-1))
-        actions = chosen[0] if self.kind == "discrete" else torch.stack(chosen, dim=-1)
-        return actions, self.log_prob_entropy(params, actions, with_entropy=False)[0]  # acting needs no entropy
-
-    def log_prob_entropy(self, params, actions, log_std=None, with_entropy: bool = True):
-        """Log-probabilities [B] of `actions` and entropies [B] (categorical: None without
-        `with_entropy`)."""
-        if self.kind == "continuous":
-            log_std = log_std.expand_as(params)
-            log_prob = -0.5 * ((actions - params) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-            entropy = 0.5 + 0.5 * math.log(2 * math.pi) + log_std
-            return log_prob.sum(-1), entropy.sum(-1)
-        columns = actions.unsqueeze(-1) if self.kind == "discrete" else actions
-        log_prob, entropy = 0.0, (0.0 if with_entropy else None)
-        for i, logits in enumerate(self._split(params)):
-            log_pi = torch.log_softmax(logits, dim=-1)
-            log_prob = log_prob + log_pi.gather(1, columns[:, i:i + 1]).squeeze(1)
-            if with_entropy:
-                entropy = entropy - (log_pi.exp() * log_pi).sum(-1)
-        return log_prob, entropy
-
-    def mode(self, params):
-        if self.kind == "continuous":
-            return params
-        best = [logits.argmax(-1) for logits in self._split(params)]
-        return best[0] if self.kind == "discrete" else torch.stack(best, dim=-1)
+        if len(self.keys) == 1:
+            key = self.keys[0]
+            return self.nets[key](self.prepare(key, obs[key]))
+        return torch.cat([self.nets[key](self.prepare(key, obs[key])) for key in self.keys], dim=1)
 
 
 class RecurrentCore(nn.Module):
@@ -281,6 +250,14 @@ class ActorCritic(nn.Module):
         self.value_head = _init(nn.Linear(size, 1), 1.0)
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
+        # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
+        # run as one MLP (one compiled call on the CPU, see ops.mlp); else None
+        self._stacks = None
+        if not self.recurrent and self.critic_encoder is not None and self.actor_encoder.single_mlp:
+            self._stacks = tuple((encoder, encoder.single_mlp[1].linears + [head],
+                                  encoder.single_mlp[1].activations + ("identity",))
+                                 for encoder, head in ((self.actor_encoder, self.policy_head),
+                                                       (self.critic_encoder, self.value_head)))
 
     @property
     def recurrent(self) -> bool:
@@ -291,11 +268,13 @@ class ActorCritic(nn.Module):
         return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
 
     def _features(self, obs: dict):
-        device = next(iter(obs.values())).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16):
+        if not self.bf16:
+            features = self.actor_encoder(obs)
+            return features, (features if self.critic_encoder is None else self.critic_encoder(obs))
+        with torch.autocast(next(iter(obs.values())).device.type, dtype=torch.bfloat16):
             features = self.actor_encoder(obs)
             critic = features if self.critic_encoder is None else self.critic_encoder(obs)
-        return (features.float(), critic.float()) if self.bf16 else (features, critic)
+        return features.float(), critic.float()
 
     def _cores(self, features, critic_features, state):
         """One step of the core(s): (actor out, critic out, new state)."""
@@ -310,6 +289,10 @@ class ActorCritic(nn.Module):
     def forward(self, obs: dict, state=None):
         """Distribution parameters [B, P] and normalized values [B]; with a core also the new state
         (`state`: [B, state_size], already zeroed where an episode starts)."""
+        if self._stacks is not None and not self.bf16:
+            params, values = (mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
+                              for encoder, linears, activations in self._stacks)
+            return params, values.squeeze(-1)
         features, critic_features = self._features(obs)
         if not self.recurrent:
             return self.policy_head(features), self.value_head(critic_features).squeeze(-1)
@@ -336,6 +319,9 @@ class ActorCritic(nn.Module):
     def values(self, obs: dict) -> torch.Tensor:
         """Feed-forward models only (a recurrent model's values come from forward with a state, or
         forward_sequence)."""
+        if self._stacks is not None and not self.bf16:
+            encoder, linears, activations = self._stacks[1]
+            return mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations).squeeze(-1)
         encoder = self.critic_encoder or self.actor_encoder
         return self.value_head(encoder(obs)).squeeze(-1)
 
@@ -365,7 +351,7 @@ class ActorCritic(nn.Module):
     def sample(self, obs: dict, state=None):
         """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
         a core; `state` [B, state_size] already zeroed where an episode starts)."""
-        params, values, new_state = self.outputs(obs, state)
+        params, values, new_state = self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
         actions, log_probs = self.distribution.sample(params, self.log_std)
         return actions, log_probs, self.denormalize_values(values), new_state
 

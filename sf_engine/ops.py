@@ -1,5 +1,9 @@
-"""Two CPU costs of training a small network, cut (perf/learner_step.py measures them):
+"""CPU costs of acting with and training a small network, cut (perf/learner_step.py measures them):
 
+- `mlp`: an MLP (linear layers, each followed by tanh, ReLU or nothing) as one compiled forward and
+  one compiled backward (sf_engine/csrc/cpu_kernels.cpp, built by setup.py) on CPU float32, instead of
+  an op and an autograd node per layer and activation; elsewhere (CUDA, other dtypes, autocast,
+  tracing for export, torch.compile, or without the build) the same layers as torch ops.
 - `Tanh`: torch's CPU tanh is not vectorized (about 2.6 ns per float32 on one core, the same with
   every ATEN_CPU_CAPABILITY), NumPy's is (about 0.4 ns); on the CPU the forward runs NumPy's and the
   backward torch's tanh_backward. Elsewhere (CUDA, other dtypes, tracing for export, torch.compile)
@@ -11,11 +15,76 @@
 """
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 _NUMPY_DTYPES = (torch.float32, torch.float64)
+_KERNELS_VERSION = 1  # cpu_kernels.cpp's version(): a build of another version is not used
+ACTIVATIONS = ("identity", "tanh", "relu")  # the kernels' activation codes are these indices
+
+
+def _load_kernels():
+    """The compiled CPU kernels as torch ops, or None when they were not built, do not load (built for
+    another torch), are of another version (rebuild: `make`) or have only a scalar tanh."""
+    spec = importlib.util.find_spec("sf_engine._cpu_kernels")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        torch.ops.load_library(spec.origin)
+        ops = torch.ops.sf_engine_cpu
+        return ops if ops.version() == _KERNELS_VERSION and ops.vector_tanh() else None
+    except (OSError, RuntimeError, AttributeError):
+        return None
+
+
+KERNELS = _load_kernels()
+
+
+class _CompiledMLP(torch.autograd.Function):
+    """The MLP as one autograd node: the forward keeps every layer's output, which the backward reads."""
+
+    @staticmethod
+    def forward(ctx, x, activations, *params):
+        num_layers = len(params) // 2
+        weights, biases = list(params[:num_layers]), list(params[num_layers:])
+        outputs = KERNELS.mlp_forward(x, weights, biases, activations, True)
+        ctx.save_for_backward(x, *outputs, *weights)
+        ctx.num_layers, ctx.activations = num_layers, activations
+        return outputs[-1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, num_layers = ctx.saved_tensors, ctx.num_layers
+        x, outputs, weights = saved[0], list(saved[1:1 + num_layers]), list(saved[1 + num_layers:])
+        grads = KERNELS.mlp_backward(grad, x, outputs, weights, ctx.activations, ctx.needs_input_grad[0])
+        return (grads[0] if ctx.needs_input_grad[0] else None, None, *grads[1:])
+
+
+def use_kernels(x: torch.Tensor) -> bool:
+    """Whether `mlp` runs the compiled kernels on x."""
+    return (KERNELS is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.shape[0] > 0 and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling())
+
+
+def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None) -> torch.Tensor:
+    """x [B, I] through each nn.Linear of `linears` followed by its activation (a name of ACTIVATIONS).
+    `kernels` forces the compiled kernels (True) or torch ops (False); None: the kernels where they run."""
+    if kernels if kernels is not None else use_kernels(x):
+        weights = [linear.weight.contiguous() for linear in linears]
+        biases = [linear.bias.contiguous() for linear in linears]
+        codes = [ACTIVATIONS.index(name) for name in activations]
+        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights + biases)):
+            return _CompiledMLP.apply(x, codes, *weights, *biases)
+        return KERNELS.mlp_forward(x, weights, biases, codes, False)[0]
+    for linear, name in zip(linears, activations):
+        x = F.linear(x, linear.weight, linear.bias)
+        x = tanh(x) if name == "tanh" else torch.relu(x) if name == "relu" else x
+    return x
 
 
 class _NumpyTanh(torch.autograd.Function):

@@ -1,5 +1,6 @@
-"""The CPU fast paths of training: NumPy's tanh with torch's backward, and Adam with gradient clipping
-over one flat vector, against torch's own (and an optimizer state saved per tensor resumes)."""
+"""The CPU fast paths of acting and training: the compiled MLP, NumPy's tanh with torch's backward, and
+Adam with gradient clipping over one flat vector, against torch's own (and an optimizer state saved per
+tensor resumes)."""
 import copy
 import os
 import subprocess
@@ -9,8 +10,70 @@ import pytest
 import torch
 from torch import nn
 
+from sf_engine import ops
 from sf_engine.ops import FlatAdam, Tanh
 from sf_engine.weights import flatten_state
+
+needs_kernels = pytest.mark.skipif(ops.KERNELS is None, reason="the compiled CPU kernels are not built")
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", [1, 127, 128, 1000])
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activation):
+    """Whole batches of rows (128 at a time in the kernel) and remainders; hidden layers, then a head
+    without activation; the gradient of the input too."""
+    torch.manual_seed(batch)
+    linears = [nn.Linear(5, 64), nn.Linear(64, 32), nn.Linear(32, 3)]
+    activations = (activation, activation, "identity")
+    params = [p for linear in linears for p in linear.parameters()]
+    x = (torch.randn(batch, 5) * 2).requires_grad_()
+    compiled = ops.mlp(x, linears, activations, kernels=True)
+    assert type(compiled.grad_fn).__name__ == "_CompiledMLPBackward"  # the kernels ran
+    reference = ops.mlp(x, linears, activations, kernels=False)
+    torch.testing.assert_close(compiled, reference)
+    grad = torch.randn_like(compiled)
+    for got, expected in zip(torch.autograd.grad(compiled, [x] + params, grad),
+                             torch.autograd.grad(reference, [x] + params, grad)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    with torch.inference_mode():  # as the policy worker acts: the forward only, nothing kept
+        torch.testing.assert_close(ops.mlp(x.detach(), linears, activations), reference.detach())
+
+
+def test_actor_critic_stacks_match_its_modules():
+    """Separate MLP encoders over one vector: each encoder and its head run as one MLP (ops.mlp)."""
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.plan import build_plan
+
+    cfg = build_plan(["--mode", "serial", "--restart", "--num_workers", "1", "--num_envs_per_worker", "8"]).cfg
+    spec = EnvSpec(obs=(("obs", (4,), "float32"),), action=ActionSpec("discrete", nvec=(3,)), family="classic")
+    model = ActorCritic(spec, resolve_model_config(cfg.model, spec))
+    assert model._stacks is not None
+    obs = {"obs": torch.randn(300, 4)}
+    params, values = model(obs)
+    torch.testing.assert_close(params, model.policy_head(model.actor_encoder(obs)))
+    torch.testing.assert_close(values, model.value_head(model.critic_encoder(obs)).squeeze(-1))
+    torch.testing.assert_close(model.values(obs), values)
+
+
+def test_mlp_runs_torch_ops_where_the_kernels_do_not():
+    linears = [nn.Linear(4, 8)]
+    x = torch.randn(3, 4)
+    assert not ops.use_kernels(x.double()) and not ops.use_kernels(torch.zeros(0, 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # --bf16: autocast's own matrix products
+        assert not ops.use_kernels(x)
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = linears[0]
+
+        def forward(self, x):
+            return ops.mlp(x, [self.linear], ("tanh",))
+
+    traced = torch.jit.trace(Net(), x)  # export traces torch ops
+    assert "aten::linear" in str(traced.graph) and "sf_engine_cpu" not in str(traced.graph)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from sf_engine import ppo
+from sf_engine import ops, ppo
 from sf_engine.envs import ActionSpec
-from sf_engine.model import ActionDistribution
+from sf_engine.distributions import ActionDistribution
 
 
 def random_rollout(seed, num_steps=17, num_traj=9):
@@ -130,10 +130,13 @@ def test_ppo_losses_hand_computed():
 
 
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
-def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff):
-    """The hand-written loss node against autograd through log_softmax and ppo_losses: the loss, the
-    stats and the gradients, with ratios inside and outside the clip range, ties (ratio 1) and zero
-    advantages."""
+@pytest.mark.parametrize("kernels", [True, False])
+def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, kernels):
+    """The hand-written loss node (the compiled kernel, and the torch ops that run without it) against
+    autograd through log_softmax and ppo_losses: the loss, the stats and the gradients, with ratios
+    inside and outside the clip range, ties (ratio 1) and zero advantages."""
+    if kernels and ops.KERNELS is None:
+        pytest.skip("the compiled CPU kernels are not built")
     torch.manual_seed(0)
     logits = (torch.randn(512, 5) * 2).requires_grad_()
     values = torch.randn(512).requires_grad_()
@@ -143,7 +146,8 @@ def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff):
     old[:64] = log_pi[:64]  # ratio exactly 1
     advantages, returns = torch.randn(512), torch.randn(512)
     advantages[64:96] = 0.0
-    loss, stats = ppo.DiscretePPOLoss.apply(logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff)
+    loss, stats = ppo.DiscretePPOLoss.apply(logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff,
+                                            kernels)
     fused_grads = torch.autograd.grad(loss, [logits, values])
     reference_log_pi = torch.log_softmax(logits, -1)
     entropy = -(reference_log_pi.exp() * reference_log_pi).sum(-1)
@@ -196,3 +200,16 @@ def test_gaussian_log_prob_and_entropy_match_torch_distributions():
     torch.testing.assert_close(log_probs, reference.log_prob(actions).sum(-1))
     torch.testing.assert_close(dist.log_prob_entropy(means, actions, log_std)[1], reference.entropy().sum(-1))
     assert (actions.abs() > 1).any()  # the trained-on sample is not clipped (the env gets it clipped)
+
+
+def test_backward_recursion_numpy_and_torch_ways_agree():
+    """GAE's and V-trace's recursion runs in NumPy on the CPU and as torch ops elsewhere (CUDA)."""
+    torch.manual_seed(0)
+    delta, carry, valid = torch.randn(17, 9), torch.rand(17, 9), (torch.rand(17, 9) > 0.1).float()
+    by_numpy = ppo.backward_recursion(delta, carry, valid, numpy=True)
+    torch.testing.assert_close(by_numpy, ppo.backward_recursion(delta, carry, valid, numpy=False))
+    expected, last = np.zeros((17, 9), np.float32), np.zeros(9, np.float32)
+    for t in reversed(range(17)):
+        last = (delta[t].numpy() + carry[t].numpy() * last) * valid[t].numpy()
+        expected[t] = last
+    np.testing.assert_allclose(by_numpy.numpy(), expected, rtol=1e-6)

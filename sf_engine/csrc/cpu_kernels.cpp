@@ -1,0 +1,287 @@
+// CPU float32 kernels of acting with and training a small network, each one call where torch runs an
+// op (and an autograd node) per layer and per step of the maths; sf_engine/ops.py loads them:
+// - mlp_forward / mlp_backward: a whole MLP (linear layers, each followed by tanh, ReLU or nothing);
+// - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients.
+//
+// Why: on a small MLP (CartPole's 64 x 64) each op is a few us of dispatch and a fresh tensor the
+// next op reads back from memory; the matrix products here go through torch's brgemm (oneDNN's
+// small-matrix kernel, JIT-compiled for the CPU: about 54 GMAC/s per core on the machine in
+// docs/performance.md, where torch's mm runs MKL's AVX2 kernels at 35-47), and the bias, activation
+// and gradient passes are fused loops over rows still in cache (rows are taken ROWS at a time
+// through every layer).
+// - tanh: glibc's vector tanh (libmvec, within 4 ulp) when setup.py finds it (SF_VECTOR_TANH), every
+//   pass built for AVX-512, AVX2 and SSE and picked at load time (target_clones); else std::tanh.
+// - Shapes: x [B, I] (made contiguous), weight l [O_l, I_l] as nn.Linear keeps it, bias l [O_l].
+//   The forward returns every layer's output ([B, O_l], the last is the MLP's), which the backward
+//   needs; the backward returns the gradient of x (or an empty tensor), then of each weight, then of
+//   each bias. Every op checks shapes, dtypes and devices: the loops read raw memory.
+#include <ATen/ATen.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if SF_VECTOR_TANH && defined(__GNUC__) && !defined(__clang__)
+extern "C" {
+__attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
+}
+#define SF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define SF_VECTORIZED 1
+#else
+#define SF_CLONES
+#define SF_VECTORIZED 0
+#endif
+
+namespace {
+
+using at::Tensor;
+using i64 = int64_t;
+
+constexpr i64 ROWS = 128;  // rows taken through every layer at a time (their activations stay in cache)
+enum Activation : i64 { IDENTITY = 0, TANH = 1, RELU = 2 };
+
+// Row-major c [m, n] (row stride ldc) = a [m, k] (lda) @ b [k, n] (ldb), added to c if `add`.
+void matmul(i64 m, i64 n, i64 k, const float* a, i64 lda, const float* b, i64 ldb, bool add, float* c, i64 ldc) {
+#ifdef CPUBLAS_BRGEMM_F32F32F32
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
+#else
+  auto options = at::TensorOptions().dtype(at::kFloat);
+  Tensor ta = at::from_blob(const_cast<float*>(a), {m, k}, {lda, 1}, options);
+  Tensor tb = at::from_blob(const_cast<float*>(b), {k, n}, {ldb, 1}, options);
+  Tensor tc = at::from_blob(c, {m, n}, {ldc, 1}, options);
+  if (add)
+    tc.add_(at::mm(ta, tb));
+  else
+    at::mm_out(tc, ta, tb);
+#endif
+}
+
+// y [rows, n] = act(y + bias)
+SF_CLONES void bias_activation(i64 rows, i64 n, float* __restrict__ y, const float* __restrict__ bias, i64 act) {
+  for (i64 r = 0; r < rows; ++r) {
+    float* y_r = y + r * n;
+    if (act == TANH) {
+      for (i64 j = 0; j < n; ++j) y_r[j] = tanhf(y_r[j] + bias[j]);
+    } else if (act == RELU) {
+      for (i64 j = 0; j < n; ++j) y_r[j] = std::max(y_r[j] + bias[j], 0.0f);
+    } else {
+      for (i64 j = 0; j < n; ++j) y_r[j] += bias[j];
+    }
+  }
+}
+
+// g [rows, n] *= act'(y) (y: the layer's output), its column sums added to grad_bias, and g
+// transposed into g_t [n, rows] (the left factor of the weight gradient's product).
+SF_CLONES void activation_grad(i64 rows, i64 n, float* __restrict__ g, const float* __restrict__ y,
+                               float* __restrict__ grad_bias, float* __restrict__ g_t, i64 act) {
+  for (i64 r = 0; r < rows; ++r) {
+    float* g_r = g + r * n;
+    const float* y_r = y + r * n;
+    if (act == TANH) {
+      for (i64 j = 0; j < n; ++j) g_r[j] *= 1.0f - y_r[j] * y_r[j];
+    } else if (act == RELU) {
+      for (i64 j = 0; j < n; ++j) g_r[j] = y_r[j] > 0.0f ? g_r[j] : 0.0f;
+    }
+    for (i64 j = 0; j < n; ++j) grad_bias[j] += g_r[j];
+  }
+  for (i64 j = 0; j < n; ++j)
+    for (i64 r = 0; r < rows; ++r) g_t[j * rows + r] = g[r * n + j];
+}
+
+bool vector_tanh() { return SF_VECTORIZED; }
+
+// Bumped with every change of the ops' signatures or outputs: ops.py loads only this one.
+int64_t version() { return 1; }
+
+void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<int64_t>& activations) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mlp: x must be [B, I] CPU float32");
+  TORCH_CHECK(!weights.empty() && weights.size() == activations.size(), "mlp: one weight and activation per layer");
+  i64 in = x.size(1);
+  for (size_t l = 0; l < weights.size(); ++l) {
+    const Tensor& w = weights[l];
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == in && w.is_contiguous() && w.scalar_type() == at::kFloat &&
+                    w.device().is_cpu(), "mlp: weight ", l, " must be a contiguous CPU float32 [O, ", in, "]");
+    TORCH_CHECK(activations[l] >= IDENTITY && activations[l] <= RELU, "mlp: unknown activation ", activations[l]);
+    in = w.size(0);
+  }
+}
+
+// Every layer's output (keep_all) or only the last one.
+std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases,
+                                std::vector<int64_t> activations, bool keep_all) {
+  check_layers(x, weights, activations);
+  TORCH_CHECK(biases.size() == weights.size(), "mlp: one bias per layer");
+  for (size_t l = 0; l < biases.size(); ++l)
+    TORCH_CHECK(biases[l].dim() == 1 && biases[l].size(0) == weights[l].size(0) && biases[l].is_contiguous() &&
+                    biases[l].scalar_type() == at::kFloat && biases[l].device().is_cpu(),
+                "mlp: bias ", l, " must be a contiguous CPU float32 [", weights[l].size(0), "]");
+  x = x.contiguous();
+  const i64 batch = x.size(0), layers = weights.size();
+  std::vector<Tensor> weights_t, outputs;
+  for (const Tensor& w : weights) weights_t.push_back(w.t().contiguous());  // [I, O]: b of c = a b
+  for (i64 l = 0; l < layers; ++l)
+    if (keep_all || l == layers - 1) outputs.push_back(at::empty({batch, weights[l].size(0)}, x.options()));
+  i64 widest = 0;
+  for (const Tensor& w : weights) widest = std::max(widest, w.size(0));
+  std::vector<float> scratch(keep_all ? 0 : 2 * ROWS * widest);  // the hidden rows, when not kept
+  for (i64 r0 = 0; r0 < batch; r0 += ROWS) {
+    const i64 rows = std::min(ROWS, batch - r0);
+    const float* in = x.data_ptr<float>() + r0 * x.size(1);
+    i64 in_size = x.size(1);
+    for (i64 l = 0; l < layers; ++l) {
+      const i64 n = weights[l].size(0);
+      float* out = (keep_all || l == layers - 1) ? outputs[keep_all ? l : 0].data_ptr<float>() + r0 * n
+                                                 : scratch.data() + (l % 2) * ROWS * widest;
+      matmul(rows, n, in_size, in, in_size, weights_t[l].data_ptr<float>(), n, false, out, n);
+      bias_activation(rows, n, out, biases[l].data_ptr<float>(), activations[l]);
+      in = out;
+      in_size = n;
+    }
+  }
+  return outputs;
+}
+
+std::vector<Tensor> mlp_backward(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
+                                 std::vector<int64_t> activations, bool need_grad_x) {
+  check_layers(x, weights, activations);
+  const i64 batch = x.size(0), layers = weights.size();
+  TORCH_CHECK((i64)outputs.size() == layers, "mlp_backward: one output per layer");
+  for (i64 l = 0; l < layers; ++l)
+    TORCH_CHECK(outputs[l].is_contiguous() && outputs[l].size(0) == batch && outputs[l].size(1) == weights[l].size(0),
+                "mlp_backward: output ", l, " must be a contiguous [B, O]");
+  TORCH_CHECK(grad_out.sizes() == outputs.back().sizes(), "mlp_backward: grad_out must be shaped as the output");
+  x = x.contiguous();
+  grad_out = grad_out.contiguous();
+  std::vector<Tensor> grad_weights, grad_biases;
+  for (const Tensor& w : weights) {
+    grad_weights.push_back(at::zeros_like(w));
+    grad_biases.push_back(at::zeros({w.size(0)}, w.options()));
+  }
+  Tensor grad_x = need_grad_x ? at::empty_like(x) : at::empty({0}, x.options());
+  i64 widest = x.size(1);
+  for (const Tensor& w : weights) widest = std::max(widest, w.size(0));
+  std::vector<float> g(ROWS * widest), g_next(ROWS * widest), g_t(ROWS * widest);
+  for (i64 r0 = 0; r0 < batch; r0 += ROWS) {
+    const i64 rows = std::min(ROWS, batch - r0);
+    i64 n = weights[layers - 1].size(0);
+    std::copy(grad_out.data_ptr<float>() + r0 * n, grad_out.data_ptr<float>() + (r0 + rows) * n, g.begin());
+    for (i64 l = layers - 1; l >= 0; --l) {  // g: the gradient of layer l's output, rows r0..
+      const i64 in_size = weights[l].size(1);
+      activation_grad(rows, n, g.data(), outputs[l].data_ptr<float>() + r0 * n, grad_biases[l].data_ptr<float>(),
+                      g_t.data(), activations[l]);
+      const float* layer_in = (l > 0 ? outputs[l - 1].data_ptr<float>() : x.data_ptr<float>()) + r0 * in_size;
+      matmul(n, in_size, rows, g_t.data(), rows, layer_in, in_size, true, grad_weights[l].data_ptr<float>(), in_size);
+      if (l > 0) {
+        matmul(rows, in_size, n, g.data(), n, weights[l].data_ptr<float>(), in_size, false, g_next.data(), in_size);
+        std::swap(g, g_next);
+      } else if (need_grad_x) {
+        matmul(rows, in_size, n, g.data(), n, weights[0].data_ptr<float>(), in_size, false,
+               grad_x.data_ptr<float>() + r0 * in_size, in_size);
+      }
+      n = in_size;
+    }
+  }
+  std::vector<Tensor> grads{grad_x};
+  grads.insert(grads.end(), grad_weights.begin(), grad_weights.end());
+  grads.insert(grads.end(), grad_biases.begin(), grad_biases.end());
+  return grads;
+}
+
+// The clipped PPO loss of categorical actions over a minibatch, with its gradients (those of the loss
+// itself: the caller scales them by the incoming gradient). logits [B, n], values, old_log_probs,
+// advantages, returns [B] float32; actions [B] int64 in [0, n). Returns the loss [], the stats [5]
+// (policy loss, value loss, mean entropy, approx KL, clip fraction), d loss / d logits [B, n] and
+// d loss / d values [B]: ppo.DiscretePPOLoss's maths (tests/test_ppo.py checks them against autograd).
+std::vector<Tensor> ppo_discrete_loss(Tensor logits, Tensor values, Tensor actions, Tensor old_log_probs,
+                                      Tensor advantages, Tensor returns, double clip_ratio, double value_loss_coeff,
+                                      double entropy_coeff) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
+              "ppo_discrete_loss: logits must be [B, n] CPU float32");
+  const i64 batch = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(batch > 0, "ppo_discrete_loss: an empty minibatch");
+  for (const Tensor* t : {&values, &old_log_probs, &advantages, &returns})
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kFloat && t->device().is_cpu(),
+                "ppo_discrete_loss: values, log-probs, advantages and returns must be [B] CPU float32");
+  TORCH_CHECK(actions.dim() == 1 && actions.size(0) == batch && actions.scalar_type() == at::kLong,
+              "ppo_discrete_loss: actions must be [B] int64");
+  logits = logits.contiguous();
+  values = values.contiguous();
+  actions = actions.contiguous();
+  old_log_probs = old_log_probs.contiguous();
+  advantages = advantages.contiguous();
+  returns = returns.contiguous();
+  Tensor grad_logits = at::empty_like(logits), grad_values = at::empty_like(values);
+  const float* lg = logits.data_ptr<float>();
+  const int64_t* act = actions.data_ptr<int64_t>();
+  float* gl = grad_logits.data_ptr<float>();
+  const float scale = 1.0f / float(batch), low = 1.0f - float(clip_ratio), high = 1.0f + float(clip_ratio);
+  double policy_sum = 0, value_sum = 0, entropy_sum = 0, kl_sum = 0, clipped_count = 0;
+  std::vector<float> log_pi(n);
+  for (i64 b = 0; b < batch; ++b) {
+    const float* l = lg + b * n;
+    const int64_t a = act[b];
+    TORCH_CHECK(a >= 0 && a < n, "ppo_discrete_loss: action ", a, " outside [0, ", n, ")");
+    float top = l[0];
+    for (i64 j = 1; j < n; ++j) top = std::max(top, l[j]);
+    float total = 0;
+    for (i64 j = 0; j < n; ++j) total += std::exp(l[j] - top);
+    const float log_total = top + std::log(total);
+    float entropy = 0;
+    for (i64 j = 0; j < n; ++j) {
+      log_pi[j] = l[j] - log_total;
+      entropy -= std::exp(log_pi[j]) * log_pi[j];
+    }
+    const float log_ratio = log_pi[a] - old_log_probs.data_ptr<float>()[b];
+    const float ratio = std::exp(log_ratio), advantage = advantages.data_ptr<float>()[b];
+    const float unclipped = ratio * advantage, clipped = std::min(std::max(ratio, low), high) * advantage;
+    const bool unclipped_taken = unclipped <= clipped;  // the minimum's gradient flows through it (ties too)
+    policy_sum += unclipped_taken ? unclipped : clipped;
+    entropy_sum += entropy;
+    const float error = values.data_ptr<float>()[b] - returns.data_ptr<float>()[b];
+    value_sum += double(error) * error;
+    kl_sum += (ratio - 1.0f) - log_ratio;
+    clipped_count += std::abs(ratio - 1.0f) > float(clip_ratio);
+    // d loss / d log pi(a) = -scale ratio A where the unclipped term is taken; d log pi(a) / d logits =
+    // onehot(a) - pi; d entropy / d logits = -pi (log pi + entropy)
+    const float d_log_prob = unclipped_taken ? -scale * unclipped : 0.0f;
+    float* g = gl + b * n;
+    for (i64 j = 0; j < n; ++j) {
+      const float pi = std::exp(log_pi[j]);
+      g[j] = -pi * d_log_prob + float(scale * entropy_coeff) * pi * (log_pi[j] + entropy);
+    }
+    g[a] += d_log_prob;
+    grad_values.data_ptr<float>()[b] = float(scale * value_loss_coeff) * error;
+  }
+  const double policy_loss = -policy_sum / batch, value_loss = 0.5 * value_sum / batch, entropy_mean = entropy_sum / batch;
+  Tensor stats = at::empty({5}, logits.options());
+  float* st = stats.data_ptr<float>();
+  st[0] = float(policy_loss);
+  st[1] = float(value_loss);
+  st[2] = float(entropy_mean);
+  st[3] = float(kl_sum / batch);
+  st[4] = float(clipped_count / batch);
+  Tensor loss = at::scalar_tensor(policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy_mean,
+                                  logits.options());
+  return {loss, stats, grad_logits, grad_values};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sf_engine_cpu, m) {
+  m.def("vector_tanh() -> bool", vector_tanh);
+  m.def("version() -> int", version);
+  m.def("mlp_forward(Tensor x, Tensor[] weights, Tensor[] biases, int[] activations, bool keep_all) -> Tensor[]");
+  m.def("mlp_backward(Tensor grad_out, Tensor x, Tensor[] outputs, Tensor[] weights, int[] activations, "
+        "bool need_grad_x) -> Tensor[]");
+  m.def("ppo_discrete_loss(Tensor logits, Tensor values, Tensor actions, Tensor old_log_probs, Tensor advantages, "
+        "Tensor returns, float clip_ratio, float value_loss_coeff, float entropy_coeff) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(sf_engine_cpu, CPU, m) {
+  m.impl("mlp_forward", mlp_forward);
+  m.impl("mlp_backward", mlp_backward);
+  m.impl("ppo_discrete_loss", ppo_discrete_loss);
+}
