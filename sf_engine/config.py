@@ -148,6 +148,11 @@ class RunConfig:
     eval_max_steps: int = _f(100_000, "Upper bound on the env steps of one evaluation.")
     sampling_only: bool = _f(False, "Measure the sampler alone: the learner hands slots straight back without "
                                     "training (the policy stays at its initial or resumed weights).")
+    cpu_affinity: str = _f("auto", "Pin processes to cores. 'learner': a learner that trains on the CPU gets "
+                                   "--learner_threads cores of its own and every other process the rest, so "
+                                   "sampling never preempts it; 'off': the OS places every process; 'auto': "
+                                   "'learner' when training on the CPU with cores to spare, else 'off'.",
+                           choices=("auto", "learner", "off"))
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
     stuck_timeout_sec: float = _f(60.0, "A process whose heartbeat stops this long is stuck (a hung env, say): "
                                         "a rollout or policy worker is restarted, a stuck learner stops the run.")

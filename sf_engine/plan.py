@@ -100,6 +100,10 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
         model=resolve_model_config(cfg.model, spec),
         learner=dataclasses.replace(cfg.learner, recurrence=cfg.sampler.rollout if recurrence == "auto" else recurrence),
         run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)))
+    if cfg.run.cpu_affinity == "auto":  # a CPU learner with cores to spare gets its own (process.pin_to_cores)
+        learner_cores = (cfg.run.device == "cpu" and cfg.run.mode != "serial" and not cfg.run.sampling_only
+                         and usable_cores() > cfg.learner.learner_threads)
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off"))
     sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
     notes = [f"auto sizing: {line}" for line in lines]
     if cfg.learner.learner_threads > usable_cores():

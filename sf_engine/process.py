@@ -10,6 +10,7 @@ the rest of what the plumbing needs to know of it. `run_role` is the process tar
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import sys
@@ -110,6 +111,18 @@ def set_torch_threads(role: str, cfg) -> None:
         keep_freed_memory()
 
 
+def pin_to_cores(role: str, cfg) -> None:
+    """--cpu_affinity learner: the learner runs on the last --learner_threads of the usable cores, every
+    other process on the rest, so that the sampler's processes never preempt the learner (and never
+    evict its working set from the core's caches) while it trains."""
+    if cfg.run.cpu_affinity != "learner":
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    threads = cfg.learner.learner_threads
+    if len(cores) > threads:
+        os.sched_setaffinity(0, cores[-threads:] if role == "learner" else cores[:-threads])
+
+
 def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     """Process target of every role: set-up, then `step` until the run stops or the main process is
     gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
@@ -120,6 +133,7 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     for name, make_env in plan.registered_envs.items():
         register_env(name, make_env)
     set_torch_threads(role, plan.cfg)
+    pin_to_cores(role, plan.cfg)
     buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
     ctx = RoleContext(plan, role, index, buffers, queues, generation)
     ctx.beat()

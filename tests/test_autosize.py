@@ -69,3 +69,30 @@ def test_auto_sizing_builds_no_more_envs_than_memory_allows():
     assert fit_memory(16, 64, 2, Costs(1e-4, 1e-4, 1e-6, 1e-6, env_bytes=2**10), 4 * gib, allowed) == (2, 64)
     light = Costs(1e-6, 1e-6, 1e-6, 1e-6, env_bytes=2**10)
     assert fit_memory(2, 128, 2, light, 8 * gib, allowed + [128]) == (2, 128)  # nothing to lower
+
+
+def test_cpu_affinity_auto_gives_a_cpu_learner_its_own_core_when_there_is_one_to_spare():
+    def affinity(*flags):
+        return build_plan(["--restart", "--num_workers", "1", "--num_envs_per_worker", "8", *flags]).cfg.run.cpu_affinity
+
+    spare = os.cpu_count() > 1
+    assert affinity("--device", "cpu") == ("learner" if spare else "off")
+    assert affinity("--device", "cpu", "--mode", "serial") == "off"  # one process
+    assert affinity("--device", "cpu", "--sampling_only", "true") == "off"  # no training: the sampler takes every core
+    assert affinity("--device", "cpu", "--learner_threads", str(os.cpu_count())) == "off"  # no core left over
+    assert affinity("--device", "cpu", "--cpu_affinity", "off") == "off"
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="needs two cores")
+def test_pinned_learner_and_sampler_share_no_core():
+    import subprocess
+
+    code = ("import os, sys; from sf_engine.plan import build_plan; from sf_engine.process import pin_to_cores; "
+            "cfg = build_plan(['--restart', '--cpu_affinity', 'learner', '--num_workers', '1', "
+            "'--num_envs_per_worker', '8']).cfg; pin_to_cores(sys.argv[1], cfg); print(sorted(os.sched_getaffinity(0)))")
+    cores = {role: subprocess.run([sys.executable, "-c", code, role], capture_output=True, text=True, check=True,
+                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
+             for role in ("learner", "policy_worker", "rollout_worker")}
+    everything = sorted(os.sched_getaffinity(0))
+    assert cores["learner"] == str(everything[-1:])  # --learner_threads 1: the last core
+    assert cores["policy_worker"] == cores["rollout_worker"] == str(everything[:-1])
