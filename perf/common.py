@@ -12,11 +12,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train(flags: list, timeout_sec: float, repo: str = REPO) -> dict:
-    """Run `train.py flags` of the checkout `repo` in a new process (start-up included, as a user sees
-    it) in a temporary train_dir; returns its summary.json plus `launch_to_exit_sec`."""
+def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable) -> dict:
+    """Run `train.py flags` of the checkout `repo` with `python` in a new process (start-up included, as a
+    user sees it) in a temporary train_dir; returns its summary.json plus `launch_to_exit_sec`."""
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
-        cmd = [sys.executable, os.path.join(repo, "train.py"), "--train_dir", train_dir,
+        cmd = [python, os.path.join(repo, "train.py"), "--train_dir", train_dir,
                "--experiment", "perf", "--status_every_sec", "1000"] + flags
         start = time.monotonic()
         env = {**os.environ, "PYTHONPATH": repo}  # that checkout's sf_engine, in every process of the run

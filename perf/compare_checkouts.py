@@ -7,8 +7,11 @@ CartPole-v1 measurements on both, interleaved, and prints the ratios this / othe
 Per round and checkout (the order alternates between rounds): on CartPole-v1 a training run until the
 mean return of the last 100 episodes reaches 475 (time from launch), a training run of --seconds (env
 steps/s, median of 2-s windows), and a sampling-only run of --seconds; on another env the training run
-alone (env steps/s over the run after warm-up: a slow learner hands slots back in bursts). --this_flags go to this checkout's runs only. Both checkouts run with this Python (the other
-checkout's compiled recurrent loops are not needed for feed-forward runs). One JSON line last.
+alone (env steps/s over the run after warm-up: a slow learner hands slots back in bursts). --this_flags
+go to this checkout's runs only. The other checkout runs with --other_python, by default this Python:
+give it the Python of a virtual environment where the other checkout is installed (`pip install
+--no-build-isolation -e OTHER`) so that it runs with its own compiled kernels and env registry (an
+editable install maps sf_engine.envs to its own checkout's envs/). One JSON line last.
 """
 from __future__ import annotations
 
@@ -22,15 +25,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, median_windows, run_train  # noqa: E402
 
 
-def measure(repo: str, seconds: float, env: str, flags: list) -> dict:
+def measure(repo: str, python: str, seconds: float, env: str, flags: list) -> dict:
     flags = ["--env", env] + flags
     train = run_train(flags + ["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)],
-                      seconds + 180, repo)
+                      seconds + 180, repo, python)
     if env != "CartPole-v1":  # a slow learner hands slots back in bursts: the whole run's rate after warm-up
         return {"train_env_steps_per_sec": train["env_steps_per_sec"], "train_bottleneck": train["bottleneck"]}
     out = {"train_env_steps_per_sec": median_windows([train]), "train_bottleneck": train["bottleneck"]}
-    solve = run_train(flags + ["--stop_at_return", "475", "--train_for_seconds", "120"], 240, repo)
-    sample = run_train(flags + ["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo)
+    solve = run_train(flags + ["--stop_at_return", "475", "--train_for_seconds", "120"], 240, repo, python)
+    sample = run_train(flags + ["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo,
+                       python)
     return {**out, "solve_sec_from_launch": solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None,
             "sampling_env_steps_per_sec": median_windows([sample])}
 
@@ -42,6 +46,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each throughput run")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--this_flags", default="", help="train.py flags for this checkout's runs only")
+    parser.add_argument("--other_python", default=sys.executable,
+                        help="Python of a virtual environment where the other checkout is installed")
     args = parser.parse_args()
     other = os.path.abspath(args.other)
     if not os.path.isfile(os.path.join(other, "train.py")):
@@ -50,9 +56,9 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1 (got {args.rounds})")
     runs = {"this": [], "other": []}
     for round_index in range(args.rounds):
-        order = [("this", REPO, args.this_flags.split()), ("other", other, [])]
-        for name, repo, flags in (order if round_index % 2 == 0 else order[::-1]):
-            runs[name].append(measure(repo, args.seconds, args.env, flags))
+        order = [("this", REPO, sys.executable, args.this_flags.split()), ("other", other, args.other_python, [])]
+        for name, repo, python, flags in (order if round_index % 2 == 0 else order[::-1]):
+            runs[name].append(measure(repo, python, args.seconds, args.env, flags))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
     out = {"bench": "compare_checkouts", "env": args.env, "other": other, "rounds": args.rounds,
            "this_flags": args.this_flags}

@@ -202,7 +202,25 @@ class Learner:
             return (params, values, take(samples["actions"]), take(samples["log_probs"]), take(samples["advantages"]),
                     take(samples["returns"]))
 
-        return self._optimize(samples["log_probs"].numel(), minibatch_outputs)
+        if not self.model.direct_gradients(samples["obs"]):
+            return self._optimize(samples["log_probs"].numel(), self._autograd_gradients(minibatch_outputs))
+        lcfg = self.lcfg
+
+        def direct(minibatch):  # CartPole's model on the CPU: compiled forward, loss and backward, no autograd
+            if minibatch.numel() < 2:
+                return None
+            take = lambda x: x.index_select(0, minibatch)  # noqa: E731
+            actions, old_log_probs = take(samples["actions"]), take(samples["log_probs"])
+            advantages = ppo.normalize(take(samples["advantages"]))
+            returns = self.model.normalize_returns(take(samples["returns"]))
+            self.optimizer.zero_grad()
+            return self.model.loss_gradients(
+                {key: take(obs) for key, obs in samples["obs"].items()},
+                lambda logits, values: ppo.discrete_loss_and_grads(
+                    logits, values, actions, old_log_probs, advantages, returns, lcfg.ppo_clip_ratio,
+                    lcfg.value_loss_coeff, lcfg.entropy_coeff)[1:])
+
+        return self._optimize(samples["log_probs"].numel(), direct)
 
     def _ppo_epochs_recurrent(self, seq: dict) -> dict:
         """Recurrent: minibatches of whole sequences (every field [R, M, ...], M sequences; `states`
@@ -218,12 +236,26 @@ class Learner:
             return (params[kept], values[kept], pick(seq["actions"]), pick(seq["log_probs"]), pick(seq["advantages"]),
                     pick(seq["returns"]))
 
-        return self._optimize(seq["keep"].shape[1], minibatch_outputs)
+        return self._optimize(seq["keep"].shape[1], self._autograd_gradients(minibatch_outputs))
 
-    def _optimize(self, num_units: int, minibatch_outputs) -> dict:
+    def _autograd_gradients(self, minibatch_outputs):
+        """gradients(indices) for _optimize, through autograd: minibatch_outputs(indices) = (distribution
+        parameters, values, actions, behaviour log-probs, advantages, returns) of its kept samples."""
+        def gradients(minibatch):
+            outputs = minibatch_outputs(minibatch)
+            if outputs[1].numel() < 2:
+                return None
+            loss, stats = self._loss(*outputs)
+            self.optimizer.zero_grad()
+            loss.backward()
+            return stats
+
+        return gradients
+
+    def _optimize(self, num_units: int, gradients) -> dict:
         """--num_epochs passes of --num_batches_per_epoch minibatches over `num_units` samples or
-        sequences, each a clipped PPO step on minibatch_outputs(indices) = (distribution parameters,
-        values, actions, behaviour log-probs, advantages, returns) of its kept samples."""
+        sequences, each a clipped PPO step: gradients(indices) puts the minibatch's loss gradients into the
+        optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped)."""
         lcfg = self.lcfg
         self._set_learning_rate()
         totals = torch.zeros(6)
@@ -233,12 +265,9 @@ class Learner:
                 if minibatch.numel() < 1 or self.ctx.stopping:  # a stopping run does not wait for epochs
                     continue
                 self.ctx.beat()
-                outputs = minibatch_outputs(minibatch)
-                if outputs[1].numel() < 2:
+                stats = gradients(minibatch)
+                if stats is None:
                     continue
-                loss, stats = self._loss(*outputs)
-                self.optimizer.zero_grad()
-                loss.backward()
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
                 self.optimizer.step()
                 totals += torch.cat([stats, grad_norm.detach().reshape(1)]).cpu()

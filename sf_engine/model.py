@@ -13,6 +13,7 @@ from torch import nn
 
 from sf_engine.distributions import ActionDistribution
 from sf_engine.envs.spec import is_image
+from sf_engine import ops
 from sf_engine.ops import Tanh, mlp
 from sf_engine.recurrent import run_sequence
 
@@ -315,6 +316,25 @@ class ActorCritic(nn.Module):
         params = self.policy_head(out.reshape(num_steps * batch, -1))
         values = self.value_head(critic_out.reshape(num_steps * batch, -1)).squeeze(-1)
         return params, values, out
+
+    def direct_gradients(self, obs: dict) -> bool:
+        """Whether loss_gradients runs for `obs`: the separate MLP stacks (see _stacks), categorical
+        actions, the compiled kernels on CPU float32, no bf16."""
+        return (self._stacks is not None and self.distribution.kind == "discrete" and not self.bf16
+                and ops.use_kernels(next(iter(obs.values()))))
+
+    def loss_gradients(self, obs: dict, loss_and_grads):
+        """A training step's forward and backward without autograd, where direct_gradients(obs): both stacks'
+        forward (compiled), loss_and_grads(logits [B, n], normalized values [B]) -> (stats, d loss / d
+        logits, d loss / d values), and both stacks' backward adding into each parameter's .grad. The
+        gradients of autograd through forward() and the same loss (tests/test_ops.py). Returns stats."""
+        inputs = [encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]) for encoder, _, _ in self._stacks]
+        outputs = [ops.mlp_outputs(x, linears, activations) for x, (_, linears, activations) in zip(inputs, self._stacks)]
+        stats, grad_logits, grad_values = loss_and_grads(outputs[0][-1], outputs[1][-1].squeeze(-1))
+        for x, out, grad, (_, linears, activations) in zip(inputs, outputs, (grad_logits, grad_values.unsqueeze(1)),
+                                                           self._stacks):
+            ops.mlp_backward_into(grad, x, out, linears, activations)
+        return stats
 
     def values(self, obs: dict) -> torch.Tensor:
         """Feed-forward models only (a recurrent model's values come from forward with a state, or

@@ -72,48 +72,53 @@ def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, en
     return policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction
 
 
+def discrete_loss_and_grads(logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
+                            value_loss_coeff: float, entropy_coeff: float, kernels: bool = None):
+    """The clipped PPO loss of categorical actions and its gradients, written out: logits [B, n], values
+    [B] -> (loss, stats [5]: policy loss, value loss, mean entropy, approx KL, clip fraction, d loss / d
+    logits [B, n], d loss / d values [B]). On the CPU one compiled call (ops.KERNELS.ppo_discrete_loss);
+    elsewhere the same maths as torch ops. `kernels` forces one way (True/False); None: the kernel where
+    it runs. The values and gradients of ppo_losses on log_softmax (tests/test_ppo.py)."""
+    if kernels if kernels is not None else ops.use_kernels(logits):
+        return tuple(ops.KERNELS.ppo_discrete_loss(logits, values, actions, old_log_probs, advantages, returns,
+                                                   clip_ratio, value_loss_coeff, entropy_coeff))
+    log_pi = torch.log_softmax(logits, dim=-1)
+    pi = log_pi.exp()
+    log_ratio = log_pi.gather(1, actions.unsqueeze(1)).squeeze(1) - old_log_probs
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
+    unclipped_taken = unclipped <= clipped  # where the minimum's gradient flows (ties: through both, summing to it)
+    policy_loss = -torch.where(unclipped_taken, unclipped, clipped).mean()
+    entropy = -(pi * log_pi).sum(-1)
+    error = values - returns
+    value_loss = 0.5 * error.square().mean()
+    entropy_mean = entropy.mean()
+    stats = torch.stack([policy_loss, value_loss, entropy_mean, ((ratio - 1.0) - log_ratio).mean(),
+                         ((ratio - 1.0).abs() > clip_ratio).float().mean()])
+    scale = 1.0 / logits.shape[0]
+    d_log_prob = ratio * advantages * unclipped_taken * -scale  # d log pi(a) / d logits = onehot(a) - pi
+    grad_logits = pi * -d_log_prob.unsqueeze(1)
+    grad_logits.scatter_add_(1, actions.unsqueeze(1), d_log_prob.unsqueeze(1))
+    if entropy_coeff:  # d entropy / d logits = -pi (log pi + entropy)
+        grad_logits += (scale * entropy_coeff) * pi * (log_pi + entropy.unsqueeze(1))
+    loss = policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy_mean
+    return loss, stats, grad_logits, (scale * value_loss_coeff) * error
+
+
 class DiscretePPOLoss(torch.autograd.Function):
-    """The whole clipped PPO loss of categorical actions as one autograd node, forward and backward
-    written out: on the CPU one compiled call (ops.KERNELS.ppo_discrete_loss, about 0.25 ms faster per
-    CartPole minibatch of 1,024 than the torch ops below, which run elsewhere). logits [B, n], values [B]
-    -> (loss, stats [5]: policy loss, value loss, mean entropy, approx KL, clip fraction); the same
-    maths, values and gradients as ppo_losses on log_softmax (tests/test_ppo.py)."""
+    """discrete_loss_and_grads as one autograd node (about 0.25 ms per CartPole minibatch of 1,024 on one
+    core less than autograd through the loss's ops, each of which costs its dispatch): (loss, stats)."""
 
     @staticmethod
     def forward(ctx, logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
                 value_loss_coeff: float, entropy_coeff: float, kernels: bool = None):
-        """`kernels`: force the compiled kernel (True) or the torch ops (False); None: the kernel where it runs."""
-        if kernels if kernels is not None else ops.use_kernels(logits):
-            loss, stats, grad_logits, grad_values = ops.KERNELS.ppo_discrete_loss(
-                logits, values, actions, old_log_probs, advantages, returns, clip_ratio, value_loss_coeff,
-                entropy_coeff)
-            ctx.save_for_backward(grad_logits, grad_values)
-            ctx.mark_non_differentiable(stats)
-            return loss, stats
-        log_pi = torch.log_softmax(logits, dim=-1)
-        pi = log_pi.exp()
-        log_ratio = log_pi.gather(1, actions.unsqueeze(1)).squeeze(1) - old_log_probs
-        ratio = log_ratio.exp()
-        unclipped = ratio * advantages
-        clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
-        unclipped_taken = unclipped <= clipped  # where the minimum's gradient flows (ties: through both, summing to it)
-        policy_loss = -torch.where(unclipped_taken, unclipped, clipped).mean()
-        entropy = -(pi * log_pi).sum(-1)
-        error = values - returns
-        value_loss = 0.5 * error.square().mean()
-        entropy_mean = entropy.mean()
-        stats = torch.stack([policy_loss, value_loss, entropy_mean, ((ratio - 1.0) - log_ratio).mean(),
-                             ((ratio - 1.0).abs() > clip_ratio).float().mean()])
-        # the gradients of the loss itself; backward scales them by the incoming gradient
-        scale = 1.0 / logits.shape[0]
-        d_log_prob = ratio * advantages * unclipped_taken * -scale  # d log pi(a) / d logits = onehot(a) - pi
-        grad_logits = pi * -d_log_prob.unsqueeze(1)
-        grad_logits.scatter_add_(1, actions.unsqueeze(1), d_log_prob.unsqueeze(1))
-        if entropy_coeff:  # d entropy / d logits = -pi (log pi + entropy)
-            grad_logits += (scale * entropy_coeff) * pi * (log_pi + entropy.unsqueeze(1))
-        ctx.save_for_backward(grad_logits, (scale * value_loss_coeff) * error)
+        loss, stats, grad_logits, grad_values = discrete_loss_and_grads(
+            logits, values, actions, old_log_probs, advantages, returns, clip_ratio, value_loss_coeff, entropy_coeff,
+            kernels)
+        ctx.save_for_backward(grad_logits, grad_values)  # the loss's own gradients, scaled by the incoming one
         ctx.mark_non_differentiable(stats)
-        return policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy_mean, stats
+        return loss, stats
 
     @staticmethod
     def backward(ctx, grad_loss, grad_stats):

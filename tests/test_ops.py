@@ -58,6 +58,42 @@ def test_actor_critic_stacks_match_its_modules():
     torch.testing.assert_close(model.values(obs), values)
 
 
+@needs_kernels
+def test_direct_gradients_match_autograd_through_the_model_and_loss():
+    """The learner's step for separate MLP stacks with categorical actions (CartPole's model): compiled
+    forward, loss and backward into the optimizer's flat gradient, against autograd through forward()
+    and ppo.DiscretePPOLoss (its torch ops)."""
+    from sf_engine import ppo
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.plan import build_plan
+
+    cfg = build_plan(["--mode", "serial", "--restart", "--num_workers", "1", "--num_envs_per_worker", "8",
+                      "--normalize_input", "true", "--normalize_returns", "true"]).cfg
+    spec = EnvSpec(obs=(("obs", (4,), "float32"),), action=ActionSpec("discrete", nvec=(3,)), family="classic")
+    model = ActorCritic(spec, resolve_model_config(cfg.model, spec))
+    optimizer = FlatAdam(model, flatten_state(model), lr=1e-3, eps=1e-5)
+    torch.manual_seed(1)
+    obs = {"obs": torch.randn(700, 4) * 2}
+    model.update_normalizers(obs, torch.randn(700) * 5)  # normalized inputs and returns
+    actions, old_log_probs = torch.randint(0, 3, (700,)), torch.randn(700) * 0.3 - 1.1
+    advantages, returns = ppo.normalize(torch.randn(700)), model.normalize_returns(torch.randn(700) * 5)
+    assert model.direct_gradients(obs)
+    optimizer.zero_grad()
+    stats = model.loss_gradients(obs, lambda logits, values: ppo.discrete_loss_and_grads(
+        logits, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01)[1:])
+    direct = optimizer.grad.clone()
+    optimizer.zero_grad()
+    params, values = model(obs)
+    loss, reference_stats = ppo.DiscretePPOLoss.apply(params, values, actions, old_log_probs, advantages, returns,
+                                                      0.2, 0.5, 0.01, False)
+    loss.backward()
+    assert direct.abs().sum() > 0
+    torch.testing.assert_close(direct, optimizer.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(stats, reference_stats, rtol=1e-4, atol=1e-6)
+
+
 def test_mlp_runs_torch_ops_where_the_kernels_do_not():
     linears = [nn.Linear(4, 8)]
     x = torch.randn(3, 4)

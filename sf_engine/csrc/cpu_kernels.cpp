@@ -1,6 +1,7 @@
 // CPU float32 kernels of acting with and training a small network, each one call where torch runs an
 // op (and an autograd node) per layer and per step of the maths; sf_engine/ops.py loads them:
-// - mlp_forward / mlp_backward: a whole MLP (linear layers, each followed by tanh, ReLU or nothing);
+// - mlp_forward / mlp_backward (or mlp_backward_into the optimizer's gradients): a whole MLP (linear
+//   layers, each followed by tanh, ReLU or nothing);
 // - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients.
 //
 // Why: on a small MLP (CartPole's 64 x 64) each op is a few us of dispatch and a fresh tensor the
@@ -9,8 +10,9 @@
 // docs/performance.md, where torch's mm runs MKL's AVX2 kernels at 35-47), and the bias, activation
 // and gradient passes are fused loops over rows still in cache (rows are taken ROWS at a time
 // through every layer).
-// - tanh: glibc's vector tanh (libmvec, within 4 ulp) when setup.py finds it (SF_VECTOR_TANH), every
-//   pass built for AVX-512, AVX2 and SSE and picked at load time (target_clones); else std::tanh.
+// - tanh, exp, log: glibc's vector versions (libmvec, within 4 ulp) when setup.py finds them
+//   (SF_VECTOR_TANH), every pass built for AVX-512, AVX2 and SSE and picked at load time
+//   (target_clones); else the scalar functions.
 // - Shapes: x [B, I] (made contiguous), weight l [O_l, I_l] as nn.Linear keeps it, bias l [O_l].
 //   The forward returns every layer's output ([B, O_l], the last is the MLP's), which the backward
 //   needs; the backward returns the gradient of x (or an empty tensor), then of each weight, then of
@@ -27,6 +29,8 @@
 #if SF_VECTOR_TANH && defined(__GNUC__) && !defined(__clang__)
 extern "C" {
 __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
+__attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) float logf(float) noexcept;
 }
 #define SF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #define SF_VECTORIZED 1
@@ -94,7 +98,7 @@ SF_CLONES void activation_grad(i64 rows, i64 n, float* __restrict__ g, const flo
 bool vector_tanh() { return SF_VECTORIZED; }
 
 // Bumped with every change of the ops' signatures or outputs: ops.py loads only this one.
-int64_t version() { return 1; }
+int64_t version() { return 2; }
 
 void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<int64_t>& activations) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mlp: x must be [B, I] CPU float32");
@@ -144,50 +148,131 @@ std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vect
   return outputs;
 }
 
-std::vector<Tensor> mlp_backward(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
-                                 std::vector<int64_t> activations, bool need_grad_x) {
-  check_layers(x, weights, activations);
+// The backward of mlp_forward: the parameter gradients added into grad_weights / grad_biases (shaped as
+// the weights and biases, contiguous), the gradient of x written into grad_x when it is defined.
+void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Tensor>& outputs,
+                   const std::vector<Tensor>& weights, const std::vector<int64_t>& activations, Tensor& grad_x,
+                   std::vector<Tensor>& grad_weights, std::vector<Tensor>& grad_biases) {
   const i64 batch = x.size(0), layers = weights.size();
   TORCH_CHECK((i64)outputs.size() == layers, "mlp_backward: one output per layer");
-  for (i64 l = 0; l < layers; ++l)
+  for (i64 l = 0; l < layers; ++l) {
     TORCH_CHECK(outputs[l].is_contiguous() && outputs[l].size(0) == batch && outputs[l].size(1) == weights[l].size(0),
                 "mlp_backward: output ", l, " must be a contiguous [B, O]");
-  TORCH_CHECK(grad_out.sizes() == outputs.back().sizes(), "mlp_backward: grad_out must be shaped as the output");
-  x = x.contiguous();
-  grad_out = grad_out.contiguous();
-  std::vector<Tensor> grad_weights, grad_biases;
-  for (const Tensor& w : weights) {
-    grad_weights.push_back(at::zeros_like(w));
-    grad_biases.push_back(at::zeros({w.size(0)}, w.options()));
+    TORCH_CHECK(grad_weights[l].sizes() == weights[l].sizes() && grad_weights[l].is_contiguous() &&
+                    grad_weights[l].scalar_type() == at::kFloat && grad_biases[l].dim() == 1 &&
+                    grad_biases[l].size(0) == weights[l].size(0) && grad_biases[l].is_contiguous() &&
+                    grad_biases[l].scalar_type() == at::kFloat,
+                "mlp_backward: the gradients of layer ", l, " must be contiguous float32, shaped as its parameters");
   }
-  Tensor grad_x = need_grad_x ? at::empty_like(x) : at::empty({0}, x.options());
+  TORCH_CHECK(grad_out.sizes() == outputs.back().sizes() && grad_out.scalar_type() == at::kFloat,
+              "mlp_backward: grad_out must be float32, shaped as the output");
+  const Tensor g_out = grad_out.contiguous(), x_c = x.contiguous();
   i64 widest = x.size(1);
   for (const Tensor& w : weights) widest = std::max(widest, w.size(0));
   std::vector<float> g(ROWS * widest), g_next(ROWS * widest), g_t(ROWS * widest);
   for (i64 r0 = 0; r0 < batch; r0 += ROWS) {
     const i64 rows = std::min(ROWS, batch - r0);
     i64 n = weights[layers - 1].size(0);
-    std::copy(grad_out.data_ptr<float>() + r0 * n, grad_out.data_ptr<float>() + (r0 + rows) * n, g.begin());
+    std::copy(g_out.data_ptr<float>() + r0 * n, g_out.data_ptr<float>() + (r0 + rows) * n, g.begin());
     for (i64 l = layers - 1; l >= 0; --l) {  // g: the gradient of layer l's output, rows r0..
       const i64 in_size = weights[l].size(1);
       activation_grad(rows, n, g.data(), outputs[l].data_ptr<float>() + r0 * n, grad_biases[l].data_ptr<float>(),
                       g_t.data(), activations[l]);
-      const float* layer_in = (l > 0 ? outputs[l - 1].data_ptr<float>() : x.data_ptr<float>()) + r0 * in_size;
+      const float* layer_in = (l > 0 ? outputs[l - 1].data_ptr<float>() : x_c.data_ptr<float>()) + r0 * in_size;
       matmul(n, in_size, rows, g_t.data(), rows, layer_in, in_size, true, grad_weights[l].data_ptr<float>(), in_size);
       if (l > 0) {
         matmul(rows, in_size, n, g.data(), n, weights[l].data_ptr<float>(), in_size, false, g_next.data(), in_size);
         std::swap(g, g_next);
-      } else if (need_grad_x) {
+      } else if (grad_x.defined()) {
         matmul(rows, in_size, n, g.data(), n, weights[0].data_ptr<float>(), in_size, false,
                grad_x.data_ptr<float>() + r0 * in_size, in_size);
       }
       n = in_size;
     }
   }
-  std::vector<Tensor> grads{grad_x};
+}
+
+// Returns the gradient of x (or an empty tensor), then of each weight, then of each bias.
+std::vector<Tensor> mlp_backward(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
+                                 std::vector<int64_t> activations, bool need_grad_x) {
+  check_layers(x, weights, activations);
+  std::vector<Tensor> grad_weights, grad_biases;
+  for (const Tensor& w : weights) {
+    grad_weights.push_back(at::zeros_like(w));
+    grad_biases.push_back(at::zeros({w.size(0)}, w.options()));
+  }
+  Tensor grad_x = need_grad_x ? at::empty_like(x) : Tensor();
+  backward_into(grad_out, x, outputs, weights, activations, grad_x, grad_weights, grad_biases);
+  std::vector<Tensor> grads{need_grad_x ? grad_x : at::empty({0}, x.options())};
   grads.insert(grads.end(), grad_weights.begin(), grad_weights.end());
   grads.insert(grads.end(), grad_biases.begin(), grad_biases.end());
   return grads;
+}
+
+// The same backward, its parameter gradients added into the given tensors (the optimizer's gradient
+// views: no autograd node, no temporary gradients); x gets none.
+void mlp_backward_into(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
+                       std::vector<int64_t> activations, std::vector<Tensor> grad_weights,
+                       std::vector<Tensor> grad_biases) {
+  check_layers(x, weights, activations);
+  TORCH_CHECK(grad_weights.size() == weights.size() && grad_biases.size() == weights.size(),
+              "mlp_backward_into: one weight gradient and one bias gradient per layer");
+  Tensor no_grad_x;
+  backward_into(grad_out, x, outputs, weights, activations, no_grad_x, grad_weights, grad_biases);
+}
+
+// The clipped PPO loss of categorical actions, per row: passes over the rows (vectorized across rows,
+// with glibc's vector exp and log where built with SF_VECTOR_TANH), each column j of the logits at a time.
+// Writes d loss / d logits [B, n] and d loss / d values [B], and per row the terms the caller sums:
+// terms[0..4][b] = the taken policy objective, the squared value error, the entropy, the approx-KL term
+// and 1 where the ratio left the clip range. lse [B] and d_log_prob [B] are scratch.
+SF_CLONES void ppo_loss_rows(i64 batch, i64 n, const float* __restrict__ logits, const int64_t* __restrict__ actions,
+                             const float* __restrict__ old_log_probs, const float* __restrict__ advantages,
+                             const float* __restrict__ values, const float* __restrict__ returns, float clip_ratio,
+                             float scale, float value_scale, float entropy_scale, float* __restrict__ lse,
+                             float* __restrict__ d_log_prob, float* __restrict__ terms, float* __restrict__ grad_logits,
+                             float* __restrict__ grad_values) {
+  float* policy = terms;
+  float* error2 = terms + batch;
+  float* entropy = terms + 2 * batch;
+  float* kl = terms + 3 * batch;
+  float* clipped_out = terms + 4 * batch;
+  for (i64 b = 0; b < batch; ++b) lse[b] = logits[b * n];
+  for (i64 j = 1; j < n; ++j)
+    for (i64 b = 0; b < batch; ++b) lse[b] = std::max(lse[b], logits[b * n + j]);
+  for (i64 b = 0; b < batch; ++b) d_log_prob[b] = 0.0f;  // here: the sum of exp(logit - max)
+  for (i64 j = 0; j < n; ++j)
+    for (i64 b = 0; b < batch; ++b) d_log_prob[b] += expf(logits[b * n + j] - lse[b]);
+  for (i64 b = 0; b < batch; ++b) lse[b] += logf(d_log_prob[b]);
+  const float low = 1.0f - clip_ratio, high = 1.0f + clip_ratio;
+  for (i64 b = 0; b < batch; ++b) {
+    const float log_ratio = logits[b * n + actions[b]] - lse[b] - old_log_probs[b];
+    const float ratio = expf(log_ratio);
+    const float unclipped = ratio * advantages[b], clipped = std::min(std::max(ratio, low), high) * advantages[b];
+    const bool unclipped_taken = unclipped <= clipped;  // the minimum's gradient flows through it (ties too)
+    policy[b] = unclipped_taken ? unclipped : clipped;
+    // d loss / d log pi(a) = -scale ratio A where the unclipped term is taken
+    d_log_prob[b] = unclipped_taken ? -scale * unclipped : 0.0f;
+    kl[b] = (ratio - 1.0f) - log_ratio;
+    clipped_out[b] = std::abs(ratio - 1.0f) > clip_ratio ? 1.0f : 0.0f;
+    const float error = values[b] - returns[b];
+    error2[b] = error * error;
+    grad_values[b] = value_scale * error;
+    entropy[b] = 0.0f;
+  }
+  for (i64 j = 0; j < n; ++j)
+    for (i64 b = 0; b < batch; ++b) {
+      const float log_pi = logits[b * n + j] - lse[b];
+      entropy[b] -= expf(log_pi) * log_pi;
+    }
+  // d log pi(a) / d logits = onehot(a) - pi; d entropy / d logits = -pi (log pi + entropy)
+  for (i64 j = 0; j < n; ++j)
+    for (i64 b = 0; b < batch; ++b) {
+      const float log_pi = logits[b * n + j] - lse[b];
+      const float pi = expf(log_pi);
+      grad_logits[b * n + j] = -pi * d_log_prob[b] + entropy_scale * pi * (log_pi + entropy[b]);
+    }
+  for (i64 b = 0; b < batch; ++b) grad_logits[b * n + actions[b]] += d_log_prob[b];
 }
 
 // The clipped PPO loss of categorical actions over a minibatch, with its gradients (those of the loss
@@ -201,68 +286,39 @@ std::vector<Tensor> ppo_discrete_loss(Tensor logits, Tensor values, Tensor actio
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
               "ppo_discrete_loss: logits must be [B, n] CPU float32");
   const i64 batch = logits.size(0), n = logits.size(1);
-  TORCH_CHECK(batch > 0, "ppo_discrete_loss: an empty minibatch");
+  TORCH_CHECK(batch > 0 && n > 0, "ppo_discrete_loss: an empty minibatch");
   for (const Tensor* t : {&values, &old_log_probs, &advantages, &returns})
     TORCH_CHECK(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == at::kFloat && t->device().is_cpu(),
                 "ppo_discrete_loss: values, log-probs, advantages and returns must be [B] CPU float32");
-  TORCH_CHECK(actions.dim() == 1 && actions.size(0) == batch && actions.scalar_type() == at::kLong,
-              "ppo_discrete_loss: actions must be [B] int64");
+  TORCH_CHECK(actions.dim() == 1 && actions.size(0) == batch && actions.scalar_type() == at::kLong &&
+                  actions.device().is_cpu(), "ppo_discrete_loss: actions must be [B] CPU int64");
+  actions = actions.contiguous();
+  TORCH_CHECK(actions.min().item<int64_t>() >= 0 && actions.max().item<int64_t>() < n,
+              "ppo_discrete_loss: actions outside [0, ", n, ")");
   logits = logits.contiguous();
   values = values.contiguous();
-  actions = actions.contiguous();
   old_log_probs = old_log_probs.contiguous();
   advantages = advantages.contiguous();
   returns = returns.contiguous();
   Tensor grad_logits = at::empty_like(logits), grad_values = at::empty_like(values);
-  const float* lg = logits.data_ptr<float>();
-  const int64_t* act = actions.data_ptr<int64_t>();
-  float* gl = grad_logits.data_ptr<float>();
-  const float scale = 1.0f / float(batch), low = 1.0f - float(clip_ratio), high = 1.0f + float(clip_ratio);
-  double policy_sum = 0, value_sum = 0, entropy_sum = 0, kl_sum = 0, clipped_count = 0;
-  std::vector<float> log_pi(n);
-  for (i64 b = 0; b < batch; ++b) {
-    const float* l = lg + b * n;
-    const int64_t a = act[b];
-    TORCH_CHECK(a >= 0 && a < n, "ppo_discrete_loss: action ", a, " outside [0, ", n, ")");
-    float top = l[0];
-    for (i64 j = 1; j < n; ++j) top = std::max(top, l[j]);
-    float total = 0;
-    for (i64 j = 0; j < n; ++j) total += std::exp(l[j] - top);
-    const float log_total = top + std::log(total);
-    float entropy = 0;
-    for (i64 j = 0; j < n; ++j) {
-      log_pi[j] = l[j] - log_total;
-      entropy -= std::exp(log_pi[j]) * log_pi[j];
-    }
-    const float log_ratio = log_pi[a] - old_log_probs.data_ptr<float>()[b];
-    const float ratio = std::exp(log_ratio), advantage = advantages.data_ptr<float>()[b];
-    const float unclipped = ratio * advantage, clipped = std::min(std::max(ratio, low), high) * advantage;
-    const bool unclipped_taken = unclipped <= clipped;  // the minimum's gradient flows through it (ties too)
-    policy_sum += unclipped_taken ? unclipped : clipped;
-    entropy_sum += entropy;
-    const float error = values.data_ptr<float>()[b] - returns.data_ptr<float>()[b];
-    value_sum += double(error) * error;
-    kl_sum += (ratio - 1.0f) - log_ratio;
-    clipped_count += std::abs(ratio - 1.0f) > float(clip_ratio);
-    // d loss / d log pi(a) = -scale ratio A where the unclipped term is taken; d log pi(a) / d logits =
-    // onehot(a) - pi; d entropy / d logits = -pi (log pi + entropy)
-    const float d_log_prob = unclipped_taken ? -scale * unclipped : 0.0f;
-    float* g = gl + b * n;
-    for (i64 j = 0; j < n; ++j) {
-      const float pi = std::exp(log_pi[j]);
-      g[j] = -pi * d_log_prob + float(scale * entropy_coeff) * pi * (log_pi[j] + entropy);
-    }
-    g[a] += d_log_prob;
-    grad_values.data_ptr<float>()[b] = float(scale * value_loss_coeff) * error;
-  }
-  const double policy_loss = -policy_sum / batch, value_loss = 0.5 * value_sum / batch, entropy_mean = entropy_sum / batch;
+  std::vector<float> scratch(7 * batch);  // lse, d_log_prob, then the five per-row terms
+  const float scale = 1.0f / float(batch);
+  ppo_loss_rows(batch, n, logits.data_ptr<float>(), actions.data_ptr<int64_t>(), old_log_probs.data_ptr<float>(),
+                advantages.data_ptr<float>(), values.data_ptr<float>(), returns.data_ptr<float>(), float(clip_ratio),
+                scale, float(scale * value_loss_coeff), float(scale * entropy_coeff), scratch.data(),
+                scratch.data() + batch, scratch.data() + 2 * batch, grad_logits.data_ptr<float>(),
+                grad_values.data_ptr<float>());
+  double sums[5] = {0, 0, 0, 0, 0};
+  for (int k = 0; k < 5; ++k)
+    for (i64 b = 0; b < batch; ++b) sums[k] += scratch[(2 + k) * batch + b];
+  const double policy_loss = -sums[0] / batch, value_loss = 0.5 * sums[1] / batch, entropy_mean = sums[2] / batch;
   Tensor stats = at::empty({5}, logits.options());
   float* st = stats.data_ptr<float>();
   st[0] = float(policy_loss);
   st[1] = float(value_loss);
   st[2] = float(entropy_mean);
-  st[3] = float(kl_sum / batch);
-  st[4] = float(clipped_count / batch);
+  st[3] = float(sums[3] / batch);
+  st[4] = float(sums[4] / batch);
   Tensor loss = at::scalar_tensor(policy_loss + value_loss_coeff * value_loss - entropy_coeff * entropy_mean,
                                   logits.options());
   return {loss, stats, grad_logits, grad_values};
@@ -276,6 +332,8 @@ TORCH_LIBRARY(sf_engine_cpu, m) {
   m.def("mlp_forward(Tensor x, Tensor[] weights, Tensor[] biases, int[] activations, bool keep_all) -> Tensor[]");
   m.def("mlp_backward(Tensor grad_out, Tensor x, Tensor[] outputs, Tensor[] weights, int[] activations, "
         "bool need_grad_x) -> Tensor[]");
+  m.def("mlp_backward_into(Tensor grad_out, Tensor x, Tensor[] outputs, Tensor[] weights, int[] activations, "
+        "Tensor(a!)[] grad_weights, Tensor(b!)[] grad_biases) -> ()");
   m.def("ppo_discrete_loss(Tensor logits, Tensor values, Tensor actions, Tensor old_log_probs, Tensor advantages, "
         "Tensor returns, float clip_ratio, float value_loss_coeff, float entropy_coeff) -> Tensor[]");
 }
@@ -283,5 +341,6 @@ TORCH_LIBRARY(sf_engine_cpu, m) {
 TORCH_LIBRARY_IMPL(sf_engine_cpu, CPU, m) {
   m.impl("mlp_forward", mlp_forward);
   m.impl("mlp_backward", mlp_backward);
+  m.impl("mlp_backward_into", mlp_backward_into);
   m.impl("ppo_discrete_loss", ppo_discrete_loss);
 }
