@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sf_engine.config import ROLLOUT_DEFAULT, ROLLOUT_SHORT
+
 TARGET_SPLIT_SEC = 2e-3
 MAX_ENVS_PER_SPLIT = 256
 MAX_WORKERS_PER_CORE = 4
@@ -152,6 +154,18 @@ def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def choose_rollout(costs: Costs, train_batch: int) -> int:
+    """--rollout auto: ROLLOUT_SHORT when even the widest split that whole slots of ROLLOUT_DEFAULT steps
+    allow (train_batch / ROLLOUT_DEFAULT envs, under MAX_ENVS_PER_SPLIT) steps in under a quarter of
+    TARGET_SPLIT_SEC: a cheap env (CartPole: 128 envs in 0.07 ms) whose splits are then twice as wide,
+    so the policy worker's fixed costs per request (the round trip, the forward's overheads) weigh half
+    as much per sample; else ROLLOUT_DEFAULT."""
+    widest = train_batch // ROLLOUT_DEFAULT
+    if widest < MAX_ENVS_PER_SPLIT and widest * costs.env_wall < TARGET_SPLIT_SEC / 4:
+        return ROLLOUT_SHORT
+    return ROLLOUT_DEFAULT
+
+
 def choose_envs_per_split(costs: Costs, slot_divisor: int, hint: int) -> int:
     """Fewest envs per split (a divisor of slot_divisor, at least `hint`) whose step takes
     TARGET_SPLIT_SEC; the largest allowed when none does."""
@@ -206,6 +220,10 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     was auto). `cfg` is otherwise resolved (the model is measured as it will run)."""
     s = cfg.sampler
     auto_workers, auto_envs = s.num_workers == "auto", s.num_envs_per_worker == "auto"
+    # --rollout auto is shortened only where the envs per split are chosen here, for a feed-forward policy
+    shorten = s.rollout == "auto" and auto_envs and cfg.run.mode != "serial" and cfg.model.rnn == "none"
+    if s.rollout == "auto":
+        s = dataclasses.replace(s, rollout=ROLLOUT_DEFAULT)
     if not (auto_workers or auto_envs):
         return s, []
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
@@ -221,6 +239,11 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
              f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
     num_workers, num_envs = s.num_workers, s.num_envs_per_worker
     train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
+    if shorten and choose_rollout(costs, train_batch) != s.rollout:
+        s = dataclasses.replace(s, rollout=choose_rollout(costs, train_batch))
+        lines.append(f"--rollout auto = {s.rollout}: {train_batch // ROLLOUT_DEFAULT} envs step in "
+                     f"{train_batch // ROLLOUT_DEFAULT * costs.env_wall * 1e3:.2f} ms, so slots of {s.rollout} "
+                     f"steps let splits be twice as wide")
     if auto_envs:
         per_split = choose_envs_per_split(costs, train_batch // s.rollout,
                                           max(1, envs_per_worker_hint // s.worker_num_splits))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
+ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.autosize.choose_rollout)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
 
@@ -57,7 +58,11 @@ class SamplerConfig:
                                         type=int_or_auto)
     worker_num_splits: int = _f(2, "Groups each worker splits its envs into: it steps one group while the "
                                    "other waits for actions (2 = double-buffered sampling).")
-    rollout: int = _f(32, "Env steps per trajectory slot (the unit handed to the learner).")
+    rollout: int | str = _f("auto", "Env steps per trajectory slot (the unit handed to the learner); 'auto': 32, or "
+                                    "16 for a feed-forward policy on an env so cheap to step that even the widest "
+                                    "split whole slots per training batch allow at 32 steps in under a quarter of "
+                                    "auto sizing's target: splits twice as wide halve the policy worker's costs "
+                                    "per sample (with --num_envs_per_worker auto).", type=int_or_auto)
 
     @property
     def envs_per_split(self) -> int:
@@ -237,15 +242,20 @@ def check_flags(cfg: Config) -> None:
                         "--max_grad_norm": lrn.max_grad_norm}.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")
-    if s.rollout < 2:
-        raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
     train_batch = lrn.batch_size * lrn.num_batches_per_epoch
-    if train_batch % s.rollout:
+    if s.rollout != "auto":
+        if s.rollout < 2:
+            raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
+        if train_batch % s.rollout:
+            raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
+                              f"--rollout ({s.rollout})")
+    rollout = ROLLOUT_DEFAULT if s.rollout == "auto" else s.rollout  # with --recurrence, auto is 32
+    if lrn.recurrence != "auto" and rollout % lrn.recurrence:
+        raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. "
+                          f"--recurrence {rollout}")
+    if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT:
         raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
-                          f"--rollout ({s.rollout})")
-    if lrn.recurrence != "auto" and s.rollout % lrn.recurrence:
-        raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({s.rollout}): use e.g. "
-                          f"--recurrence {s.rollout}")
+                          f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout")
     for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")

@@ -94,17 +94,16 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
 
 def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
     """Every 'auto' of `cfg` replaced by its value; returns (config, lines explaining the choices)."""
-    recurrence = cfg.learner.recurrence
     cfg = dataclasses.replace(
         cfg, env=dataclasses.replace(cfg.env, env_backend=resolve_backend(cfg.env.env, cfg.env.env_backend)),
-        model=resolve_model_config(cfg.model, spec),
-        learner=dataclasses.replace(cfg.learner, recurrence=cfg.sampler.rollout if recurrence == "auto" else recurrence),
-        run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)))
+        model=resolve_model_config(cfg.model, spec), run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)))
     if cfg.run.cpu_affinity == "auto":  # a CPU learner with cores to spare gets its own (process.pin_to_cores)
         learner_cores = (cfg.run.device == "cpu" and cfg.run.mode != "serial" and not cfg.run.sampling_only
                          and usable_cores() > cfg.learner.learner_threads)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off"))
     sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
+    recurrence = sampler.rollout if cfg.learner.recurrence == "auto" else cfg.learner.recurrence
+    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, recurrence=recurrence))
     notes = [f"auto sizing: {line}" for line in lines]
     if cfg.learner.learner_threads > usable_cores():
         notes.append(f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "

@@ -38,7 +38,8 @@ def test_envs_per_split_amortize_the_round_trip_and_divide_the_batch():
 def _auto(env_id):
     plan = build_plan(["--env", env_id, "--restart"])  # --restart: reads no experiment
     assert any("--num_workers auto" in note for note in plan.notes)
-    assert len([note for note in plan.notes if note.startswith("auto sizing:")]) == 3
+    lines = [note for note in plan.notes if note.startswith("auto sizing:")]
+    assert len(lines) == 3 + any("--rollout auto" in note for note in lines)  # measured, envs, workers (rollout)
     check_resolved(plan.cfg)  # the choice is a valid configuration
     return plan.cfg.sampler
 
@@ -96,3 +97,16 @@ def test_pinned_learner_and_sampler_share_no_core():
     everything = sorted(os.sched_getaffinity(0))
     assert cores["learner"] == str(everything[-1:])  # --learner_threads 1: the last core
     assert cores["policy_worker"] == cores["rollout_worker"] == str(everything[:-1])
+
+
+def test_rollout_auto_halves_only_for_an_env_too_cheap_to_fill_a_split():
+    from sf_engine.autosize import choose_rollout
+
+    cartpole, pong = Costs(0.55e-6, 0.55e-6, 1e-6, 3e-6), Costs(280e-6, 280e-6, 150e-6, 1e-3)
+    assert choose_rollout(cartpole, 4096) == 16  # 128 envs of 32 steps step in 0.07 ms: splits of 256 instead
+    assert choose_rollout(pong, 4096) == 32
+    assert choose_rollout(cartpole, 4096 * 4) == 32  # 512 envs: already past the widest split allowed
+    plan = build_plan(["--restart", "--device", "cpu"]).cfg  # CartPole's: measured, feed-forward
+    assert (plan.sampler.rollout, plan.learner.recurrence) in ((16, 16), (32, 32))
+    assert build_plan(["--restart", "--rnn", "gru"]).cfg.sampler.rollout == 32  # the BPTT length stays
+    assert build_plan(["--restart", "--num_envs_per_worker", "64"]).cfg.sampler.rollout == 32
