@@ -65,7 +65,7 @@ def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp
 
     assert run(build_plan(["--train_dir", str(tmp_path), "--experiment", "trained", "--mode", "serial",
                            "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "64",
-                           "--batch_size", "1024", "--train_for_env_steps", "40000"] + model_flags)) == 0
+                           "--batch_size", "1024", "--train_for_env_steps", "100000"] + model_flags)) == 0
     result = subprocess.run([sys.executable, "-m", "sf_engine.export", "--train_dir", str(tmp_path),
                              "--experiment", "trained"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
