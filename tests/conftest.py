@@ -130,3 +130,12 @@ class SerialRun:
         for worker in self.workers:
             worker.close()
         self.buffers.release()
+
+
+def compiled_kernels_expected() -> bool:
+    """Whether setup.py builds the compiled kernels here (x86-64 with glibc >= 2.35: glibc's vector tanh)."""
+    import platform
+
+    libc, version = platform.libc_ver()
+    glibc = tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) if libc == "glibc" else ()
+    return platform.machine() == "x86_64" and glibc >= (2, 35)

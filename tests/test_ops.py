@@ -17,6 +17,15 @@ from sf_engine.weights import flatten_state
 needs_kernels = pytest.mark.skipif(ops.KERNELS is None, reason="the compiled CPU kernels are not built")
 
 
+def test_the_compiled_kernels_are_built_where_setup_py_builds_them():
+    """Fail if they are missing where setup.py builds them with glibc's vector tanh (x86-64, glibc >= 2.35)."""
+    from conftest import compiled_kernels_expected
+
+    if ops.KERNELS is None and not compiled_kernels_expected():
+        pytest.skip("the compiled kernels are built only on x86-64 with glibc >= 2.35")
+    assert ops.KERNELS is not None, "the compiled CPU kernels are not built: pip install --no-build-isolation -e ."
+
+
 @needs_kernels
 @pytest.mark.parametrize("batch", [1, 127, 128, 1000])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])

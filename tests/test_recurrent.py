@@ -1,5 +1,4 @@
 """Recurrent policies: state resets at episode boundaries, acting and training agree, whole sequences."""
-import platform
 import subprocess
 import sys
 
@@ -7,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, SerialRun, read_json, run_train, serial_plan
+from conftest import REPO, SerialRun, compiled_kernels_expected, read_json, run_train, serial_plan
 from sf_engine import ppo
 from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.model import ActorCritic
@@ -175,9 +174,7 @@ def _stepped_reference(kind, module, x, state, episode_start):
 def _require_compiled_loops(recurrent) -> None:
     """Fail if the compiled loops are missing where setup.py builds them (x86-64, glibc >= 2.35);
     skip elsewhere, where sf_engine runs the Python loops by design."""
-    libc, version = platform.libc_ver()
-    glibc = tuple(int(v) for v in version.split(".")[:2] if v.isdigit()) if libc == "glibc" else ()
-    if recurrent.NATIVE is None and not (platform.machine() == "x86_64" and glibc >= (2, 35)):
+    if recurrent.NATIVE is None and not compiled_kernels_expected():
         pytest.skip("the compiled loops are built only on x86-64 with glibc >= 2.35")
     assert recurrent.NATIVE is not None, "the compiled loops are not built: pip install --no-build-isolation -e ."
 
