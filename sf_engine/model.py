@@ -53,14 +53,14 @@ class RunningMeanStd(nn.Module):
 
 
 class _ConvEncoder(nn.Module):
-    """`convs` (ending in Flatten), then one ReLU linear layer of `units` units."""
+    """`convs` (ending in Flatten), then one linear layer of `units` units (ReLU unless said)."""
 
-    def __init__(self, convs: nn.Sequential, shape: tuple, units: int):
+    def __init__(self, convs: nn.Sequential, shape: tuple, units: int, activation=nn.ReLU):
         super().__init__()
         self.convs = convs
         with torch.no_grad():
             size = self.convs(torch.zeros(1, *shape)).shape[1]
-        self.fc = nn.Sequential(_init(nn.Linear(size, units), math.sqrt(2)), nn.ReLU())
+        self.fc = nn.Sequential(_init(nn.Linear(size, units), math.sqrt(2)), activation())
         self.out_size = units
 
     def forward(self, x):
@@ -75,6 +75,18 @@ class NatureCNN(_ConvEncoder):
             _init(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
             _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
             _init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 512)
+
+
+class SimpleCNN(_ConvEncoder):
+    """Sample Factory's default image encoder ('convnet_simple', used for its Doom agents): 32 8x8/4,
+    64 4x4/2 and 128 3x3/2 convolutions, then 512 units, all ELU."""
+
+    def __init__(self, shape: tuple):
+        super().__init__(nn.Sequential(
+            _init(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ELU(),
+            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ELU(),
+            _init(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)), nn.ELU(), nn.Flatten()), shape, 512,
+            activation=nn.ELU)
 
 
 class SmallCNN(_ConvEncoder):
@@ -139,6 +151,8 @@ def _channels_first(shape: tuple) -> bool:
 def _cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
     if encoder == "impala_cnn":
         return ImpalaCNN(shape_chw)
+    if encoder == "convnet_simple":
+        return SimpleCNN(shape_chw)
     return NatureCNN(shape_chw) if min(shape_chw[1:]) >= 36 else SmallCNN(shape_chw)
 
 
@@ -215,9 +229,20 @@ class RecurrentCore(nn.Module):
                             (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0))
 
     def step(self, x: torch.Tensor, state: torch.Tensor):
-        """x [B, F], state [B, state_size] -> (output [B, size], new state)."""
-        new_state = self._run(x.unsqueeze(0), state, None)[0]
-        return new_state[:, :self.out_size], new_state
+        """x [B, F], state [B, state_size] -> (output [B, size], new state). Without gradients (acting)
+        one step is torch's fused cell, which reads the weights where they lie (the sequence loops
+        prepare transposed copies of them, a cost a sequence amortizes and one step does not)."""
+        if torch.is_grad_enabled():
+            new_state = self._run(x.unsqueeze(0), state, None)[0]
+            return new_state[:, :self.out_size], new_state
+        rnn, size = self.rnn, self.out_size
+        weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+        x = x.to(state.dtype)  # bf16 features from --bf16's encoder: the core stays in the state's dtype
+        if self.kind == "gru":
+            h = torch.gru_cell(x, state, *weights)
+            return h, h
+        h, c = torch.lstm_cell(x, (state[:, :size], state[:, size:]), *weights)
+        return h, torch.cat([h, c], dim=1)
 
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state

@@ -180,6 +180,31 @@ def _require_compiled_loops(recurrent) -> None:
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
+def test_an_acting_step_matches_the_training_sequences_step(kind):
+    """Acting (no gradients) takes torch's fused cell; it gives the sequence loops' state for one step."""
+    from sf_engine.model import RecurrentCore
+
+    torch.manual_seed(2)
+    core = RecurrentCore(kind, 7, 16)
+    x, state = torch.randn(5, 7), torch.randn(5, core.state_size)
+    with torch.no_grad():
+        out, new_state = core.step(x, state)
+    expected = core.sequence(x.unsqueeze(0), state, None)[0]
+    full = recurrent_sequence_state(core, x, state)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(new_state, full, rtol=1e-5, atol=1e-6)
+
+
+def recurrent_sequence_state(core, x, state):
+    from sf_engine.recurrent import run_sequence
+
+    rnn = core.rnn
+    with torch.no_grad():
+        return run_sequence(core.kind, x.unsqueeze(0), state, None,
+                            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0))[0]
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
 @pytest.mark.parametrize("loops", ["native", "torch"])
 def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops, monkeypatch):
     """sf_engine.recurrent's forward and backward (the compiled loops, and the torch loops that CUDA,
