@@ -3,6 +3,14 @@ from sf_engine (the engine depends on envs, never the other way)."""
 from .registry import (ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, BatchEnv, EnvError, StepResult, flag_defaults,
                            make_batch_env, probe_env_spec, register_env)
 from .spec import ActionSpec, EnvSpec
+from .doom import reap_orphaned_games
+
+
+def reap_orphaned_processes() -> list:
+    """Processes an env family started outside its rollout worker (VizDoom's games) that a killed worker
+    left behind: killed, with their shared memory. One line per process reaped."""
+    return reap_orphaned_games()
+
 
 __all__ = ["ENVS_PER_WORKER_HINT", "FAMILY_DEFAULTS", "ActionSpec", "BatchEnv", "EnvError", "EnvSpec", "StepResult",
-           "flag_defaults", "make_batch_env", "probe_env_spec", "register_env"]
+           "flag_defaults", "make_batch_env", "probe_env_spec", "reap_orphaned_processes", "register_env"]

@@ -11,6 +11,8 @@ Families (each with its own defaults, see `FAMILY_DEFAULTS`):
               score of whole games is what gets reported.
   image       other envs with a uint8 image observation (Gymnasium ALE ids, MiniGrid-style views, ...).
   continuous  Box action spaces (EnvPool MuJoCo such as HalfCheetah-v4, or Gymnasium ids).
+  doom        VizDoom scenarios by Gymnasium id or Sample Factory name (envs/doom.py): 128x72 RGB,
+              frameskip 4, Sample Factory's reward scaling and shaping, conv encoder + GRU.
   classic     everything else (EnvPool classic control, Gymnasium ids, user envs).
 """
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Callable
 
 import numpy as np
 
+from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
+from .doom import DoomFactory, is_doom
+from .doom import missing as doom_missing
 from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
 from .spec import ActionSpec, EnvSpec
 
@@ -146,7 +151,8 @@ def may_use_envpool(env_id: str, backend: str) -> bool:
     env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend == "envpool"
-    return env_id not in _REGISTRY and not _is_user_class(env_id) and not has_native_vector_env(env_id)
+    return (env_id not in _REGISTRY and not _is_user_class(env_id) and not has_native_vector_env(env_id)
+            and not is_doom(env_id))
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
@@ -192,6 +198,11 @@ def _gym_factory(env_id: str) -> Callable:
 
     if env_id in _REGISTRY:
         return _REGISTRY[env_id]
+    if is_doom(env_id):
+        reason = doom_missing(env_id)
+        if reason:
+            raise EnvError(reason)
+        return DoomFactory(env_id)
     if _is_user_class(env_id):
         return _user_factory(env_id)
     try:
@@ -345,11 +356,13 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             obs_space, action_space = env.observation_space, env.action_space
         finally:
             env.close()
-        is_atari, frameskip = False, 1
+        is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
     action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
     spec = EnvSpec(obs=obs, action=action, frameskip=frameskip)
     if is_atari:
         family = "atari"
+    elif is_doom(env_id):
+        family = "doom"
     else:
         family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
     return dataclasses.replace(spec, family=family)
@@ -357,7 +370,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
 
 # Flag defaults per family; the user's own flags always win.
 # --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
-ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32}
+ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32}
 
 FAMILY_DEFAULTS = {
     "classic": {},
@@ -367,6 +380,11 @@ FAMILY_DEFAULTS = {
     "image": {"rollout": 128, "batch_size": 1024,
               "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
               "entropy_coeff": 0.01, "learner_threads": 2},
+    # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
+    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, normalized returns
+    "doom": {"encoder": "convnet_simple", "rnn": "gru", "rnn_size": 512, "rollout": 32, "batch_size": 1024,
+             "num_batches_per_epoch": 1, "num_epochs": 1, "learning_rate": 1e-4, "ppo_clip_ratio": 0.1,
+             "entropy_coeff": 0.001, "normalize_returns": True, "max_grad_norm": 4.0, "learner_threads": 2},
     "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,

@@ -43,7 +43,7 @@ def main() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from sf_engine.device import cpu_has_native_bf16, keep_freed_memory
-    from sf_engine.model import ImpalaCNN, NatureCNN
+    from sf_engine.cnn import ImpalaCNN, NatureCNN
 
     keep_freed_memory()
     torch.set_num_threads(args.threads)

@@ -2,13 +2,16 @@
 
   python perf/compare_sample_factory.py                 # CartPole: sampling and training
   python perf/compare_sample_factory.py --env pong      # Pong: sampling with the CNN, and training
+  python perf/compare_sample_factory.py --env doom_basic --num_workers 2 --num_envs_per_worker 8
+                                                        # Doom (the doom extra): the same counts for both
 
 Runs back to back: our sampler (train.py --sampling_only, median of 2-s windows after warm-up) and
 Sample Factory's (../shared/baselines/sample_factory.sh sampling ENV); for CartPole our training until
 solved; our training for a fixed time and Sample Factory's for the same time (its 60-s frames/s); for
 CartPole also the single-process PPO baseline (../shared/baselines/single_process_ppo.py). Prints each
 result as it comes (stderr) and one JSON line of ratios last. Throughput ratios compare frames/s
-(env steps x frameskip: 4 on Atari, 1 on CartPole).
+(env steps x frameskip: 4 on Atari and Doom, 1 on CartPole). --num_workers / --num_envs_per_worker
+go to both engines (unset: ours sizes itself, Sample Factory runs its script's 2 x 8).
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, median_windows, run_baseline, run_train  # noqa: E402
 
-ENVS = {"cartpole": ("CartPole-v1", 1), "pong": ("Pong-v5", 4)}
+ENVS = {"cartpole": ("CartPole-v1", 1), "pong": ("Pong-v5", 4), "doom_basic": ("doom_basic", 4),
+        "doom_health_gathering_supreme": ("doom_health_gathering_supreme", 4)}
 
 
 def log(name: str, result: dict) -> None:
@@ -34,17 +38,24 @@ def main() -> None:
     parser.add_argument("--sampling_seconds", type=float, default=30.0)
     parser.add_argument("--training_seconds", type=float, default=120.0)
     parser.add_argument("--skip_single_process", action="store_true")
+    parser.add_argument("--num_workers", type=int, help="rollout workers of both engines")
+    parser.add_argument("--num_envs_per_worker", type=int, help="envs per worker of both engines")
+    parser.add_argument("--ours_flags", default="", help="more train.py flags for our runs, e.g. '--bf16 true'")
     args = parser.parse_args()
     env_id, frameskip = ENVS[args.env]
     sf = os.path.join(args.baselines_dir, "sample_factory.sh")
     ours = ["--env", env_id, "--restart", "true"]
+    counts = [f"--{name}={getattr(args, name)}" for name in ("num_workers", "num_envs_per_worker")
+              if getattr(args, name) is not None]
+    ours += [x for flag in counts for x in flag.split("=")]
+    ours += args.ours_flags.split()
     out = {"bench": "compare_sample_factory", "env": env_id, "machine_cpus": os.cpu_count()}
 
     sampling = run_train(ours + ["--sampling_only", "true", "--train_for_seconds", str(args.sampling_seconds + 10)],
                          args.sampling_seconds + 180)
     out["ours_sampling_frames_per_sec"] = round(median_windows([sampling]) * frameskip)
     log("ours sampling", {"frames_per_sec": out["ours_sampling_frames_per_sec"]})
-    sf_sampling = run_baseline(["bash", sf, "sampling", args.env, "--seconds", str(args.sampling_seconds)], 900)
+    sf_sampling = run_baseline(["bash", sf, "sampling", args.env, "--seconds", str(args.sampling_seconds)] + counts, 900)
     log("sample factory sampling", sf_sampling)
     out["sf_sampling_frames_per_sec"] = round(sf_sampling["frames_per_sec"])
     out["ratio_sampling_vs_sf"] = round(out["ours_sampling_frames_per_sec"] / out["sf_sampling_frames_per_sec"], 2)
@@ -60,7 +71,7 @@ def main() -> None:
     log("ours training fixed time", fixed)
     out["ours_training_frames_per_sec"] = round(fixed["frames_per_sec"])
     out["ours_training_return"] = fixed["episode_return_mean"]
-    sf_training = run_baseline(["bash", sf, "training", args.env, "--seconds", str(args.training_seconds)],
+    sf_training = run_baseline(["bash", sf, "training", args.env, "--seconds", str(args.training_seconds)] + counts,
                                args.training_seconds + 900)
     log("sample factory training", sf_training)
     out["sf_training_frames_per_sec_60s"] = sf_training["frames_per_sec_60s"]

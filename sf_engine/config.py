@@ -76,8 +76,9 @@ class SamplerConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     encoder: str = _f("auto", "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
-                              "residual), or 'auto' (Nature CNN); vector observations always get an MLP.",
-                      choices=("auto", "nature_cnn", "impala_cnn", "mlp"))
+                              "residual), 'convnet_simple' (Sample Factory's, the Doom family's default), or "
+                              "'auto' (Nature CNN); vector observations always get an MLP.",
+                      choices=("auto", "nature_cnn", "impala_cnn", "convnet_simple", "mlp"))
     hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
     activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))

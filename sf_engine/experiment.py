@@ -17,6 +17,7 @@ import psutil
 
 from sf_engine.checkpoint import list_checkpoints, remove_temporary_files
 from sf_engine.config import ConfigError
+from sf_engine.envs import reap_orphaned_processes
 from sf_engine.report import write_json_atomic
 from sf_engine.shared_buffers import SHM_PREFIX
 
@@ -143,6 +144,7 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
                 done.append(f"killed {row.get('role')} {row.get('index')} (pid {row['pid']}) left by a previous run")
             except psutil.Error:
                 pass
+    done += reap_orphaned_processes()  # env processes (VizDoom's games) that killed workers left alive
     segment = leftover_segment(experiment_dir, shm_dir, processes)
     if segment is not None:
         try:

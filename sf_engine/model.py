@@ -14,17 +14,12 @@ from torch import nn
 from sf_engine.distributions import ActionDistribution
 from sf_engine.envs.spec import is_image
 from sf_engine import ops
+from sf_engine.cnn import cnn_for
+from sf_engine.cnn import init_layer as _init
 from sf_engine.ops import Tanh, mlp
 from sf_engine.recurrent import run_sequence
 
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
-
-
-def _init(layer: nn.Module, gain: float) -> nn.Module:
-    """Orthogonal init as in the PPO literature (sqrt(2) hidden, 0.01 policy head, 1 value head)."""
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
 
 
 class RunningMeanStd(nn.Module):
@@ -50,76 +45,6 @@ class RunningMeanStd(nn.Module):
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
-
-
-class _ConvEncoder(nn.Module):
-    """`convs` (ending in Flatten), then one linear layer of `units` units (ReLU unless said)."""
-
-    def __init__(self, convs: nn.Sequential, shape: tuple, units: int, activation=nn.ReLU):
-        super().__init__()
-        self.convs = convs
-        with torch.no_grad():
-            size = self.convs(torch.zeros(1, *shape)).shape[1]
-        self.fc = nn.Sequential(_init(nn.Linear(size, units), math.sqrt(2)), activation())
-        self.out_size = units
-
-    def forward(self, x):
-        return self.fc(self.convs(x))
-
-
-class NatureCNN(_ConvEncoder):
-    """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
-
-    def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            _init(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 512)
-
-
-class SimpleCNN(_ConvEncoder):
-    """Sample Factory's default image encoder ('convnet_simple', used for its Doom agents): 32 8x8/4,
-    64 4x4/2 and 128 3x3/2 convolutions, then 512 units, all ELU."""
-
-    def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            _init(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ELU(),
-            _init(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ELU(),
-            _init(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)), nn.ELU(), nn.Flatten()), shape, 512,
-            activation=nn.ELU)
-
-
-class SmallCNN(_ConvEncoder):
-    """For images too small for the Nature CNN's 8x8/4 first layer (MiniGrid-style views): three 3x3
-    convolutions at full resolution, then 256 units (ReLU)."""
-
-    def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            _init(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(16, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(),
-            _init(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 256)
-
-
-class _ResidualBlock(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x):
-        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
-
-
-class ImpalaCNN(_ConvEncoder):
-    """Espeholt et al. 2018: 3 stages of conv + max-pool + 2 residual blocks, then 256 units (ReLU)."""
-
-    def __init__(self, shape: tuple, depths=(16, 32, 32)):
-        layers, channels = [], shape[0]
-        for depth in depths:
-            layers += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _ResidualBlock(depth), _ResidualBlock(depth)]
-            channels = depth
-        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256)
 
 
 class MLP(nn.Module):
@@ -148,14 +73,6 @@ def _channels_first(shape: tuple) -> bool:
     return not (shape[-1] <= 4 < shape[0])
 
 
-def _cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
-    if encoder == "impala_cnn":
-        return ImpalaCNN(shape_chw)
-    if encoder == "convnet_simple":
-        return SimpleCNN(shape_chw)
-    return NatureCNN(shape_chw) if min(shape_chw[1:]) >= 36 else SmallCNN(shape_chw)
-
-
 class Encoder(nn.Module):
     """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
 
@@ -171,7 +88,7 @@ class Encoder(nn.Module):
                 if not _channels_first(shape):
                     self.hwc_keys.add(key)
                     shape = (shape[2], shape[0], shape[1])
-                self.nets[key] = _cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
+                self.nets[key] = cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
             else:
                 self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
                 if mcfg.normalize_input and dtype != "uint8":

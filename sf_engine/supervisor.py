@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sf_engine.checkpoint import latest_valid_checkpoint
+from sf_engine.envs import reap_orphaned_processes
 from sf_engine.ipc import drain_into
 from sf_engine.process import run_role
 from sf_engine.weights import SharedWeights
@@ -129,6 +130,8 @@ class Supervisor:
         owner[slots] = -1
         if len(slots):
             self.queues.free_slots.put_many(slots.tolist())
+        for line in reap_orphaned_processes():  # what the dead workers' envs ran outside them
+            logging.info(line)
         for w in workers:
             self._spawn("rollout_worker", w, self.children[("rollout_worker", w)].generation + 1)
 
@@ -162,6 +165,8 @@ class Supervisor:
             if self.children:
                 self.children = {}
                 self._write_processes()
+            for line in reap_orphaned_processes():  # the envs' own processes of workers killed just now
+                logging.info(line)
 
 
 def _describe_exit(code: int) -> str:

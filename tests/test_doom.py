@@ -1,0 +1,180 @@
+"""The Doom family (envs/doom.py): its spec and observations, Sample Factory's settings, frames that
+count the frame skip, serial training on doom_basic, images bit-exact on the learner, and the one-line
+install hint without VizDoom."""
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import SerialRun, read_json, serial_plan, train_error
+from test_reliability import no_leftover_runs  # noqa: F401  (a failed test leaves no run behind)
+from sf_engine.envs import EnvError, make_batch_env, probe_env_spec
+from sf_engine.runner import run
+
+
+@pytest.mark.parametrize("env_id, actions", [("doom_basic", 4), ("VizdoomBasic-v1", 4),
+                                             ("doom_health_gathering_supreme", 4)])
+def test_doom_spec_and_batched_observations(env_id, actions):
+    spec = probe_env_spec(env_id, "auto")
+    assert (spec.family, spec.frameskip) == ("doom", 4)
+    assert spec.obs == (("obs", (72, 128, 3), "uint8"),)  # Sample Factory's 128x72 RGB
+    assert (spec.action.kind, spec.action.nvec) == ("discrete", (actions,))  # idle + one per button
+    env = make_batch_env(env_id, "auto", 2, seed=3, spec=spec)
+    try:
+        obs = env.reset()["obs"]
+        assert obs.shape == (2, 72, 128, 3) and obs.dtype == np.uint8 and obs.std() > 5  # a rendered room
+        rewards = [env.step(np.array([1, 3])).rewards for _ in range(5)]
+        assert np.all(np.isfinite(rewards))
+    finally:
+        env.close()
+
+
+def test_doom_basic_rewards_are_sample_factorys():
+    """basic.cfg: -1 a tic of living reward, -5 a shot; Sample Factory scales by 0.01, 4 tics a step."""
+    from sf_engine.envs.doom import DoomEnv
+
+    env = DoomEnv("doom_basic")
+    try:
+        env.reset(seed=1)
+        _, idle, *_ = env.step(0)
+        assert idle == pytest.approx(-0.04)
+        shot = sum(env.step(action)[1] for action in (3, 0, 0))  # the shot's cost lands a step later
+        assert shot == pytest.approx(-0.17) or shot > 0  # a miss costs 5; a hit kills (+101)
+        screen = env.render()
+        assert screen.shape == (120, 160, 3)  # the full screen, not the network's input
+    finally:
+        env.close()
+
+
+@pytest.mark.e2e
+def test_doom_basic_trains_in_serial_mode_and_frames_count_the_skip(tmp_path, shm_dir):
+    plan = serial_plan(tmp_path, shm_dir, "doom_basic", "--train_for_env_steps", "256")
+    cfg = plan.cfg
+    assert (cfg.model.encoder, cfg.model.rnn, cfg.model.rnn_size) == ("convnet_simple", "gru", 512)
+    assert run(plan) == 0
+    summary = read_json(tmp_path / "family" / "summary.json")
+    assert summary["learner_version"] >= 2 and summary["env_steps"] >= 256
+    assert summary["frames"] == 4 * summary["env_steps"]
+    assert os.listdir(shm_dir) == []
+
+
+class _Recording:
+    """A batch env that keeps a copy of every observation it hands out."""
+
+    def __init__(self, env, returned: list):
+        self.env, self.returned = env, returned
+
+    def reset(self):
+        obs = self.env.reset()
+        self.returned.append(obs["obs"].copy())
+        return obs
+
+    def step(self, actions):
+        result = self.env.step(actions)
+        self.returned.append(result.obs["obs"].copy())
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+def test_doom_images_arrive_bit_exact_on_the_learner(tmp_path, shm_dir, monkeypatch):
+    """Every 72x128 frame in the learner's batch is one the envs returned, byte for byte."""
+    import sf_engine.rollout_worker as rollout_worker
+
+    returned = []
+    make = rollout_worker.make_batch_env
+    monkeypatch.setattr(rollout_worker, "make_batch_env", lambda *a, **k: _Recording(make(*a, **k), returned))
+    plan = serial_plan(tmp_path, shm_dir, "doom_basic", "--rollout", "8", "--batch_size", "32",
+                       "--num_batches_per_epoch", "1")
+    cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
+    try:
+        batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch])
+        frames = batch["obs"]["obs"].numpy()
+        assert frames.dtype == np.uint8 and frames.shape[-3:] == (72, 128, 3)
+        frames = frames.reshape(-1, 72, 128, 3)
+        known = {frame.tobytes() for batch_ in returned for frame in batch_}
+        assert all(frame.tobytes() in known for frame in frames)
+        assert len({frame.tobytes() for frame in frames}) > 8  # frames of a game, not one frame
+    finally:
+        roles.close()
+
+
+def test_missing_vizdoom_is_one_line_with_the_install_command(tmp_path, shm_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vizdoom", None)  # import vizdoom now raises ImportError
+    with pytest.raises(EnvError, match=r"pip install 'sf_engine\[doom\]'"):
+        probe_env_spec("doom_basic", "auto")
+    line = train_error(["--env", "doom_basic", "--shm_dir", shm_dir], tmp_path, capsys)
+    assert "--env doom_basic" in line and "pip install 'sf_engine[doom]'" in line
+
+
+@pytest.mark.e2e
+def test_doom_replay_video_shows_the_full_screen(tmp_path, shm_dir, capsys):
+    """enjoy.py on a Doom experiment: the video holds the 160x120 screen, not the 128x72 network input."""
+    import imageio.v3 as iio
+
+    from sf_engine import replay
+
+    assert run(serial_plan(tmp_path, shm_dir, "doom_basic", "--train_for_env_steps", "64")) == 0
+    video = tmp_path / "doom.mp4"
+    assert replay.main(["--train_dir", str(tmp_path), "--experiment", "family", "--num_episodes", "1",
+                        "--video", str(video), "--max_frames", "30"]) == 0
+    frames = iio.imread(video)
+    assert frames.shape == (30, 120, 160, 3) and frames.std() > 5
+    assert "_vizdoom.ini" not in os.listdir(os.getcwd())  # VizDoom's ini goes to a temporary folder
+
+
+def _vizdoom_segments() -> set:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("ViZDoom")}
+
+
+def _games_of(pids) -> list:
+    """The VizDoom game processes this family started for any of `pids`."""
+    import psutil
+
+    from sf_engine.envs.doom import _arg, _owner
+
+    games = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        config = _arg(process.info["cmdline"] or [], "-config")
+        if config and _owner(os.path.dirname(config)) in pids:
+            games.append(process.info["pid"])
+    return games
+
+
+@pytest.mark.e2e
+def test_a_killed_worker_and_ctrl_c_leave_no_game_or_segment_behind(tmp_path, shm_dir):
+    """VizDoom runs each game in a process of its own with segments in /dev/shm: a rollout worker killed
+    with SIGKILL has its games reaped before it is restarted, and Ctrl-C stops every game."""
+    import signal
+
+    from test_reliability import alive, start_train, wait_for, wait_for_children
+
+    before = _vizdoom_segments()
+    exp = str(tmp_path / "doom")
+    proc = start_train(["--env", "doom_basic", "--num_workers", "2", "--num_envs_per_worker", "2", "--shm_dir", shm_dir,
+                        "--train_for_seconds", "300"], tmp_path, "doom")
+    rows = wait_for_children(exp, 4)
+    worker = next(r["pid"] for r in rows if r["role"] == "rollout_worker" and r["index"] == 0)
+    deadline = time.monotonic() + 60
+    while len(_games_of([worker])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    killed_games = _games_of([worker])
+    assert len(killed_games) == 2
+    os.kill(worker, signal.SIGKILL)
+    wait_for(exp, "worker_restarts", 1)
+    assert not alive(killed_games)
+    deadline, games = time.monotonic() + 60, []
+    while len(games) < 4 and time.monotonic() < deadline:  # the restarted worker's two and the other's two
+        time.sleep(0.3)
+        games = _games_of([r["pid"] for r in read_json(os.path.join(exp, "processes.json"))["processes"]])
+    assert len(games) == 4
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole process group, games included
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert out.count("reaped a VizDoom game") == 2, out
+    assert not alive(games)
+    assert _vizdoom_segments() - before == set()
+    assert os.listdir(shm_dir) == []
