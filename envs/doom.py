@@ -103,7 +103,8 @@ class DoomEnv(gym.Env):
         self.game, self._running = game, False
         buttons = game.get_available_buttons_size()
         self._actions = np.eye(buttons + 1, buttons, k=-1).tolist()  # row 0 idle, row i button i - 1
-        self._variables = [str(v).split(".")[-1] for v in game.get_available_game_variables()]
+        variables = [str(v).split(".")[-1] for v in game.get_available_game_variables()]
+        self._health_index = variables.index("HEALTH") if self.scenario.gathering else None
         self.action_space = gym.spaces.Discrete(buttons + 1)
         self.observation_space = gym.spaces.Box(0, 255, (*SCREEN_HW, 3), np.uint8)
         self._screen = np.zeros((120, 160, 3), np.uint8)
@@ -117,7 +118,7 @@ class DoomEnv(gym.Env):
         if state is not None:  # None once the episode is over: the last screen stays
             self._screen = state.screen_buffer
             if self.scenario.gathering:
-                self._health = float(state.game_variables[self._variables.index("HEALTH")])
+                self._health = float(state.game_variables[self._health_index])
         return cv2.resize(self._screen, SCREEN_HW[::-1], interpolation=cv2.INTER_AREA)
 
     def reset(self, *, seed=None, options=None):
@@ -205,7 +206,9 @@ def reap_orphaned_games(shm_dir: str = "/dev/shm") -> list:
     leave only files: those of owners that are gone are removed too."""
     import psutil
 
-    done = []
+    done, ini_dirs = [], glob.glob(os.path.join(tempfile.gettempdir(), INI_PREFIX + "*"))
+    if not ini_dirs:  # every game, orphaned or not, has its ini folder: none, nothing to reap (no process scan)
+        return done
     for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
         cmdline = process.info["cmdline"] or []
         config = _arg(cmdline, "-config")
@@ -225,9 +228,9 @@ def reap_orphaned_games(shm_dir: str = "/dev/shm") -> list:
         _remove_segments(_arg(cmdline, "+viz_instance_id"), shm_dir)
         shutil.rmtree(ini_dir, ignore_errors=True)
         done.append(f"reaped a VizDoom game (pid {process.info['pid']}) whose worker (pid {owner}) is gone")
-    for ini_dir in glob.glob(os.path.join(tempfile.gettempdir(), INI_PREFIX + "*")):  # games killed with them
+    for ini_dir in ini_dirs:  # games killed with their worker: only their files are left
         owner = _owner(ini_dir)
-        if owner is None or psutil.pid_exists(owner):
+        if owner is None or psutil.pid_exists(owner) or not os.path.isdir(ini_dir):
             continue
         try:
             with open(os.path.join(ini_dir, "instance")) as f:

@@ -86,7 +86,6 @@ class ImpalaCNN(_ConvEncoder):
         super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256)
 
 
-
 def cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
     """The CNN of --encoder for images of [C, H, W] `shape_chw` ('auto' / 'nature_cnn': the Nature
     CNN, or the small one for images under 36 pixels)."""
@@ -95,5 +94,3 @@ def cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
     if encoder == "convnet_simple":
         return SimpleCNN(shape_chw)
     return NatureCNN(shape_chw) if min(shape_chw[1:]) >= 36 else SmallCNN(shape_chw)
-
-

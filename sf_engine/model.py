@@ -140,10 +140,14 @@ class RecurrentCore(nn.Module):
             else:
                 nn.init.zeros_(param)
 
-    def _run(self, x: torch.Tensor, state: torch.Tensor, episode_start):
+    @property
+    def weights(self) -> tuple:
+        """(w_ih, w_hh, b_ih, b_hh) as nn.GRU / nn.LSTM hold them."""
         rnn = self.rnn
-        return run_sequence(self.kind, x, state, episode_start,
-                            (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0))
+        return rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0
+
+    def _run(self, x: torch.Tensor, state: torch.Tensor, episode_start):
+        return run_sequence(self.kind, x, state, episode_start, self.weights)
 
     def step(self, x: torch.Tensor, state: torch.Tensor):
         """x [B, F], state [B, state_size] -> (output [B, size], new state). Without gradients (acting)
@@ -152,13 +156,12 @@ class RecurrentCore(nn.Module):
         if torch.is_grad_enabled():
             new_state = self._run(x.unsqueeze(0), state, None)[0]
             return new_state[:, :self.out_size], new_state
-        rnn, size = self.rnn, self.out_size
-        weights = (rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0)
+        size = self.out_size
         x = x.to(state.dtype)  # bf16 features from --bf16's encoder: the core stays in the state's dtype
         if self.kind == "gru":
-            h = torch.gru_cell(x, state, *weights)
+            h = torch.gru_cell(x, state, *self.weights)
             return h, h
-        h, c = torch.lstm_cell(x, (state[:, :size], state[:, size:]), *weights)
+        h, c = torch.lstm_cell(x, (state[:, :size], state[:, size:]), *self.weights)
         return h, torch.cat([h, c], dim=1)
 
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
