@@ -1,8 +1,9 @@
 """The Doom family: VizDoom's scenarios under their Gymnasium ids (`VizdoomBasic-v1`, ...) and under
 Sample Factory's names (`doom_basic`, ...), with Sample Factory's observation settings, so that the
 two engines do the same work per frame: the screen rendered at 160x120 in RGB and resized to 128x72
-(area interpolation), frame skip 4 (an env step is 4 game tics; frames count all of them), one
-discrete action per button plus 'idle', and Sample Factory's reward scaling and shaping.
+(nearest-neighbour, Sample Factory's default), frame skip 4 (an env step is 4 game tics; frames
+count all of them), one discrete action per button plus 'idle', and Sample Factory's reward scaling
+and shaping. `doom_deathmatch_bots` hosts a deathmatch against VizDoom's built-in bots.
 
 Needs the `doom` extra (vizdoom and OpenCV); without it, making or probing a Doom env stops with one
 line saying how to install it. The game runs in its own process, which VizDoom starts at the first
@@ -30,11 +31,26 @@ SCREEN_HW = (72, 128)  # the network's input, resized from the 120x160 render
 class Scenario:
     """One VizDoom scenario as this family plays it. `cfg`: its config file among VizDoom's scenarios;
     `reward_scale`: Sample Factory's scaling of the env reward; `gathering`: Sample Factory's gathering
-    shaping (+1 whenever health rises, the env's own reward kept apart as the true objective)."""
+    shaping (+1 whenever health rises); `bots`: a deathmatch hosted with this many of VizDoom's
+    built-in bots, `minutes` long; `shaping`: (game variable, reward per unit it rises, per unit it
+    falls); `stats`: (name, game variable): its change over each episode, reported at the episode's end
+    (TensorBoard's episode/NAME); `objective`: the stat that is the true objective (unset: the env's own
+    return before shaping)."""
     cfg: str
     reward_scale: float = 1.0
     gathering: bool = False
+    bots: int = 0
+    minutes: float = 4.0
+    shaping: tuple = ()
+    stats: tuple = ()
+    objective: str | None = None
 
+
+# Sample Factory's deathmatch shaping (its DEATHMATCH_V0 scheme, without the weapon and ammo terms)
+DEATHMATCH_SHAPING = (("FRAGCOUNT", 1.0, 1.5), ("DEATHCOUNT", -0.75, 0.75), ("HITCOUNT", 0.01, 0.01),
+                      ("DAMAGECOUNT", 0.003, 0.003), ("HEALTH", 0.005, 0.003), ("ARMOR", 0.005, 0.001))
+DEATHMATCH_STATS = (("frags", "FRAGCOUNT"), ("deaths", "DEATHCOUNT"), ("hits", "HITCOUNT"))
+BATTLE_SHAPING = (("KILLCOUNT", 1.0, 0.0),) + DEATHMATCH_SHAPING[2:]  # its wad rewards no kill itself
 
 # Sample Factory's names for the single-player scenarios that VizDoom ships (its doom_utils.DOOM_ENVS)
 SAMPLE_FACTORY_NAMES = {
@@ -45,6 +61,12 @@ SAMPLE_FACTORY_NAMES = {
     "doom_defend_the_line": Scenario("defend_the_line.cfg"),
     "doom_my_way_home": Scenario("my_way_home.cfg"),
     "doom_deadly_corridor": Scenario("deadly_corridor.cfg", reward_scale=0.01),
+    # against 7 built-in bots on VizDoom's own deathmatch map (Sample Factory's dwango5 map is its own)
+    "doom_deathmatch_bots": Scenario("cig.cfg", bots=7, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS,
+                                     objective="frags"),
+    # the monster arena VizDoom ships (Sample Factory's battle.wad is its own)
+    "doom_battle": Scenario("deathmatch.cfg", shaping=BATTLE_SHAPING, stats=(("kills", "KILLCOUNT"),),
+                            objective="kills"),
 }
 
 # VizDoom's Gymnasium ids (vizdoom.gymnasium_wrapper, one button at a time) -> their config files
@@ -80,8 +102,10 @@ def missing(env_id: str):
 
 class DoomEnv(gym.Env):
     """One VizDoom game. Observation: the screen, [72, 128, 3] uint8 (RGB, resized from 160x120);
-    action: Discrete(1 + buttons), 0 idle and i pressing button i - 1 for the 4 tics of a step.
-    `render()` gives the full-resolution screen of the last step, not the network's input."""
+    action: Discrete(1 + buttons), 0 idle and i pressing button i - 1 for the 4 tics of a step (delta
+    buttons, which take an amount, are left out). `render()` gives the full-resolution screen of the
+    last step, not the network's input. An episode's last step has info["episode_extra_stats"] (the
+    scenario's stats and `true_objective`, the env's own return before shaping)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35 // FRAME_SKIP}
 
@@ -89,27 +113,46 @@ class DoomEnv(gym.Env):
         import vizdoom
 
         self.env_id, self.render_mode, self.frame_skip = env_id, render_mode, frame_skip
-        self.scenario = scenario(env_id)
+        self.scenario = sc = scenario(env_id)
         game = vizdoom.DoomGame()
-        game.load_config(os.path.join(vizdoom.scenarios_path, self.scenario.cfg))
+        game.load_config(os.path.join(vizdoom.scenarios_path, sc.cfg))
         game.set_screen_resolution(vizdoom.ScreenResolution.RES_160X120)
         game.set_screen_format(vizdoom.ScreenFormat.RGB24)
         game.set_window_visible(False)
         game.set_sound_enabled(False)
         game.set_mode(vizdoom.Mode.PLAYER)
+        if sc.bots:  # this process hosts a one-player deathmatch; the bots join at each episode's start
+            game.add_game_args(f"-host 1 -deathmatch +timelimit {sc.minutes} +sv_forcerespawn 1 +sv_noautoaim 1 "
+                               "+sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 +viz_respawn_delay 0 "
+                               "+viz_nocheat 1 +name agent +colorset 0")
+            game.set_episode_timeout(int(sc.minutes * 60 * 35))
         # the engine's ini, not in the cwd; the folder's name says which process owns the game
         self._ini_dir = tempfile.mkdtemp(prefix=f"{INI_PREFIX}{os.getpid()}_")
         game.set_doom_config_path(os.path.join(self._ini_dir, "_vizdoom.ini"))
         self.game, self._running = game, False
-        buttons = game.get_available_buttons_size()
-        self._actions = np.eye(buttons + 1, buttons, k=-1).tolist()  # row 0 idle, row i button i - 1
-        variables = [str(v).split(".")[-1] for v in game.get_available_game_variables()]
-        self._health_index = variables.index("HEALTH") if self.scenario.gathering else None
-        self.action_space = gym.spaces.Discrete(buttons + 1)
+        buttons = [str(b).split(".")[-1] for b in game.get_available_buttons()]
+        plain = [i for i, name in enumerate(buttons) if "DELTA" not in name]
+        self._actions = [[0.0] * len(buttons)]  # 0: idle
+        for i in plain:
+            self._actions.append([1.0 if j == i else 0.0 for j in range(len(buttons))])
+        self._variables = self._game_variables(vizdoom)
+        self.action_space = gym.spaces.Discrete(len(self._actions))
         self.observation_space = gym.spaces.Box(0, 255, (*SCREEN_HW, 3), np.uint8)
         self._screen = np.zeros((120, 160, 3), np.uint8)
-        self._health = None
+        self._values = self._start = None  # the game variables of the last state, of the episode's first
         self._true_return = 0.0
+
+    def _game_variables(self, vizdoom) -> list:
+        """The game variables the shaping and the stats read, added to the scenario's own; their names
+        in the order of a state's game_variables."""
+        sc = self.scenario
+        wanted = [v for v, *_ in sc.shaping] + [v for _, v in sc.stats] + (["HEALTH"] if sc.gathering else [])
+        present = [str(v).split(".")[-1] for v in self.game.get_available_game_variables()]
+        for name in dict.fromkeys(wanted):
+            if name not in present:
+                self.game.add_available_game_variable(getattr(vizdoom.GameVariable, name))
+                present.append(name)
+        return present if wanted else []
 
     def _observe(self) -> np.ndarray:
         import cv2
@@ -117,9 +160,15 @@ class DoomEnv(gym.Env):
         state = self.game.get_state()
         if state is not None:  # None once the episode is over: the last screen stays
             self._screen = state.screen_buffer
-            if self.scenario.gathering:
-                self._health = float(state.game_variables[self._health_index])
-        return cv2.resize(self._screen, SCREEN_HW[::-1], interpolation=cv2.INTER_AREA)
+            if self._variables:
+                self._values = dict(zip(self._variables, state.game_variables.tolist()))
+        return cv2.resize(self._screen, SCREEN_HW[::-1], interpolation=cv2.INTER_NEAREST)
+
+    def _add_bots(self) -> None:
+        if self.scenario.bots:
+            self.game.send_game_command("removebots")
+            for _ in range(self.scenario.bots):
+                self.game.send_game_command("addbot")
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -131,21 +180,38 @@ class DoomEnv(gym.Env):
             _record_instance(self._ini_dir)
         else:
             self.game.new_episode()
-        self._health, self._true_return = None, 0.0
-        return self._observe(), {}
+        self._add_bots()
+        self._values, self._true_return = None, 0.0
+        obs = self._observe()
+        self._start = self._values  # counters such as deaths run on over a multiplayer game's episodes
+        return obs, {}
+
+    def _shaping(self, before: dict, after: dict) -> float:
+        sc, reward = self.scenario, 0.0
+        if sc.gathering and after["HEALTH"] > before["HEALTH"]:
+            reward += 1.0  # Sample Factory's gathering shaping: +1 whenever health rises
+        for name, per_rise, per_fall in sc.shaping:
+            delta = after[name] - before[name]
+            reward += delta * per_rise if delta > 0 else delta * per_fall
+        return reward
 
     def step(self, action):
-        previous_health = self._health
+        before = self._values
         reward = self.game.make_action(self._actions[int(action)], self.frame_skip)
         over = self.game.is_episode_finished()
-        truncated = over and self.game.is_episode_timeout_reached()
+        if self.scenario.bots and not over and self.game.is_player_dead():
+            self.game.respawn_player()
+        truncated = over and self.game.is_episode_timeout_reached() and not self.scenario.bots
         obs = self._observe()
         self._true_return += reward
         info = {}
-        if self.scenario.gathering and not over and previous_health is not None and self._health > previous_health:
-            reward += 1.0  # Sample Factory's gathering shaping: +1 whenever health rises
+        if before is not None and not over:
+            reward += self._shaping(before, self._values)
         if over:
-            info["true_objective"] = self._true_return
+            extra = {name: self._values[variable] - self._start[variable] if self._start else 0.0
+                     for name, variable in self.scenario.stats}
+            extra["true_objective"] = extra[self.scenario.objective] if self.scenario.objective else self._true_return
+            info["episode_extra_stats"] = extra
         return obs, reward * self.scenario.reward_scale, over and not truncated, truncated, info
 
     def render(self):

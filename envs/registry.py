@@ -22,11 +22,11 @@ import functools
 import importlib
 import importlib.util
 import warnings
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom import DoomFactory, is_doom
 from .doom import missing as doom_missing
@@ -49,63 +49,6 @@ def register_env(name: str, make_env: Callable) -> None:
 def registered_envs() -> dict:
     """name -> factory of every register_env() call in this process (handed to rollout workers)."""
     return dict(_REGISTRY)
-
-
-@dataclass
-class StepResult:
-    """One batched step. obs: dict key -> [E, *shape]; the rest [E]. `rewards`/`terminated` are what
-    training sees (clipped rewards, life loss on Atari); `score_rewards`/`episode_over` are what the
-    reported episode returns add up (the true game score of whole games)."""
-    obs: dict
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    score_rewards: np.ndarray
-    episode_over: np.ndarray
-
-
-def _as_dict(obs) -> dict:
-    return obs if isinstance(obs, dict) else {"obs": obs}
-
-
-class BatchEnv:
-    """`num_envs` envs stepped as one batch (an EnvPool instance or a Gymnasium vector env)."""
-
-    def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
-        self._env, self.num_envs, self.spec = env, num_envs, spec
-        self._true_score = true_score_from_info
-        action = spec.action
-        if action.kind == "continuous":
-            self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
-        self._start = np.asarray(action.start or 0)
-        self._offset = bool(np.any(self._start))
-
-    def reset(self) -> dict:
-        obs, _ = self._env.reset()
-        return _as_dict(obs)
-
-    def step(self, actions: np.ndarray) -> StepResult:
-        if self.spec.action.kind == "continuous":
-            actions = np.clip(actions, self._low, self._high)  # the env gets clipped actions
-        elif self._offset:  # Discrete(n, start=k): the policy picks 0..n-1
-            actions = actions + self._start
-        obs, rewards, terminated, truncated, info = self._env.step(actions)
-        if self._true_score:
-            score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)
-        else:
-            score, over = rewards, np.logical_or(terminated, truncated)
-        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over)
-
-    def render(self):
-        return self._env.render()
-
-    @property
-    def render_fps(self):
-        """The frame rate the env renders at (Gymnasium's metadata), or None when it says none."""
-        return getattr(self._env, "metadata", {}).get("render_fps")
-
-    def close(self) -> None:
-        self._env.close()
 
 
 # ---- backends ---------------------------------------------------------------------------------

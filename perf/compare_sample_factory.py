@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--skip_single_process", action="store_true")
     parser.add_argument("--num_workers", type=int, help="rollout workers of both engines")
     parser.add_argument("--num_envs_per_worker", type=int, help="envs per worker of both engines")
+    parser.add_argument("--only", choices=("sampling", "training"), help="run only this half of the comparison")
     parser.add_argument("--ours_flags", default="", help="more train.py flags for our runs, e.g. '--bf16 true'")
     args = parser.parse_args()
     env_id, frameskip = ENVS[args.env]
@@ -51,6 +52,14 @@ def main() -> None:
     ours += args.ours_flags.split()
     out = {"bench": "compare_sample_factory", "env": env_id, "machine_cpus": os.cpu_count()}
 
+    if args.only != "training":
+        sampling_half(args, ours, sf, counts, frameskip, out)
+    if args.only != "sampling":
+        training_half(args, ours, sf, counts, out)
+    print(json.dumps(out))
+
+
+def sampling_half(args, ours: list, sf: str, counts: list, frameskip: int, out: dict) -> None:
     sampling = run_train(ours + ["--sampling_only", "true", "--train_for_seconds", str(args.sampling_seconds + 10)],
                          args.sampling_seconds + 180)
     out["ours_sampling_frames_per_sec"] = round(median_windows([sampling]) * frameskip)
@@ -60,6 +69,8 @@ def main() -> None:
     out["sf_sampling_frames_per_sec"] = round(sf_sampling["frames_per_sec"])
     out["ratio_sampling_vs_sf"] = round(out["ours_sampling_frames_per_sec"] / out["sf_sampling_frames_per_sec"], 2)
 
+
+def training_half(args, ours: list, sf: str, counts: list, out: dict) -> None:
     if args.env == "cartpole":
         solve = run_train(ours + ["--stop_at_return", "475", "--train_for_seconds", "60"], 180)
         log("ours training to 475", solve)
@@ -88,7 +99,6 @@ def main() -> None:
         out["single_process_launch_to_exit_sec"] = single["launch_to_exit_sec"]
         out["ratio_training_vs_single_process"] = round(
             out["ours_training_frames_per_sec"] / single["env_steps_per_sec"], 2)
-    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ class Stages:
 
 @dataclass
 class Episodes:
-    """Rollout worker: episodes finished since its last report (the last 100 of them in full)."""
+    """Rollout worker: episodes finished since its last report (the last 100 of them in full); `extra`:
+    the envs' own episode stats, name -> the last 100 values."""
     stages: Stages
     count: int
     returns: list
     lengths: list
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass

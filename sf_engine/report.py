@@ -44,6 +44,7 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     if stats.returns:
         out["episode/return"] = stats.return_mean
         out["episode/length"] = sum(stats.lengths) / len(stats.lengths)
+    out.update({f"episode/{name}": value for name, value in stats.extra_means.items()})
     if stats.evaluation:
         out.update({"eval/return_mean": stats.evaluation.return_mean, "eval/return_best": stats.evaluation.best,
                     "eval/length_mean": stats.evaluation.length_mean})
@@ -64,6 +65,9 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
     line = (f"[{elapsed:6.1f}s] env steps {stats.env_steps:,} | {rate:,.0f} env steps/s "
             f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
             f"| lag mean/max {lag} | version {train.version if train else 0}")
+    extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
+    if extra:  # the env's own episode stats: frags, deaths, ...
+        line += " | " + " ".join(extra)
     remaining = [cfg.run.train_for_seconds - elapsed]
     if rate > 0:
         remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
@@ -81,6 +85,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         "wall_sec": round(time.monotonic() - stats.start_time, 2),
         "env_steps_per_sec": round(steps_per_sec, 1), "frames_per_sec": round(steps_per_sec * frameskip, 1),
         "episode_return_mean": stats.return_mean, "episodes": stats.episodes,
+        "episode_extra_stats": stats.extra_means,
         "policy_lag_mean": stats.lag_sum / stats.lag_count if stats.lag_count else None,
         "policy_lag_max": stats.lag_max if stats.lag_count else None,
         "learner_version": train.version if train else 0, "learner_samples": stats.books.trained,

@@ -54,6 +54,7 @@ class RolloutWorker:
         self.episode_length = np.zeros((self.num_splits, self.envs_per_split), np.int64)
         self.finished_returns: list = []
         self.finished_lengths: list = []
+        self.finished_extra: dict = {}  # name -> values of the env's own episode stats
         self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
         self.last_stats_time = time.monotonic()
         try:
@@ -135,6 +136,9 @@ class RolloutWorker:
         buf.truncated[slot, row] = result.truncated
         done = np.logical_or(result.terminated, result.truncated)
         self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row])
+        if result.extra_stats:
+            for name, values in result.extra_stats.items():
+                self.finished_extra.setdefault(name, []).extend(values)
         row += 1
         buf.env_steps[self.idx] += self.envs_per_split  # counted with the row that holds the step
         buf.slot_rows[slot] = row
@@ -171,8 +175,9 @@ class RolloutWorker:
     def send_stats(self) -> None:
         """Episodes finished since the last call (the last 100 of them in full) and stage times."""
         self.ctx.send(Episodes(self.timer.report(self.ctx.name), len(self.finished_returns),
-                               self.finished_returns[-100:], self.finished_lengths[-100:]))
-        self.finished_returns, self.finished_lengths = [], []
+                               self.finished_returns[-100:], self.finished_lengths[-100:],
+                               {name: values[-100:] for name, values in self.finished_extra.items()}))
+        self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
         self.last_stats_time = time.monotonic()
 
     def finish(self) -> None:

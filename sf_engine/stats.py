@@ -88,6 +88,7 @@ class RunStats:
         self.start_time = time.monotonic()
         self.throughput = Throughput(env_steps_base)
         self.returns, self.lengths = deque(maxlen=100), deque(maxlen=100)
+        self.extra: dict = {}  # name -> the last 100 values of an env's own episode stat
         self.episodes = 0
         self.training: msg.Training | None = None  # the latest batch
         self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, 0.0
@@ -115,6 +116,11 @@ class RunStats:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
     @property
+    def extra_means(self) -> dict:
+        """name -> mean of the last 100 values of each of the envs' own episode stats."""
+        return {name: sum(values) / len(values) for name, values in self.extra.items() if values}
+
+    @property
     def stage_sec(self) -> dict:
         return {role: stages.stage_sec for role, stages in self.stages.items()}
 
@@ -127,6 +133,8 @@ class RunStats:
             self.episodes += m.count
             self.returns.extend(m.returns)
             self.lengths.extend(m.lengths)
+            for name, values in m.extra.items():
+                self.extra.setdefault(name, deque(maxlen=100)).extend(values)
             self.stages[m.stages.role] = m.stages
 
     def _training(self, m: msg.Training) -> None:

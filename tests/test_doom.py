@@ -102,6 +102,47 @@ def test_doom_images_arrive_bit_exact_on_the_learner(tmp_path, shm_dir, monkeypa
         roles.close()
 
 
+def test_deathmatch_shaping_counts_changes_and_stats_are_per_episode():
+    """Deathmatch rewards: +1 a frag, -0.75 a death, ... (changes of game variables, not their values);
+    the stats of an episode are the counters' changes over it (VizDoom's death count runs on across a
+    multiplayer game's episodes)."""
+    from sf_engine.envs.doom import DoomEnv
+
+    env = DoomEnv("doom_deathmatch_bots")
+    try:
+        before = {"FRAGCOUNT": 2, "DEATHCOUNT": 5, "HITCOUNT": 0, "DAMAGECOUNT": 0, "HEALTH": 100, "ARMOR": 0}
+        after = dict(before, FRAGCOUNT=3, DEATHCOUNT=6, HEALTH=80)
+        assert env._shaping(before, after) == pytest.approx(1.0 - 0.75 - 20 * 0.003)
+        assert env._shaping(before, before) == 0.0
+        assert env.action_space.n == 9  # idle + 8 buttons; the two delta buttons are left out
+    finally:
+        env.close()
+
+
+@pytest.mark.e2e
+def test_deathmatch_against_bots_reports_frags_and_deaths(tmp_path, shm_dir, monkeypatch):
+    """A match against 7 built-in bots, cut to 6 s of game time: its episodes' frags and deaths reach
+    summary.json, TensorBoard (episode/frags, episode/deaths) and the true objective (frags)."""
+    import dataclasses
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sf_engine.envs import doom
+
+    short = dataclasses.replace(doom.SAMPLE_FACTORY_NAMES["doom_deathmatch_bots"], minutes=0.1)
+    monkeypatch.setitem(doom.SAMPLE_FACTORY_NAMES, "doom_deathmatch_bots", short)
+    plan = serial_plan(tmp_path, shm_dir, "doom_deathmatch_bots", "--train_for_env_steps", "640")
+    assert run(plan) == 0
+    summary = read_json(tmp_path / "family" / "summary.json")
+    assert summary["episodes"] >= 4
+    extra = summary["episode_extra_stats"]
+    assert set(extra) == {"frags", "deaths", "hits", "true_objective"}
+    assert extra["true_objective"] == extra["frags"] and extra["deaths"] >= 0
+    events = EventAccumulator(str(tmp_path / "family"))
+    events.Reload()
+    assert {"episode/frags", "episode/deaths", "episode/return"} <= set(events.Tags()["scalars"])
+
+
 def test_missing_vizdoom_is_one_line_with_the_install_command(tmp_path, shm_dir, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "vizdoom", None)  # import vizdoom now raises ImportError
     with pytest.raises(EnvError, match=r"pip install 'sf_engine\[doom\]'"):

@@ -1,0 +1,84 @@
+"""A batch of envs stepped as one (an EnvPool instance or a Gymnasium vector env) and what one
+batched step returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .spec import EnvSpec
+
+
+@dataclass
+class StepResult:
+    """One batched step. obs: dict key -> [E, *shape]; the rest [E]. `rewards`/`terminated` are what
+    training sees (clipped rewards, life loss on Atari); `score_rewards`/`episode_over` are what the
+    reported episode returns add up (the true game score of whole games). `extra_stats`: name -> values
+    of the episodes that ended this step with an info["episode_extra_stats"] dict (Sample Factory's
+    convention: frags, deaths, true_objective, ...), or None."""
+    obs: dict
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    score_rewards: np.ndarray
+    episode_over: np.ndarray
+    extra_stats: dict | None = None
+
+
+def _extra_stats(info: dict):
+    """name -> list of values from a vector env's merged info["episode_extra_stats"] (each name's values
+    under the mask '_' + name, Gymnasium's layout), or None where no episode reported any."""
+    extra = info.get("episode_extra_stats")
+    if not isinstance(extra, dict):
+        return None
+    out = {}
+    for name, values in extra.items():
+        mask = extra.get("_" + name)
+        if name.startswith("_") or mask is None or not np.any(mask):
+            continue
+        out[name] = np.asarray(values, np.float64)[np.asarray(mask, bool)].tolist()
+    return out or None
+
+
+def _as_dict(obs) -> dict:
+    return obs if isinstance(obs, dict) else {"obs": obs}
+
+
+class BatchEnv:
+    """`num_envs` envs stepped as one batch (an EnvPool instance or a Gymnasium vector env)."""
+
+    def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
+        self._env, self.num_envs, self.spec = env, num_envs, spec
+        self._true_score = true_score_from_info
+        action = spec.action
+        if action.kind == "continuous":
+            self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
+        self._start = np.asarray(action.start or 0)
+        self._offset = bool(np.any(self._start))
+
+    def reset(self) -> dict:
+        obs, _ = self._env.reset()
+        return _as_dict(obs)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        if self.spec.action.kind == "continuous":
+            actions = np.clip(actions, self._low, self._high)  # the env gets clipped actions
+        elif self._offset:  # Discrete(n, start=k): the policy picks 0..n-1
+            actions = actions + self._start
+        obs, rewards, terminated, truncated, info = self._env.step(actions)
+        if self._true_score:
+            score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)
+        else:
+            score, over = rewards, np.logical_or(terminated, truncated)
+        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over, _extra_stats(info))
+
+    def render(self):
+        return self._env.render()
+
+    @property
+    def render_fps(self):
+        """The frame rate the env renders at (Gymnasium's metadata), or None when it says none."""
+        return getattr(self._env, "metadata", {}).get("render_fps")
+
+    def close(self) -> None:
+        self._env.close()
