@@ -35,7 +35,8 @@ class Scenario:
     built-in bots, `minutes` long; `shaping`: (game variable, reward per unit it rises, per unit it
     falls); `stats`: (name, game variable): its change over each episode, reported at the episode's end
     (TensorBoard's episode/NAME); `objective`: the stat that is the true objective (unset: the env's own
-    return before shaping)."""
+    return before shaping); `settings`: (DoomGame setter without 'set_', value) applied over the config
+    file, and `buttons` added to its own, where Sample Factory's copy of the config differs from VizDoom's."""
     cfg: str
     reward_scale: float = 1.0
     gathering: bool = False
@@ -44,6 +45,8 @@ class Scenario:
     shaping: tuple = ()
     stats: tuple = ()
     objective: str | None = None
+    settings: tuple = ()
+    buttons: tuple = ()
 
 
 # Sample Factory's deathmatch shaping (its DEATHMATCH_V0 scheme, without the weapon and ammo terms)
@@ -52,15 +55,24 @@ DEATHMATCH_SHAPING = (("FRAGCOUNT", 1.0, 1.5), ("DEATHCOUNT", -0.75, 0.75), ("HI
 DEATHMATCH_STATS = (("frags", "FRAGCOUNT"), ("deaths", "DEATHCOUNT"), ("hits", "HITCOUNT"))
 BATTLE_SHAPING = (("KILLCOUNT", 1.0, 0.0),) + DEATHMATCH_SHAPING[2:]  # its wad rewards no kill itself
 
-# Sample Factory's names for the single-player scenarios that VizDoom ships (its doom_utils.DOOM_ENVS)
+# what Sample Factory's own copies of VizDoom's configs change: rendering, and gathering's rewards
+_SF_RENDER = (("render_decals", False), ("render_particles", False), ("render_crosshair", False),
+              ("render_screen_flashes", True))
+_SF_HUD = _SF_RENDER + (("render_hud", True),)
+_SF_GATHERING = _SF_RENDER + (("render_weapon", False), ("living_reward", 0.01), ("death_penalty", 0.0))
+
+# Sample Factory's names for the single-player scenarios that VizDoom ships (its doom_utils.DOOM_ENVS),
+# played with its settings
 SAMPLE_FACTORY_NAMES = {
-    "doom_basic": Scenario("basic.cfg", reward_scale=0.01),
-    "doom_health_gathering_supreme": Scenario("health_gathering_supreme.cfg", gathering=True),
-    "doom_health_gathering": Scenario("health_gathering.cfg", gathering=True),
-    "doom_defend_the_center": Scenario("defend_the_center.cfg"),
-    "doom_defend_the_line": Scenario("defend_the_line.cfg"),
-    "doom_my_way_home": Scenario("my_way_home.cfg"),
-    "doom_deadly_corridor": Scenario("deadly_corridor.cfg", reward_scale=0.01),
+    "doom_basic": Scenario("basic.cfg", reward_scale=0.01, settings=_SF_HUD),
+    "doom_health_gathering_supreme": Scenario("health_gathering_supreme.cfg", gathering=True, settings=_SF_GATHERING,
+                                              buttons=("MOVE_BACKWARD",)),
+    "doom_health_gathering": Scenario("health_gathering.cfg", gathering=True, settings=_SF_GATHERING,
+                                      buttons=("MOVE_BACKWARD",)),
+    "doom_defend_the_center": Scenario("defend_the_center.cfg", settings=_SF_HUD),
+    "doom_defend_the_line": Scenario("defend_the_line.cfg", settings=_SF_HUD),
+    "doom_my_way_home": Scenario("my_way_home.cfg", settings=_SF_RENDER),
+    "doom_deadly_corridor": Scenario("deadly_corridor.cfg", reward_scale=0.01, settings=_SF_HUD),
     # against 7 built-in bots on VizDoom's own deathmatch map (Sample Factory's dwango5 map is its own)
     "doom_deathmatch_bots": Scenario("cig.cfg", bots=7, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS,
                                      objective="frags"),
@@ -121,6 +133,10 @@ class DoomEnv(gym.Env):
         game.set_window_visible(False)
         game.set_sound_enabled(False)
         game.set_mode(vizdoom.Mode.PLAYER)
+        for name, value in sc.settings:
+            getattr(game, "set_" + name)(value)
+        for button in sc.buttons:
+            game.add_available_button(getattr(vizdoom.Button, button))
         if sc.bots:  # this process hosts a one-player deathmatch; the bots join at each episode's start
             game.add_game_args(f"-host 1 -deathmatch +timelimit {sc.minutes} +sv_forcerespawn 1 +sv_noautoaim 1 "
                                "+sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 +viz_respawn_delay 0 "

@@ -324,10 +324,13 @@ FAMILY_DEFAULTS = {
               "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
               "entropy_coeff": 0.01, "learner_threads": 2},
     # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
-    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, normalized returns
+    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, lr 1e-4, its
+    # per-pixel input normalization, normalized returns, Adam's eps 1e-6, unit-gain init, and its value
+    # loss weight (its loss is 0.5 x squared error without our 0.5 factor: 1.0 here)
     "doom": {"encoder": "convnet_simple", "rnn": "gru", "rnn_size": 512, "rollout": 32, "batch_size": 1024,
              "num_batches_per_epoch": 1, "num_epochs": 1, "learning_rate": 1e-4, "ppo_clip_ratio": 0.1,
-             "entropy_coeff": 0.001, "normalize_returns": True, "max_grad_norm": 4.0, "learner_threads": 2},
+             "entropy_coeff": 0.001, "normalize_input": True, "normalize_returns": True, "max_grad_norm": 4.0,
+             "value_loss_coeff": 1.0, "adam_eps": 1e-6, "weight_init": "unit", "learner_threads": 2},
     "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,

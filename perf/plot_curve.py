@@ -2,6 +2,12 @@
 
   python perf/plot_curve.py train_dir/breakout_30min --tag episode/return --out docs/breakout_return.png
   python perf/plot_curve.py train_dir/pong_f32 train_dir/pong_bf16 --labels float32,bf16 --out pong.png
+  python perf/plot_curve.py train_dir/doom_basic SF_TRAIN_DIR/EXPERIMENT/.summary/0 --x minutes \
+      --tag episode/return,reward/reward --labels sf_engine,"Sample Factory" --out doom_basic.png
+With --x minutes, time counts from the run's launch where its config.json says when (the file each
+engine writes at start, in the experiment folder or two folders up, as Sample Factory keeps it), else
+from the first point. --tag takes one tag, or one per experiment (Sample Factory's return is
+reward/reward).
 Needs matplotlib (pip install -e '.[perf]'). Prints one JSON line: per experiment the first, last and
 largest value of the tag, its env steps and minutes.
 """
@@ -14,6 +20,15 @@ import os
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
+def launch_time(experiment_dir: str):
+    """When the run started: the modification time of the config.json its engine writes at launch."""
+    for folder in (experiment_dir, os.path.join(experiment_dir, os.pardir, os.pardir)):
+        path = os.path.join(folder, "config.json")
+        if os.path.isfile(path):
+            return os.path.getmtime(path)
+    return None
+
+
 def read(experiment_dir: str, tag: str) -> list:
     events = EventAccumulator(experiment_dir, size_guidance={"scalars": 0})
     events.Reload()
@@ -23,10 +38,17 @@ def read(experiment_dir: str, tag: str) -> list:
     return points
 
 
+def at_minute(values: list, minutes: list, minute: float):
+    """The last value logged at or before `minute`."""
+    before = [v for v, m in zip(values, minutes) if m <= minute]
+    return before[-1] if before else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiment_dirs", nargs="+")
-    parser.add_argument("--tag", default="episode/return")
+    parser.add_argument("--tag", default="episode/return", help="a scalar tag, or one per experiment, "
+                        "comma-separated")
     parser.add_argument("--labels", default=None, help="comma-separated, one per experiment (default: the names)")
     parser.add_argument("--x", choices=("env_steps", "minutes"), default="env_steps", help="the horizontal axis")
     parser.add_argument("--out", required=True, help="PNG path")
@@ -36,6 +58,11 @@ def main() -> None:
                                                              args.experiment_dirs]
     if len(labels) != len(args.experiment_dirs):
         parser.error(f"--labels: {len(labels)} labels for {len(args.experiment_dirs)} experiments")
+    tags = args.tag.split(",")
+    if len(tags) == 1:
+        tags *= len(labels)
+    if len(tags) != len(labels):
+        parser.error(f"--tag: {len(tags)} tags for {len(args.experiment_dirs)} experiments")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,16 +70,18 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     summary = []
-    for experiment_dir, label in zip(args.experiment_dirs, labels):
-        points = read(experiment_dir, args.tag)
+    for experiment_dir, label, tag in zip(args.experiment_dirs, labels, tags):
+        points = read(experiment_dir, tag)
         values = [p.value for p in points]
-        minutes = [(p.wall_time - points[0].wall_time) / 60 for p in points]
+        start = (launch_time(experiment_dir) if args.x == "minutes" else None) or points[0].wall_time
+        minutes = [(p.wall_time - start) / 60 for p in points]
         ax.plot([p.step for p in points] if args.x == "env_steps" else minutes, values, lw=1.5,
                 label=f"{label} ({minutes[-1]:.0f} min)" if args.x == "env_steps" else label)
         summary.append({"experiment": label, "points": len(values), "first": values[0], "last": values[-1],
-                        "max": max(values), "minutes": round(minutes[-1], 1), "env_steps": points[-1].step})
+                        "max": max(values), "minutes": round(minutes[-1], 1), "env_steps": points[-1].step,
+                        "at_minute": {m: at_minute(values, minutes, m) for m in (5, 10, 20) if minutes[-1] >= m}})
     ax.set_xlabel("env steps" if args.x == "env_steps" else "minutes of training")
-    ax.set_ylabel(args.tag)
+    ax.set_ylabel(tags[0] if len(set(tags)) == 1 else "episode return")
     ax.set_title(args.title or ", ".join(labels))
     ax.grid(alpha=0.3)
     if len(labels) > 1:

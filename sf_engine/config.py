@@ -82,12 +82,16 @@ class ModelConfig:
     hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
     activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))
+    weight_init: str = _f("ppo", "Orthogonal weight init: 'ppo' (gain sqrt(2) in hidden layers, 0.01 on the policy "
+                                 "head, 1 on the value head) or 'unit' (gain 1 everywhere, Sample Factory's).",
+                          choices=("ppo", "unit"))
     actor_critic: str = _f("auto", "'shared': one encoder (and core) feeds the policy and value heads; "
                                    "'separate': the actor and the critic each have their own; 'auto': shared "
                                    "with --rnn or image observations, separate otherwise.",
                            choices=("auto", "shared", "separate"))
-    normalize_input: bool = _f(False, "Normalize vector observations by running mean/std (kept by the learner, "
-                                      "used by the policy worker, saved in checkpoints). Images are scaled to [0, 1].")
+    normalize_input: bool = _f(False, "Normalize observations by running mean/std (kept by the learner, used by "
+                                      "the policy worker, saved in checkpoints): vectors per entry, images per pixel "
+                                      "and channel after scaling to [0, 1] (without it, images are only scaled).")
     normalize_returns: bool = _f(False, "Scale value targets by running return statistics (value normalization).")
     rnn: str = _f("none", "Recurrent core after the encoder: 'gru', 'lstm', or 'none' (feed-forward). Its hidden "
                           "state lives in shared memory per env and is reset at episode boundaries.",
@@ -103,6 +107,8 @@ class LearnerConfig:
                                        "batch_size x num_batches_per_epoch samples at a time.")
     num_epochs: int = _f(2, "Passes over each training batch (sample reuse).")
     learning_rate: float = _f(3e-3, "Adam learning rate.")
+    adam_eps: float = _f(1e-5, "Adam's epsilon (added to the root of the second moment): smaller lets parameters "
+                               "with small gradients (a CNN's large linear layer) move faster.")
     lr_schedule: str = _f("constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.",
                           choices=("constant", "linear"))
     gamma: float = _f(0.99, "Discount factor.")
@@ -236,6 +242,7 @@ def check_flags(cfg: Config) -> None:
             raise ConfigError(f"{flag} must be at least 1 (got {value})")
     for flag, value in {"--ppo_clip_ratio": lrn.ppo_clip_ratio, "--vtrace_rho_bar": lrn.vtrace_rho_bar,
                         "--vtrace_c_bar": lrn.vtrace_c_bar, "--save_every_sec": run.save_every_sec,
+                        "--learning_rate": lrn.learning_rate, "--adam_eps": lrn.adam_eps,
                         "--status_every_sec": run.status_every_sec}.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
@@ -260,8 +267,6 @@ def check_flags(cfg: Config) -> None:
     for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
-    if lrn.learning_rate <= 0:
-        raise ConfigError(f"--learning_rate must be positive (got {lrn.learning_rate})")
     if run.eval_every_sec < 0:
         raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
     if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:

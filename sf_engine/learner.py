@@ -40,7 +40,7 @@ class Learner:
         encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
         self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
         self.params = flatten_state(self.model)
-        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=1e-5)
+        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
         self.version = 0
         if plan.resume_from:
             self._load(plan.resume_from)

@@ -46,6 +46,11 @@ class RunningMeanStd(nn.Module):
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
 
+    def image_affine(self):
+        """(scale, shift) with raw * scale + shift = (raw / 255 - mean) / std, statistics kept in [0, 1]."""
+        inv_std = torch.rsqrt(self.var + 1e-5)
+        return inv_std / 255.0, -self.mean * inv_std
+
 
 class MLP(nn.Module):
     """`layers` linear layers of `hidden_size` units, each followed by the activation, run by ops.mlp (one
@@ -89,6 +94,8 @@ class Encoder(nn.Module):
                     self.hwc_keys.add(key)
                     shape = (shape[2], shape[0], shape[1])
                 self.nets[key] = cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
+                if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
+                    self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
             else:
                 self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
                 if mcfg.normalize_input and dtype != "uint8":
@@ -110,7 +117,11 @@ class Encoder(nn.Module):
             bf16 = torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
             # converted as contiguous [B, H, W, C] rows (torch's CPU conversion of a channels-last view
             # takes its slow strided path), then seen as [B, C, H, W] in channels-last
-            return rows.to(torch.bfloat16 if bf16 else torch.float32).div_(255.0).permute(0, 3, 1, 2)
+            rows = rows.to(torch.bfloat16 if bf16 else torch.float32)
+            if key in self.normalizers:  # (x / 255 - mean) / std in two passes, clipped to 5 std
+                scale, shift = self.normalizers[key].image_affine()
+                return rows.mul_(scale.to(rows.dtype)).add_(shift.to(rows.dtype)).clamp_(-5.0, 5.0).permute(0, 3, 1, 2)
+            return rows.div_(255.0).permute(0, 3, 1, 2)
         if x.dtype == torch.uint8:
             return x.reshape(x.shape[0], -1).float().div_(255.0)
         x = x.reshape(x.shape[0], -1).float()
@@ -194,6 +205,12 @@ class ActorCritic(nn.Module):
         self.state_size = sum(core.state_size for core in (self.actor_core, self.critic_core) if core is not None)
         self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
         self.value_head = _init(nn.Linear(size, 1), 1.0)
+        if mcfg.weight_init == "unit":  # Sample Factory's: orthogonal with gain 1 everywhere, heads included
+            with torch.no_grad():
+                for layer in self.modules():
+                    if isinstance(layer, (nn.Linear, nn.Conv2d)):  # (a conv's weight is channels-last)
+                        layer.weight.copy_(nn.init.orthogonal_(torch.empty(layer.weight.shape), 1.0))
+                        layer.bias.zero_()
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
         # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
@@ -301,7 +318,10 @@ class ActorCritic(nn.Module):
     def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
         """Learner only: merge a batch's observation and return statistics (valid samples only)."""
         for key, normalizer in self.actor_encoder.normalizers.items():
-            normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+            if key in self.actor_encoder.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
+                normalizer.update(obs[key][::4].float().div_(255.0))
+            else:
+                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
         if self.critic_encoder is not None:
             for key, normalizer in self.critic_encoder.normalizers.items():
                 normalizer.load_state_dict(self.actor_encoder.normalizers[key].state_dict())

@@ -91,6 +91,7 @@ def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_
     assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
     before = files_of(tmp_path)
     bad = [(["--restart", "--learning_rate", "-1"], "--learning_rate"),
+           (["--restart", "--adam_eps", "0"], "--adam_eps"),
            (["--restart", "--rollout", "1"], "--rollout")]
     if cuda_device_count() == 0:
         bad.append((["--restart", "--device", "cuda"], "--device cuda"))  # once deleted every checkpoint

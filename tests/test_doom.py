@@ -15,7 +15,7 @@ from sf_engine.runner import run
 
 
 @pytest.mark.parametrize("env_id, actions", [("doom_basic", 4), ("VizdoomBasic-v1", 4),
-                                             ("doom_health_gathering_supreme", 4)])
+                                             ("doom_health_gathering_supreme", 5)])
 def test_doom_spec_and_batched_observations(env_id, actions):
     spec = probe_env_spec(env_id, "auto")
     assert (spec.family, spec.frameskip) == ("doom", 4)

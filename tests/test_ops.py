@@ -233,3 +233,48 @@ def test_freed_large_tensors_are_reused_without_new_page_faults():
     assert runs[True][0], "mallopt was refused"
     assert runs[False][1] > 10 * 40000
     assert runs[True][1] < 2000
+
+
+def test_images_are_normalized_per_pixel_with_normalize_input():
+    """--normalize_input on images: the learner's statistics are per pixel and channel of x / 255, and the
+    encoder's input is (x / 255 - mean) / std, clipped to 5, in the [B, C, H, W] layout the CNN takes."""
+    from sf_engine.config import ModelConfig
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+
+    spec = EnvSpec((("screen", (12, 16, 3), "uint8"),), ActionSpec("discrete", nvec=(3,)), family="image")
+    model = ActorCritic(spec, resolve_model_config(ModelConfig(normalize_input=True), spec))
+    torch.manual_seed(0)
+    frames = (torch.rand(64, 12, 16, 3) * torch.linspace(10, 250, 16).view(1, 1, 16, 1)).to(torch.uint8)
+    model.update_normalizers({"screen": frames}, torch.zeros(64))
+    seen = frames[::4].double() / 255.0  # the rows the statistics were taken from
+    normalizer = model.actor_encoder.normalizers["screen"]
+    torch.testing.assert_close(normalizer.mean.double(), seen.mean(0), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(normalizer.var.double(), seen.var(0, unbiased=False), rtol=1e-3, atol=1e-4)
+    prepared = model.actor_encoder.prepare("screen", frames)
+    expected = ((frames.float() / 255.0 - normalizer.mean) / torch.sqrt(normalizer.var + 1e-5)).clamp(-5, 5)
+    assert prepared.shape == (64, 3, 12, 16)
+    torch.testing.assert_close(prepared, expected.permute(0, 3, 1, 2), rtol=1e-5, atol=1e-5)
+    assert prepared.abs().max() <= 5.0 and 0.5 < prepared.std() < 1.5
+
+
+def test_unit_weight_init_is_orthogonal_with_gain_one_everywhere():
+    """--weight_init unit (the Doom family's, Sample Factory's): every conv and linear layer, the heads
+    included, orthogonal with gain 1 and zero bias; 'ppo' keeps the 0.01 policy head."""
+    from sf_engine.config import ModelConfig
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+
+    spec = EnvSpec((("screen", (72, 128, 3), "uint8"),), ActionSpec("discrete", nvec=(4,)), family="doom")
+    unit = ActorCritic(spec, resolve_model_config(ModelConfig(encoder="convnet_simple", weight_init="unit"), spec))
+    layers = [m for m in unit.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    assert len(layers) == 6  # three convolutions, the 512-unit layer and two heads
+    for layer in layers:
+        singular = torch.linalg.svdvals(layer.weight.detach().reshape(layer.weight.shape[0], -1))
+        torch.testing.assert_close(singular, torch.ones_like(singular), rtol=1e-4, atol=1e-4)
+        assert not layer.bias.detach().any()
+    ppo = ActorCritic(spec, resolve_model_config(ModelConfig(encoder="convnet_simple"), spec))
+    rows = ppo.policy_head.weight.detach().norm(dim=1)
+    torch.testing.assert_close(rows, torch.full_like(rows, 0.01), rtol=1e-4, atol=1e-6)
