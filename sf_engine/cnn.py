@@ -10,9 +10,11 @@ from torch import nn
 
 
 def init_layer(layer: nn.Module, gain: float) -> nn.Module:
-    """Orthogonal init as in the PPO literature (sqrt(2) hidden, 0.01 policy head, 1 value head)."""
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
+    """Orthogonal init as in the PPO literature (sqrt(2) hidden, 0.01 policy head, 1 value head), of a
+    weight in any memory layout (a conv's, once the encoder is channels-last)."""
+    with torch.no_grad():
+        layer.weight.copy_(nn.init.orthogonal_(torch.empty(layer.weight.shape), gain))
+        layer.bias.zero_()
     return layer
 
 

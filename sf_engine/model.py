@@ -206,11 +206,9 @@ class ActorCritic(nn.Module):
         self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
         self.value_head = _init(nn.Linear(size, 1), 1.0)
         if mcfg.weight_init == "unit":  # Sample Factory's: orthogonal with gain 1 everywhere, heads included
-            with torch.no_grad():
-                for layer in self.modules():
-                    if isinstance(layer, (nn.Linear, nn.Conv2d)):  # (a conv's weight is channels-last)
-                        layer.weight.copy_(nn.init.orthogonal_(torch.empty(layer.weight.shape), 1.0))
-                        layer.bias.zero_()
+            for layer in self.modules():
+                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                    _init(layer, 1.0)
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
         # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
