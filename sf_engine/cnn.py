@@ -8,6 +8,8 @@ import math
 import torch
 from torch import nn
 
+from sf_engine.ops import ELU
+
 
 def init_layer(layer: nn.Module, gain: float) -> nn.Module:
     """Orthogonal init as in the PPO literature (sqrt(2) hidden, 0.01 policy head, 1 value head), of a
@@ -49,10 +51,10 @@ class SimpleCNN(_ConvEncoder):
 
     def __init__(self, shape: tuple):
         super().__init__(nn.Sequential(
-            init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ELU(),
-            init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ELU(),
-            init_layer(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)), nn.ELU(), nn.Flatten()), shape, 512,
-            activation=nn.ELU)
+            init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), ELU(),
+            init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), ELU(),
+            init_layer(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)), ELU(), nn.Flatten()), shape, 512,
+            activation=ELU)
 
 
 class SmallCNN(_ConvEncoder):

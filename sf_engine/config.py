@@ -142,9 +142,10 @@ class RunConfig:
                    choices=("async", "sync", "serial"))
     device: str = _f("auto", "Device of the policy worker and learner: 'auto' (CUDA when present), 'cpu', 'cuda'.",
                      choices=("auto", "cpu", "cuda"))
-    bf16: bool = _f(False, "Run the encoders (CNN / MLP) of the policy worker and learner in bfloat16 autocast, "
-                           "where the hardware has native bf16 (a CPU with avx512_bf16 or AMX, or a GPU); cores, "
-                           "heads, losses and the optimizer stay float32. About 2x on CNN training on such CPUs.")
+    bf16: bool = _f(False, "Run the encoders (CNN / MLP) in bfloat16 where the hardware has native bf16 (a CPU "
+                           "with avx512_bf16 or AMX, or a GPU): the learner's under autocast (its recurrent core, "
+                           "heads, losses and optimizer stay float32), the policy worker's, on images, from "
+                           "bfloat16 copies of the image encoders' and recurrent core's weights. About 2x on CNN training on such CPUs.")
     train_for_env_steps: int = _f(10_000_000, "Stop after this many env steps in total (resumed runs included).")
     train_for_seconds: float = _f(3600.0, "Stop after this many seconds of this run.")
     stop_at_return: Optional[float] = _f(None, "Stop once the mean return of the last 100 episodes reaches this.",

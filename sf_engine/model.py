@@ -6,6 +6,7 @@ Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -17,7 +18,7 @@ from sf_engine import ops
 from sf_engine.cnn import cnn_for
 from sf_engine.cnn import init_layer as _init
 from sf_engine.ops import Tanh, mlp
-from sf_engine.recurrent import run_sequence
+from sf_engine.recurrent import RecurrentCore
 
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 
@@ -36,11 +37,12 @@ class RunningMeanStd(nn.Module):
         """Merge the statistics of `batch` [N, *shape] (learner only)."""
         batch = batch.float()
         n = batch.shape[0]
-        delta = batch.mean(0) - self.mean
+        batch_mean = batch.mean(0)
+        batch_var = (batch - batch_mean).square_().mean(0)  # two passes: a third of torch's var(0) on images
+        delta = batch_mean - self.mean
         total = self.count + n
         self.mean += delta * n / total
-        self.var.copy_((self.var * self.count + batch.var(0, unbiased=False) * n + delta.pow(2) * self.count * n / total)
-                       / total)
+        self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,17 +111,20 @@ class Encoder(nn.Module):
             return self.keys[0], self.nets[self.keys[0]]
         return None
 
-    def prepare(self, key: str, x: torch.Tensor) -> torch.Tensor:
+    def prepare(self, key: str, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
         """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
-        --bf16's autocast), vectors flattened and normalized."""
+        --bf16's autocast or if `bf16`), vectors flattened and normalized."""
         if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
             rows = x if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-            bf16 = torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
+            bf16 = bf16 or torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
+            scale, shift = self.normalizers[key].image_affine() if key in self.normalizers else (None, None)
+            fused = ops.image_affine(rows, scale, shift, bf16)  # the compiled kernel's one pass, on the CPU
+            if fused is not None:
+                return fused.permute(0, 3, 1, 2)
             # converted as contiguous [B, H, W, C] rows (torch's CPU conversion of a channels-last view
             # takes its slow strided path), then seen as [B, C, H, W] in channels-last
             rows = rows.to(torch.bfloat16 if bf16 else torch.float32)
-            if key in self.normalizers:  # (x / 255 - mean) / std in two passes, clipped to 5 std
-                scale, shift = self.normalizers[key].image_affine()
+            if scale is not None:  # (x / 255 - mean) / std in two passes, clipped to 5 std
                 return rows.mul_(scale.to(rows.dtype)).add_(shift.to(rows.dtype)).clamp_(-5.0, 5.0).permute(0, 3, 1, 2)
             return rows.div_(255.0).permute(0, 3, 1, 2)
         if x.dtype == torch.uint8:
@@ -127,58 +132,27 @@ class Encoder(nn.Module):
         x = x.reshape(x.shape[0], -1).float()
         return self.normalizers[key].normalize(x) if key in self.normalizers else x
 
-    def forward(self, obs: dict) -> torch.Tensor:
+    def forward(self, obs: dict, bf16_nets: nn.ModuleDict = None) -> torch.Tensor:
+        """Features [B, out_size]; with `bf16_nets` (bfloat16_nets()) its image networks run in bfloat16."""
+        nets = self.nets if bf16_nets is None else bf16_nets
+        bf16 = bf16_nets is not None
         if len(self.keys) == 1:
             key = self.keys[0]
-            return self.nets[key](self.prepare(key, obs[key]))
-        return torch.cat([self.nets[key](self.prepare(key, obs[key])) for key in self.keys], dim=1)
+            return nets[key](self.prepare(key, obs[key], bf16))
+        return torch.cat([nets[key](self.prepare(key, obs[key], bf16 and key in self.image_keys))
+                          for key in self.keys], dim=1)
 
-
-class RecurrentCore(nn.Module):
-    """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
-    Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
-    where an episode starts, as one autograd node (sf_engine.recurrent). The parameters are those of
-    an nn.GRU / nn.LSTM, under its names."""
-
-    def __init__(self, kind: str, in_size: int, size: int):
-        super().__init__()
-        self.kind, self.out_size = kind, size
-        self.rnn = (nn.GRU if kind == "gru" else nn.LSTM)(in_size, size)
-        self.state_size = size * (2 if kind == "lstm" else 1)
-        for name, param in self.rnn.named_parameters():
-            if "weight" in name:
-                nn.init.orthogonal_(param)
-            else:
-                nn.init.zeros_(param)
-
-    @property
-    def weights(self) -> tuple:
-        """(w_ih, w_hh, b_ih, b_hh) as nn.GRU / nn.LSTM hold them."""
-        rnn = self.rnn
-        return rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0
-
-    def _run(self, x: torch.Tensor, state: torch.Tensor, episode_start):
-        return run_sequence(self.kind, x, state, episode_start, self.weights)
-
-    def step(self, x: torch.Tensor, state: torch.Tensor):
-        """x [B, F], state [B, state_size] -> (output [B, size], new state). Without gradients (acting)
-        one step is torch's fused cell, which reads the weights where they lie (the sequence loops
-        prepare transposed copies of them, a cost a sequence amortizes and one step does not)."""
-        if torch.is_grad_enabled():
-            new_state = self._run(x.unsqueeze(0), state, None)[0]
-            return new_state[:, :self.out_size], new_state
-        size = self.out_size
-        x = x.to(state.dtype)  # bf16 features from --bf16's encoder: the core stays in the state's dtype
-        if self.kind == "gru":
-            h = torch.gru_cell(x, state, *self.weights)
-            return h, h
-        h, c = torch.lstm_cell(x, (state[:, :size], state[:, size:]), *self.weights)
-        return h, torch.cat([h, c], dim=1)
-
-    def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
-        """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
-        is zeroed before those steps) -> outputs [R, B, size]."""
-        return self._run(x, state, episode_start)[..., :self.out_size]
+    def bfloat16_nets(self, copies: nn.ModuleDict = None) -> nn.ModuleDict:
+        """The networks with bfloat16 copies of the image networks (the others as they are): made, or
+        `copies` refreshed from the current weights."""
+        if copies is None:
+            return nn.ModuleDict({key: copy.deepcopy(net).to(torch.bfloat16) if key in self.image_keys else net
+                                  for key, net in self.nets.items()})
+        with torch.no_grad():
+            for key in self.image_keys:
+                for target, source in zip(copies[key].parameters(), self.nets[key].parameters()):
+                    target.copy_(source)
+        return copies
 
 
 class ActorCritic(nn.Module):
@@ -211,6 +185,7 @@ class ActorCritic(nn.Module):
                     _init(layer, 1.0)
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
+        self._bf16_acting = None  # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
         # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
         # run as one MLP (one compiled call on the CPU, see ops.mlp); else None
         self._stacks = None
@@ -228,7 +203,28 @@ class ActorCritic(nn.Module):
         """The state of `batch` envs at an episode's start: zeros [batch, state_size], None without a core."""
         return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
 
+    def refresh_bf16_acting(self) -> None:
+        """--bf16 acting (the policy worker, after each weight reload): bfloat16 copies of the image
+        networks' and the cores' weights, which forward() without gradients then runs in bfloat16
+        without autocast (which casts every weight again on every call: a tenth of a Doom forward);
+        the cores' state stays float32 between steps. Models without images act under autocast."""
+        if self.bf16 and self.actor_encoder.image_keys:
+            encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None]
+            cores = [c for c in (self.actor_core, self.critic_core) if c is not None]
+            nets, weights = self._bf16_acting or ([None] * len(encoders), [None] * len(cores))
+            self._bf16_acting = ([encoder.bfloat16_nets(copies) for encoder, copies in zip(encoders, nets)],
+                                 [core.bfloat16_weights(copies) for core, copies in zip(cores, weights)])
+
+    def _acting_bf16(self):
+        """(encoder networks, core weights) in bfloat16 when acting under --bf16 (see refresh_bf16_acting)."""
+        return self._bf16_acting if self._bf16_acting is not None and not torch.is_grad_enabled() else None
+
     def _features(self, obs: dict):
+        acting = self._acting_bf16()
+        if acting is not None:
+            features = self.actor_encoder(obs, acting[0][0])
+            critic = features if self.critic_encoder is None else self.critic_encoder(obs, acting[0][1])
+            return features.float(), critic.float()
         if not self.bf16:
             features = self.actor_encoder(obs)
             return features, (features if self.critic_encoder is None else self.critic_encoder(obs))
@@ -239,12 +235,14 @@ class ActorCritic(nn.Module):
 
     def _cores(self, features, critic_features, state):
         """One step of the core(s): (actor out, critic out, new state)."""
+        acting = self._acting_bf16()
+        actor_weights, critic_weights = (acting[1] + [None])[:2] if acting is not None else (None, None)
         if self.critic_core is None:
-            out, new_state = self.actor_core.step(features, state)
+            out, new_state = self.actor_core.step(features, state, actor_weights)
             return out, out, new_state
         actor_state, critic_state = state.split(self.actor_core.state_size, dim=-1)
-        out, new_actor = self.actor_core.step(features, actor_state)
-        critic_out, new_critic = self.critic_core.step(critic_features, critic_state)
+        out, new_actor = self.actor_core.step(features, actor_state, actor_weights)
+        critic_out, new_critic = self.critic_core.step(critic_features, critic_state, critic_weights)
         return out, critic_out, torch.cat([new_actor, new_critic], dim=-1)
 
     def forward(self, obs: dict, state=None):

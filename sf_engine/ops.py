@@ -8,6 +8,10 @@
   every ATEN_CPU_CAPABILITY), NumPy's is (about 0.4 ns); on the CPU the forward runs NumPy's and the
   backward torch's tanh_backward. Elsewhere (CUDA, other dtypes, tracing for export, torch.compile)
   it is torch.tanh.
+- `ELU`: torch's CPU ELU computes a scalar expm1 per element; on the CPU (float32, bfloat16) it runs
+  the compiled kernel's vector pass in place, about 2.5x faster (the backward is torch's).
+- `image_affine`: uint8 images to a network's input (normalized, float32 or bfloat16) in one
+  compiled pass instead of torch's four.
 - `FlatAdam`: the parameters are already views into one flat vector (weights.flatten_state, for
   publishing); their gradients are made views into one flat gradient too, so gradient clipping is one
   norm and one multiply, and Adam one fused kernel over one tensor, instead of a handful of kernels
@@ -23,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _NUMPY_DTYPES = (torch.float32, torch.float64)
-_KERNELS_VERSION = 2  # cpu_kernels.cpp's version(): a build of another version is not used
+_KERNELS_VERSION = 3  # cpu_kernels.cpp's version(): a build of another version is not used
 ACTIVATIONS = ("identity", "tanh", "relu")  # the kernels' activation codes are these indices
 
 
@@ -132,6 +136,53 @@ class Tanh(nn.Module):
 
     def forward(self, x):
         return tanh(x)
+
+
+class _KernelELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        KERNELS.elu_(x)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
+
+
+def elu_(x: torch.Tensor) -> torch.Tensor:
+    """ELU (alpha 1) of x, in place where the compiled kernel runs (a contiguous or channels-last CPU
+    float32 or bfloat16 tensor that is not a view, nor a leaf that needs a gradient), else torch's F.elu."""
+    if (KERNELS is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
+            or not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or x._base is not None or (x.is_leaf and x.requires_grad)
+            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return F.elu(x)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _KernelELU.apply(x)
+    return KERNELS.elu_(x)
+
+
+def image_affine(rows: torch.Tensor, scale, shift, bf16: bool):
+    """uint8 images [B, H, W, C] -> (x / 255 - mean) / std clipped to 5 std (`scale`, `shift` [H, W, C]
+    from a normalizer's image_affine), or x / 255 (None, None), in float32 or (`bf16`) bfloat16, by
+    the compiled kernel in one pass; None where it does not run (not the CPU, tracing, compiling)."""
+    if (KERNELS is None or rows.device.type != "cpu" or rows.dtype != torch.uint8 or torch.jit.is_tracing()
+            or torch.compiler.is_compiling()):
+        return None
+    if scale is None:
+        pixels = rows[0].numel()
+        return KERNELS.image_affine(rows, torch.full((pixels,), 1.0 / 255.0), torch.zeros(pixels), 0.0, 1.0, bf16)
+    return KERNELS.image_affine(rows, scale, shift, -5.0, 5.0, bf16)
+
+
+class ELU(nn.Module):
+    """nn.ELU with the compiled kernel on the CPU (see above). In place on its input: only after a layer
+    whose output nothing else reads (a convolution's, a linear layer's)."""
+
+    def forward(self, x):
+        return elu_(x)
 
 
 def _channels_last(tensor: torch.Tensor) -> bool:

@@ -55,6 +55,7 @@ class PolicyWorker:
         if requests:
             if self.weights.version != self.version:
                 self.version = self.weights.read_into(self.params)
+                self.model.refresh_bf16_acting()
                 self.timer.lap("weight_reload")
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:

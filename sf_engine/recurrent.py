@@ -22,12 +22,16 @@ The maths and the parameters are nn.GRU's and nn.LSTM's (gate order r, z, n and 
 checkpoints and acting agree with nn.GRU / nn.LSTM. Sigmoids are computed as 0.5 + 0.5 tanh(a / 2):
 the loops work on copies of the weights whose sigmoid rows are halved (the LSTM's rows also
 reordered to i, f, o, g, the three sigmoids first).
+
+`RecurrentCore` is the models' core module: acting steps it once (torch's fused cell), training runs
+whole sequences through the above.
 """
 from __future__ import annotations
 
 import importlib.util
 
 import torch
+from torch import nn
 
 _NATIVE_VERSION = 2  # recurrent_loops.cpp's version(): a build of another version is not used
 
@@ -286,3 +290,62 @@ def run_sequence(kind: str, x, state, episode_start, weights):
     if torch.is_grad_enabled() and (x.requires_grad or state.requires_grad or any(w.requires_grad for w in weights)):
         return _Sequence.apply(kind, x, state, keep, resets, *weights)
     return _FORWARD[kind](x, state, keep, resets, *weights)[0]
+
+
+class RecurrentCore(nn.Module):
+    """A one-layer GRU or LSTM. State [B, state_size]: h, or h and c concatenated for the LSTM.
+    Acting steps it once (`step`); training re-runs whole sequences (`sequence`), zeroing the state
+    where an episode starts, as one autograd node (sf_engine.recurrent). The parameters are those of
+    an nn.GRU / nn.LSTM, under its names."""
+
+    def __init__(self, kind: str, in_size: int, size: int):
+        super().__init__()
+        self.kind, self.out_size = kind, size
+        self.rnn = (nn.GRU if kind == "gru" else nn.LSTM)(in_size, size)
+        self.state_size = size * (2 if kind == "lstm" else 1)
+        for name, param in self.rnn.named_parameters():
+            if "weight" in name:
+                nn.init.orthogonal_(param)
+            else:
+                nn.init.zeros_(param)
+
+    @property
+    def weights(self) -> tuple:
+        """(w_ih, w_hh, b_ih, b_hh) as nn.GRU / nn.LSTM hold them."""
+        rnn = self.rnn
+        return rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0
+
+    def _run(self, x: torch.Tensor, state: torch.Tensor, episode_start):
+        return run_sequence(self.kind, x, state, episode_start, self.weights)
+
+    def bfloat16_weights(self, copies: tuple = None) -> tuple:
+        """bfloat16 copies of `weights` (for step's `bf16_weights`): made, or `copies` refreshed."""
+        if copies is None:
+            return tuple(w.detach().to(torch.bfloat16) for w in self.weights)
+        with torch.no_grad():
+            for target, source in zip(copies, self.weights):
+                target.copy_(source)
+        return copies
+
+    def step(self, x: torch.Tensor, state: torch.Tensor, bf16_weights: tuple = None):
+        """x [B, F], state [B, state_size] -> (output [B, size], new state). Without gradients (acting)
+        one step is torch's fused cell, which reads the weights where they lie (the sequence loops
+        prepare transposed copies of them, a cost a sequence amortizes and one step does not); with
+        `bf16_weights` (bfloat16_weights()) it runs in bfloat16, outputs and state back in state's dtype."""
+        if torch.is_grad_enabled():
+            new_state = self._run(x.unsqueeze(0), state, None)[0]
+            return new_state[:, :self.out_size], new_state
+        size, weights = self.out_size, bf16_weights or self.weights
+        dtype = torch.bfloat16 if bf16_weights else state.dtype
+        x, cell_state = x.to(dtype), state.to(dtype)  # the encoder's features may be bf16 (--bf16)
+        if self.kind == "gru":
+            h = torch.gru_cell(x, cell_state, *weights).to(state.dtype)
+            return h, h
+        h, c = torch.lstm_cell(x, (cell_state[:, :size], cell_state[:, size:]), *weights)
+        h = h.to(state.dtype)
+        return h, torch.cat([h, c.to(state.dtype)], dim=1)
+
+    def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
+        """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
+        is zeroed before those steps) -> outputs [R, B, size]."""
+        return self._run(x, state, episode_start)[..., :self.out_size]

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sf_engine import ops
@@ -278,3 +279,92 @@ def test_unit_weight_init_is_orthogonal_with_gain_one_everywhere():
     ppo = ActorCritic(spec, resolve_model_config(ModelConfig(encoder="convnet_simple"), spec))
     rows = ppo.policy_head.weight.detach().norm(dim=1)
     torch.testing.assert_close(rows, torch.full_like(rows, 0.01), rtol=1e-4, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
+    """ops.ELU (the compiled pass, in place) on a channels-last convolution's output against F.elu: values
+    (bfloat16 rounded as torch rounds), the input's gradient, and NaN, infinities and zeros."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last).to(dtype)
+    x = (torch.randn(4, 3, 9, 11) * 3).to(dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
+    out, ref = ops.ELU()(conv(x)), F.elu(conv(x))
+    atol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, ref, rtol=atol, atol=atol)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    weights = torch.randn(out.shape, dtype=dtype)
+    grad, = torch.autograd.grad((out * weights).sum(), x)
+    grad_ref, = torch.autograd.grad((ref * weights).sum(), x)
+    torch.testing.assert_close(grad, grad_ref, rtol=atol * 10, atol=atol * 10)
+    with torch.inference_mode():  # acting: in place, no copy
+        y = conv(x)
+        assert ops.ELU()(y).data_ptr() == y.data_ptr()
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 50.0, -50.0, -1e-3], dtype=dtype)
+    torch.testing.assert_close(ops.elu_(special.clone()), F.elu(special), equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("normalize", [False, True], ids=["x/255", "normalized"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch):
+    """The compiled one-pass image preparation gives the encoder the input torch's ops give it: float32
+    the same, bfloat16 one rounding of the float32 value (torch's ops round after every step)."""
+    from sf_engine.config import ModelConfig
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+
+    spec = EnvSpec((("screen", (12, 16, 3), "uint8"),), ActionSpec("discrete", nvec=(3,)), family="image")
+    model = ActorCritic(spec, resolve_model_config(ModelConfig(normalize_input=normalize), spec))
+    torch.manual_seed(1)
+    frames = torch.randint(0, 256, (16, 12, 16, 3), dtype=torch.uint8)
+    if normalize:
+        model.update_normalizers({"screen": frames[:8] // 2}, torch.zeros(8))  # some values clip at 5 std
+    compiled = model.actor_encoder.prepare("screen", frames, bf16)
+    monkeypatch.setattr(ops, "KERNELS", None)
+    reference = model.actor_encoder.prepare("screen", frames, False)
+    assert compiled.shape == reference.shape == (16, 3, 12, 16)
+    assert compiled.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    if bf16:  # within one bfloat16 rounding of the float32 input
+        torch.testing.assert_close(compiled.float(), reference, rtol=2 ** -8, atol=1e-6)
+    else:
+        torch.testing.assert_close(compiled, reference, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not __import__("sf_engine.device", fromlist=["x"]).cpu_has_native_bf16(),
+                    reason="--bf16 needs a CPU with native bfloat16")
+def test_bf16_acting_runs_copies_refreshed_with_the_weights():
+    """--bf16 acting (the policy worker): bfloat16 copies of the encoder's and the GRU's weights, kept out
+    of the state dict; outputs within bfloat16's precision of the float32 model's, and after the weights
+    change, a refresh follows them (no stale copy); with gradients (the learner) autocast runs as before."""
+    from sf_engine.config import ModelConfig
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+
+    spec = EnvSpec((("screen", (72, 128, 3), "uint8"),), ActionSpec("discrete", nvec=(4,)), family="doom")
+    mcfg = resolve_model_config(ModelConfig(encoder="convnet_simple", rnn="gru", rnn_size=64, weight_init="unit"), spec)
+    torch.manual_seed(2)
+    full, acting = ActorCritic(spec, mcfg), ActorCritic(spec, mcfg, bf16=True)
+    acting.load_state_dict(full.state_dict())
+    acting.refresh_bf16_acting()
+    assert acting.state_dict().keys() == full.state_dict().keys()
+    obs = {"screen": torch.randint(0, 256, (8, 72, 128, 3), dtype=torch.uint8)}
+    state = torch.randn(8, 64) * 0.5
+
+    def outputs(model):
+        with torch.inference_mode():
+            return torch.cat([t.reshape(8, -1) for t in model(obs, state)], dim=1)
+
+    torch.testing.assert_close(outputs(acting), outputs(full), rtol=0.05, atol=0.03)
+    with torch.no_grad():
+        for param in full.parameters():
+            param.add_(torch.randn_like(param) * 0.02)
+    acting.load_state_dict(full.state_dict())
+    stale = outputs(acting)
+    acting.refresh_bf16_acting()
+    assert (stale - outputs(full)).abs().max() > 0.2
+    torch.testing.assert_close(outputs(acting), outputs(full), rtol=0.05, atol=0.03)
+    params, values, new_state = acting(obs, state)  # gradients on: autocast over the float32 weights
+    assert params.requires_grad and new_state.dtype == torch.float32

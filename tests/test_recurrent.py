@@ -183,7 +183,7 @@ def _require_compiled_loops(recurrent) -> None:
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 def test_an_acting_step_matches_the_training_sequences_step(kind):
     """Acting (no gradients) takes torch's fused cell; it gives the sequence loops' state for one step."""
-    from sf_engine.model import RecurrentCore
+    from sf_engine.recurrent import RecurrentCore
 
     torch.manual_seed(2)
     core = RecurrentCore(kind, 7, 16)
