@@ -107,6 +107,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
 
     threads = torch.get_num_threads()
     model = ActorCritic(spec, cfg.model, cfg.run.bf16)  # as the policy worker and learner will run it
+    model.refresh_bf16_acting()
     inputs = tiled(batch)
     try:
         torch.set_num_threads(1)

@@ -185,7 +185,8 @@ class ActorCritic(nn.Module):
                     _init(layer, 1.0)
         self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
-        self._bf16_acting = None  # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
+        # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
+        self._bf16_acting, self._bf16_sources, self._bf16_version = None, [], 0
         # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
         # run as one MLP (one compiled call on the CPU, see ops.mlp); else None
         self._stacks = None
@@ -207,17 +208,26 @@ class ActorCritic(nn.Module):
         """--bf16 acting (the policy worker, after each weight reload): bfloat16 copies of the image
         networks' and the cores' weights, which forward() without gradients then runs in bfloat16
         without autocast (which casts every weight again on every call: a tenth of a Doom forward);
-        the cores' state stays float32 between steps. Models without images act under autocast."""
+        the cores' state stays float32 between steps. Models without images act under autocast. Once
+        made, a forward that finds the weights changed in place since (a load, an optimizer step)
+        refreshes the copies first."""
         if self.bf16 and self.actor_encoder.image_keys:
             encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None]
             cores = [c for c in (self.actor_core, self.critic_core) if c is not None]
             nets, weights = self._bf16_acting or ([None] * len(encoders), [None] * len(cores))
             self._bf16_acting = ([encoder.bfloat16_nets(copies) for encoder, copies in zip(encoders, nets)],
                                  [core.bfloat16_weights(copies) for core, copies in zip(cores, weights)])
+            self._bf16_sources = ([p for e in encoders for key in e.image_keys for p in e.nets[key].parameters()]
+                                  + [w for core in cores for w in core.weights])
+            self._bf16_version = sum(p._version for p in self._bf16_sources)
 
     def _acting_bf16(self):
         """(encoder networks, core weights) in bfloat16 when acting under --bf16 (see refresh_bf16_acting)."""
-        return self._bf16_acting if self._bf16_acting is not None and not torch.is_grad_enabled() else None
+        if self._bf16_acting is None or torch.is_grad_enabled():
+            return None
+        if sum(p._version for p in self._bf16_sources) != self._bf16_version:  # changed since: no stale copy
+            self.refresh_bf16_acting()
+        return self._bf16_acting
 
     def _features(self, obs: dict):
         acting = self._acting_bf16()

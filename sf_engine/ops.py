@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import numpy as np
@@ -168,13 +169,20 @@ def image_affine(rows: torch.Tensor, scale, shift, bf16: bool):
     """uint8 images [B, H, W, C] -> (x / 255 - mean) / std clipped to 5 std (`scale`, `shift` [H, W, C]
     from a normalizer's image_affine), or x / 255 (None, None), in float32 or (`bf16`) bfloat16, by
     the compiled kernel in one pass; None where it does not run (not the CPU, tracing, compiling)."""
-    if (KERNELS is None or rows.device.type != "cpu" or rows.dtype != torch.uint8 or torch.jit.is_tracing()
-            or torch.compiler.is_compiling()):
+    if (KERNELS is None or rows.device.type != "cpu" or rows.dtype != torch.uint8 or rows.shape[0] == 0
+            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
         return None
     if scale is None:
-        pixels = rows[0].numel()
-        return KERNELS.image_affine(rows, torch.full((pixels,), 1.0 / 255.0), torch.zeros(pixels), 0.0, 1.0, bf16)
+        return KERNELS.image_affine(rows, *_unit_affine(rows[0].numel()), 0.0, 1.0, bf16)
     return KERNELS.image_affine(rows, scale, shift, -5.0, 5.0, bf16)
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_affine(pixels: int) -> tuple:
+    """(scale, shift) of x / 255 for images of `pixels` values (normal tensors, even when first asked
+    for under inference mode)."""
+    with torch.inference_mode(False):
+        return torch.full((pixels,), 1.0 / 255.0), torch.zeros(pixels)
 
 
 class ELU(nn.Module):

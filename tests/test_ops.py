@@ -297,7 +297,9 @@ def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
     grad, = torch.autograd.grad((out * weights).sum(), x)
     grad_ref, = torch.autograd.grad((ref * weights).sum(), x)
     torch.testing.assert_close(grad, grad_ref, rtol=atol * 10, atol=atol * 10)
-    with torch.inference_mode():  # acting: in place, no copy
+    y = conv(x)
+    assert ops.ELU()(y).data_ptr() == y.data_ptr()  # the kernel ran (in place), under autograd too
+    with torch.inference_mode():
         y = conv(x)
         assert ops.ELU()(y).data_ptr() == y.data_ptr()
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 50.0, -50.0, -1e-3], dtype=dtype)
@@ -321,7 +323,9 @@ def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch
     frames = torch.randint(0, 256, (16, 12, 16, 3), dtype=torch.uint8)
     if normalize:
         model.update_normalizers({"screen": frames[:8] // 2}, torch.zeros(8))  # some values clip at 5 std
+    assert ops.image_affine(frames, None, None, bf16) is not None  # the kernel runs here
     compiled = model.actor_encoder.prepare("screen", frames, bf16)
+    assert model.actor_encoder.prepare("screen", frames[:0], bf16).shape == (0, 3, 12, 16)
     monkeypatch.setattr(ops, "KERNELS", None)
     reference = model.actor_encoder.prepare("screen", frames, False)
     assert compiled.shape == reference.shape == (16, 3, 12, 16)
@@ -337,7 +341,8 @@ def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch
 def test_bf16_acting_runs_copies_refreshed_with_the_weights():
     """--bf16 acting (the policy worker): bfloat16 copies of the encoder's and the GRU's weights, kept out
     of the state dict; outputs within bfloat16's precision of the float32 model's, and after the weights
-    change, a refresh follows them (no stale copy); with gradients (the learner) autocast runs as before."""
+    change in place (a load), the next forward follows them (no stale copy); with gradients (the
+    learner) autocast runs as before."""
     from sf_engine.config import ModelConfig
     from sf_engine.envs import ActionSpec, EnvSpec
     from sf_engine.model import ActorCritic
@@ -361,10 +366,9 @@ def test_bf16_acting_runs_copies_refreshed_with_the_weights():
     with torch.no_grad():
         for param in full.parameters():
             param.add_(torch.randn_like(param) * 0.02)
-    acting.load_state_dict(full.state_dict())
-    stale = outputs(acting)
-    acting.refresh_bf16_acting()
-    assert (stale - outputs(full)).abs().max() > 0.2
+    before = outputs(acting)
+    assert (before - outputs(full)).abs().max() > 0.2  # the change shows
+    acting.load_state_dict(full.state_dict())  # in place, as the policy worker's weight reload
     torch.testing.assert_close(outputs(acting), outputs(full), rtol=0.05, atol=0.03)
     params, values, new_state = acting(obs, state)  # gradients on: autocast over the float32 weights
     assert params.requires_grad and new_state.dtype == torch.float32

@@ -12,12 +12,12 @@
 // through every layer).
 // - elu_: ELU in place on float32 or bfloat16 (SimpleCNN's activation, Sample Factory's Doom
 //   encoder): torch's CPU ELU computes a scalar expm1 per element (27 us per 128x72 frame after the
-//   first conv, in bfloat16, more than that conv itself costs); here one vector pass, exp(x) - 1 for x
-//   <= 0 (within 1e-7 of expm1), bfloat16 rounded to nearest even.
+//   first conv, in bfloat16, half of what that conv costs); here one vector pass of expm1, bfloat16
+//   rounded to nearest even.
 // - image_affine: uint8 images to the network's input, x * scale + shift clamped to [lo, hi] per
 //   pixel and channel (--normalize_input's per-pixel statistics, or 1/255), in float32 or bfloat16:
 //   one pass where torch takes four (convert, multiply, add, clamp).
-// - tanh, exp, log: glibc's vector versions (libmvec, within 4 ulp) when setup.py finds them
+// - tanh, exp, expm1, log: glibc's vector versions (libmvec, within 4 ulp) when setup.py finds them
 //   (SF_VECTOR_TANH), every pass built for AVX-512, AVX2 and SSE and picked at load time
 //   (target_clones); else the scalar functions.
 // - Shapes: x [B, I] (made contiguous), weight l [O_l, I_l] as nn.Linear keeps it, bias l [O_l].
@@ -31,12 +31,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #if SF_VECTOR_TANH && defined(__GNUC__) && !defined(__clang__)
 extern "C" {
 __attribute__((simd("notinbranch"))) float tanhf(float) noexcept;
 __attribute__((simd("notinbranch"))) float expf(float) noexcept;
+__attribute__((simd("notinbranch"))) float expm1f(float) noexcept;
 __attribute__((simd("notinbranch"))) float logf(float) noexcept;
 }
 #define SF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -102,11 +104,11 @@ SF_CLONES void activation_grad(i64 rows, i64 n, float* __restrict__ g, const flo
     for (i64 r = 0; r < rows; ++r) g_t[j * rows + r] = g[r * n + j];
 }
 
-// x [n] = elu(x) (alpha 1). exp is called for every element (of min(x, 0)) so that the loop vectorizes.
+// x [n] = elu(x) (alpha 1). expm1 is called for every element (of min(x, 0)) so that the loop vectorizes.
 SF_CLONES void elu_f32(i64 n, float* __restrict__ x) {
   for (i64 i = 0; i < n; ++i) {
     const float v = x[i];
-    const float e = expf(std::min(v, 0.0f)) - 1.0f;
+    const float e = expm1f(std::min(v, 0.0f));
     x[i] = v > 0.0f ? v : e;
   }
 }
@@ -114,16 +116,15 @@ SF_CLONES void elu_f32(i64 n, float* __restrict__ x) {
 // In blocks: bfloat16 -> float32 (a shift), elu_f32's pass, back with rounding; each loop vectorizes.
 SF_CLONES void elu_bf16(i64 n, uint16_t* __restrict__ x) {
   constexpr i64 BLOCK = 1024;
-  union {  // GCC defines reading the other member (type punning through a union)
-    uint32_t bits[BLOCK];
-    float values[BLOCK];
-  } buf;
-  uint32_t* __restrict__ bits = buf.bits;
+  alignas(64) uint32_t bits[BLOCK];
+  alignas(64) float values[BLOCK];
   for (i64 start = 0; start < n; start += BLOCK) {
     const i64 m = std::min(BLOCK, n - start);
     uint16_t* __restrict__ xs = x + start;
     for (i64 i = 0; i < m; ++i) bits[i] = uint32_t(xs[i]) << 16;
-    elu_f32(m, buf.values);
+    std::memcpy(values, bits, m * sizeof(float));
+    elu_f32(m, values);
+    std::memcpy(bits, values, m * sizeof(float));
     for (i64 i = 0; i < m; ++i) {
       const uint32_t b = bits[i];
       const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;  // to nearest, ties to even
@@ -165,8 +166,8 @@ SF_CLONES void image_affine_rows(i64 rows, i64 n, const uint8_t* __restrict__ x,
 }
 
 Tensor image_affine(Tensor x, Tensor scale, Tensor shift, double lo, double hi, bool bf16) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kByte && x.dim() >= 2,
-              "image_affine: x must be a CPU uint8 tensor [B, ...]");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kByte && x.dim() >= 2 && x.size(0) > 0,
+              "image_affine: x must be a CPU uint8 tensor [B, ...] with B > 0");
   x = x.contiguous();
   const i64 n = x.numel() / x.size(0);
   TORCH_CHECK(scale.scalar_type() == at::kFloat && shift.scalar_type() == at::kFloat && scale.numel() == n &&
