@@ -31,6 +31,7 @@ from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom import DoomFactory, is_doom
 from .doom import missing as doom_missing
 from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
+from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
 from .spec import ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
@@ -209,10 +210,12 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: En
         return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
     import gymnasium as gym
 
-    if render_mode is None and has_native_vector_env(env_id):  # one env object steps the whole batch
+    if render_mode is None and has_native_vector_env(env_id) and not spec.mask_from_info:  # one env, whole batch
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
     else:
         factory = _gym_factory(env_id)
+        if spec.mask_from_info:
+            factory = MaskFromInfo(factory, sum(spec.action.nvec))
         make = (lambda: factory(render_mode=render_mode)) if render_mode else factory
         env = gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     env.reset(seed=seed)
@@ -260,8 +263,8 @@ def _make_probe_env(env_id: str):
         raise EnvError(f"--env {env_id}: {(str(exc).splitlines() or ['a dependency is missing'])[0]}") from None
 
 
-def _check_gym_api(env_id: str, env) -> None:
-    """One reset() call must return (obs, info) as in Gymnasium."""
+def _check_gym_api(env_id: str, env) -> dict:
+    """One reset() call must return (obs, info) as in Gymnasium; returns the info."""
     try:
         result = env.reset(seed=0)
     except Exception as exc:  # a user's env: any failure is reported as such
@@ -271,6 +274,7 @@ def _check_gym_api(env_id: str, env) -> None:
                        f"got {type(result).__name__}")
     if not env.observation_space.contains(result[0]):
         raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
+    return result[1]
 
 
 def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
@@ -290,18 +294,23 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             warnings.simplefilter("ignore")
             pool_spec = envpool.make_spec(env_id)
             obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
-        is_atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
+        is_atari, from_info = type(pool_spec).__name__ == "AtariEnvSpec", False  # VizDoom has episodic_life too
         frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
         env = _make_probe_env(env_id)
         try:
-            _check_gym_api(env_id, env)
+            info = _check_gym_api(env_id, env)
             obs_space, action_space = env.observation_space, env.action_space
+            size = sum(_action_spec(env_id, action_space).nvec)
+            from_info = mask_in_info(env_id, obs_space, info, size, EnvError)
+            if from_info:  # the env's info['action_mask'] becomes an observation entry
+                obs_space = with_mask_space(obs_space, size)
         finally:
             env.close()
         is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
     action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
-    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip)
+    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info)
+    check_action_mask(env_id, spec, EnvError)
     if is_atari:
         family = "atari"
     elif is_doom(env_id):

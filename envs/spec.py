@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+ACTION_MASK_KEY = "action_mask"  # an observation entry of legal actions (PettingZoo's name): 1 legal, 0 not
+
+
 def is_image(shape: tuple, dtype: str) -> bool:
     """An observation entry the model treats as an image: uint8 with 3 dimensions ([H, W, C] or [C, H, W])."""
     return len(shape) == 3 and dtype == "uint8"
@@ -38,10 +41,16 @@ class EnvSpec:
     action: ActionSpec
     family: str = "classic"
     frameskip: int = 1
+    mask_from_info: bool = False  # the env gives its action mask in info['action_mask'] (envs.masks)
 
     @property
     def is_dict(self) -> bool:
         return [key for key, _, _ in self.obs] != ["obs"]
+
+    @property
+    def action_mask(self) -> bool:
+        """Whether an observation entry ACTION_MASK_KEY [sum(nvec)] says which actions are legal."""
+        return any(key == ACTION_MASK_KEY for key, _, _ in self.obs)
 
     @property
     def has_image(self) -> bool:

@@ -61,7 +61,7 @@ class GreedyPolicy(nn.Module):
                 out, new_actor = _core_step(model.actor_core, features, actor_state)
                 critic_out, new_critic = _core_step(model.critic_core, critic_features, critic_state)
                 new_state = torch.cat([new_actor, new_critic], dim=-1)
-        params = model.policy_head(out)
+        params = model.legal(model.policy_head(out), dict(zip(self.keys, inputs)))
         value = model.denormalize_values(model.value_head(critic_out).squeeze(-1))
         if self.action.kind == "continuous":
             action = torch.minimum(torch.maximum(params, self.low), self.high)

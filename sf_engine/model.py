@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from sf_engine.distributions import ActionDistribution
-from sf_engine.envs.spec import is_image
+from sf_engine.envs.spec import ACTION_MASK_KEY, is_image
 from sf_engine import ops
 from sf_engine.cnn import cnn_for
 from sf_engine.cnn import init_layer as _init
@@ -21,6 +21,7 @@ from sf_engine.ops import Tanh, mlp
 from sf_engine.recurrent import RecurrentCore
 
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
+MASKED_LOGIT = -1e9  # an illegal action's logit: probability 0 in float32, its log-probability still finite
 
 
 class RunningMeanStd(nn.Module):
@@ -89,6 +90,8 @@ class Encoder(nn.Module):
         self.nets = nn.ModuleDict()
         self.normalizers = nn.ModuleDict()
         for key, shape, dtype in spec.obs:
+            if key == ACTION_MASK_KEY:  # not seen by the network: it masks the policy's logits (ActorCritic)
+                continue
             self.keys.append(key)
             if is_image(shape, dtype) and mcfg.encoder != "mlp":
                 self.image_keys.add(key)
@@ -167,6 +170,7 @@ class ActorCritic(nn.Module):
         if "auto" in (mcfg.encoder, mcfg.actor_critic, mcfg.rnn_size):
             raise ValueError("ActorCritic needs a resolved ModelConfig: see sf_engine.model_shape")
         self.distribution = ActionDistribution(spec.action)
+        self.masked = spec.action_mask  # obs[ACTION_MASK_KEY] says which actions are legal (see legal())
         self.actor_encoder = Encoder(spec, mcfg)
         self.critic_encoder = Encoder(spec, mcfg) if mcfg.actor_critic == "separate" else None
         size = self.actor_encoder.out_size
@@ -261,12 +265,20 @@ class ActorCritic(nn.Module):
         if self._stacks is not None and not self.bf16:
             params, values = (mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
                               for encoder, linears, activations in self._stacks)
-            return params, values.squeeze(-1)
+            return self.legal(params, obs), values.squeeze(-1)
         features, critic_features = self._features(obs)
         if not self.recurrent:
-            return self.policy_head(features), self.value_head(critic_features).squeeze(-1)
+            return self.legal(self.policy_head(features), obs), self.value_head(critic_features).squeeze(-1)
         out, critic_out, new_state = self._cores(features, critic_features, state)
-        return self.policy_head(out), self.value_head(critic_out).squeeze(-1), new_state
+        return self.legal(self.policy_head(out), obs), self.value_head(critic_out).squeeze(-1), new_state
+
+    def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
+        """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask
+        (obs[ACTION_MASK_KEY], 0 = illegal): they are never sampled, and the log-probs and entropies
+        cover the legal actions only."""
+        if not self.masked:
+            return params
+        return params.masked_fill(obs[ACTION_MASK_KEY].reshape(params.shape) == 0, MASKED_LOGIT)
 
     def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
         """The core re-run over sequences, as the policy worker ran it step by step. obs: key ->
@@ -281,7 +293,7 @@ class ActorCritic(nn.Module):
         if self.critic_core is not None:
             critic_out = self.critic_core.sequence(critic_features.view(num_steps, batch, -1),
                                                    state[:, self.actor_core.state_size:], episode_start)
-        params = self.policy_head(out.reshape(num_steps * batch, -1))
+        params = self.legal(self.policy_head(out.reshape(num_steps * batch, -1)), obs)
         values = self.value_head(critic_out.reshape(num_steps * batch, -1)).squeeze(-1)
         return params, values, out
 
@@ -289,7 +301,7 @@ class ActorCritic(nn.Module):
         """Whether loss_gradients runs for `obs`: the separate MLP stacks (see _stacks), categorical
         actions, the compiled kernels on CPU float32, no bf16."""
         return (self._stacks is not None and self.distribution.kind == "discrete" and not self.bf16
-                and ops.use_kernels(next(iter(obs.values()))))
+                and not self.masked and ops.use_kernels(next(iter(obs.values()))))
 
     def loss_gradients(self, obs: dict, loss_and_grads):
         """A training step's forward and backward without autograd, where direct_gradients(obs): both stacks'

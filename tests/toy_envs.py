@@ -135,3 +135,74 @@ class HangOnceEnv(_FaultOnce):
     def misbehave(self):
         while True:
             time.sleep(1.0)
+
+
+class MaskedChoiceEnv(gym.Env):
+    """Discrete(5) actions of which a random 1-4 are legal each step (obs['action_mask'], int8 as in
+    PettingZoo); obs['obs'] shows one legal target action, one-hot; reward 1 for taking it. Illegal
+    actions are counted and reported at the episode's end (info['episode_extra_stats']['illegal']).
+    10-step episodes."""
+
+    def __init__(self, render_mode=None):
+        self.observation_space = spaces.Dict({"obs": spaces.Box(0.0, 1.0, (5,), np.float32),
+                                              "action_mask": spaces.Box(0, 1, (5,), np.int8)})
+        self.action_space = spaces.Discrete(5)
+        self.rng = np.random.default_rng(0)
+        self.step_count, self.illegal, self.mask, self.target = 0, 0, None, 0
+
+    def _obs(self):
+        legal = self.rng.permutation(5)[:self.rng.integers(1, 5)]
+        self.mask = np.zeros(5, np.int8)
+        self.mask[legal] = 1
+        self.target = int(self.rng.choice(legal))
+        return {"obs": np.eye(5, dtype=np.float32)[self.target], "action_mask": self.mask.copy()}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.step_count, self.illegal = 0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.step_count += 1
+        self.illegal += int(self.mask[int(action)] == 0)
+        reward = float(int(action) == self.target)
+        done = self.step_count >= 10
+        info = {"episode_extra_stats": {"illegal": float(self.illegal)}} if done else {}
+        return self._obs(), reward, done, False, info
+
+
+class BadMaskEnv(MaskedChoiceEnv):
+    """An action mask of the wrong size for its Discrete(5) actions."""
+
+    def __init__(self, render_mode=None):
+        super().__init__(render_mode)
+        self.observation_space = spaces.Dict({"obs": spaces.Box(0.0, 1.0, (5,), np.float32),
+                                              "action_mask": spaces.Box(0, 1, (4,), np.int8)})
+
+    def _obs(self):
+        return {**super()._obs(), "action_mask": np.ones(4, np.int8)}
+
+
+class InfoMaskChoiceEnv(MaskedChoiceEnv):
+    """MaskedChoiceEnv giving its mask in info['action_mask'] (reset's and step's), its observation the
+    plain one-hot Box."""
+
+    def __init__(self, render_mode=None):
+        super().__init__(render_mode)
+        self.observation_space = spaces.Box(0.0, 1.0, (5,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        return obs["obs"], {"action_mask": obs["action_mask"]}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs["obs"], reward, terminated, truncated, {**info, "action_mask": obs["action_mask"]}
+
+
+class BadInfoMaskEnv(InfoMaskChoiceEnv):
+    def reset(self, seed=None, options=None):
+        obs, _ = super().reset(seed=seed)
+        return obs, {"action_mask": np.ones(3, np.int8)}
