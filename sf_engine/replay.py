@@ -284,12 +284,17 @@ def run(args) -> int:
             results.append((episode_return, length))
     finally:
         env.close()  # the video too: a replay stopped early still leaves a playable one
-    returns = np.array([r for r, _ in results])
+    returns, lengths = np.array([r for r, _ in results]), np.array([n for _, n in results])
     print(f"{len(results)} episodes of {cfg.env.env} from {os.path.basename(path)}: return "
-          f"{returns.mean():.1f} +- {returns.std():.1f}, length {np.mean([n for _, n in results]):.1f}")
+          f"{returns.mean():.1f} +- {returns.std():.1f}, length {lengths.mean():.1f}")
+    figures = {"enjoy": cfg.env.env, "checkpoint": os.path.basename(path), "episodes": len(results),
+               "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+               "length_mean": float(lengths.mean()), "deterministic": bool(args.deterministic)}
     if env.writer is not None:
         (width, height), frames = env.writer.size or (0, 0), env.writer.frames
         print(f"video: {args.video} ({frames} frames of {width}x{height} at {env.writer.fps} fps)")
+        figures["video"] = {"path": args.video, "frames": frames, "width": width, "height": height, "fps": env.writer.fps}
+    print(json.dumps(figures), flush=True)  # the last line, for scripts
     return 0
 
 

@@ -67,6 +67,11 @@ def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
     mean = sum(float(e[1]) for e in episodes) / 3
     assert float(summary.group(2)) == pytest.approx(mean, abs=0.06)
     assert (summary.group(1) == "best.pt") == (checkpoint == "best")
+    figures = json.loads(result.stdout.strip().splitlines()[-1])  # the last line, for scripts
+    assert figures["episodes"] == 3 and figures["checkpoint"] == summary.group(1)
+    assert figures["return_mean"] == pytest.approx(mean, abs=0.06)
+    assert figures["return_std"] == pytest.approx(float(summary.group(3)), abs=0.06)
+    assert figures["length_mean"] == pytest.approx(float(summary.group(4)), abs=0.06)
 
 
 def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, capsys):
