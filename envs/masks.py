@@ -2,9 +2,12 @@
 PettingZoo's layout; for MultiDiscrete the sub-spaces' masks one after the other). An env that gives
 its mask in its info instead (`info["action_mask"]` from reset and step) gets it moved into its
 observation by InfoActionMask, so that it travels through the shared buffers like any entry; a step
-whose info has no mask leaves every action legal. The model masks its logits (model.ActorCritic.legal).
+whose info has no mask leaves every action legal (logged once per env). The model masks its logits
+(model.ActorCritic.legal).
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -58,11 +61,14 @@ def _wrapper_class():
         def __init__(self, env, size: int):
             super().__init__(env)
             self.observation_space = with_mask_space(env.observation_space, size)
-            self.size = size
+            self.size, self.warned = size, False
 
         def _with_mask(self, obs, info: dict) -> dict:
             entries = dict(obs) if isinstance(obs, dict) else {"obs": obs}
             mask = info.get(ACTION_MASK_KEY)
+            if mask is None and not self.warned:
+                logging.warning("an info without %r: every action is legal in that step", ACTION_MASK_KEY)
+                self.warned = True
             entries[ACTION_MASK_KEY] = (np.ones(self.size, np.int8) if mask is None
                                         else np.asarray(mask, np.int8).reshape(self.size))
             return entries

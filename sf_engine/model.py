@@ -275,10 +275,14 @@ class ActorCritic(nn.Module):
     def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
         """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask
         (obs[ACTION_MASK_KEY], 0 = illegal): they are never sampled, and the log-probs and entropies
-        cover the legal actions only."""
+        cover the legal actions only. A (sub-)action with no legal value at all is left unmasked: a
+        categorical of only -1e9 logits has no meaning, and float32 cannot normalize it."""
         if not self.masked:
             return params
-        return params.masked_fill(obs[ACTION_MASK_KEY].reshape(params.shape) == 0, MASKED_LOGIT)
+        illegal = obs[ACTION_MASK_KEY].reshape(params.shape) == 0
+        none_legal = torch.cat([part.all(-1, keepdim=True).expand_as(part)
+                                for part in illegal.split(self.distribution.nvec, dim=-1)], dim=-1)
+        return params.masked_fill(illegal & ~none_legal, MASKED_LOGIT)
 
     def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
         """The core re-run over sequences, as the policy worker ran it step by step. obs: key ->

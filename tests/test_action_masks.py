@@ -99,3 +99,38 @@ def test_multi_discrete_masks_cover_each_sub_action():
             assert torch.isfinite(log_probs).all()
         greedy = model.distribution.mode(model(obs)[0])
         assert legal[torch.arange(128), greedy[:, 0]].all() and legal[torch.arange(128), 3 + greedy[:, 1]].all()
+
+
+def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
+    """The learner's ways through masked logits: the compiled PPO loss against torch's ops (a row with no
+    legal action is left unmasked, so both stay finite and equal), and a recurrent model's sequence
+    re-run against its acting steps."""
+    from sf_engine import ops, ppo
+
+    spec = probe_env_spec("toy_envs:MaskedChoiceEnv", "auto")
+    model = ActorCritic(spec, resolve_model_config(ModelConfig(), spec))
+    obs = _masked_batch(64, seed=3)
+    obs["action_mask"][5] = 0.0  # no legal action in this row
+    with torch.no_grad():
+        logits = model(obs)[0]
+    assert (logits[5] > -1e8).all() and (logits[6][obs["action_mask"][6] == 0] == -1e9).all()
+    actions = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
+    args = (logits, torch.randn(64), actions, torch.randn(64) - 1.5, torch.randn(64), torch.randn(64), 0.2, 0.5, 0.01)
+    torch_way = ppo.discrete_loss_and_grads(*args, kernels=False)
+    if ops.KERNELS is not None:
+        for ours, reference in zip(ppo.discrete_loss_and_grads(*args, kernels=True), torch_way):
+            torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
+    assert all(torch.isfinite(t).all() for t in torch_way)
+
+    recurrent = ActorCritic(spec, resolve_model_config(ModelConfig(rnn="gru", rnn_size=16), spec))
+    steps = [_masked_batch(8, seed=10 + t) for t in range(4)]
+    state = recurrent.initial_state(8)
+    with torch.no_grad():
+        stepped = []
+        for step in steps:
+            params, _, state = recurrent(step, state)
+            stepped.append(params)
+        flat = {key: torch.cat([step[key] for step in steps]) for key in steps[0]}
+        replayed, _, _ = recurrent.forward_sequence(flat, recurrent.initial_state(8), torch.zeros(4, 8, dtype=torch.bool))
+    torch.testing.assert_close(replayed, torch.cat(stepped), rtol=1e-4, atol=1e-5)
+    assert (replayed[torch.cat([step["action_mask"] for step in steps]) == 0] == -1e9).all()
