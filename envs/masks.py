@@ -7,6 +7,7 @@ whose info has no mask leaves every action legal (logged once per env). The mode
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -52,7 +53,8 @@ def with_mask_space(observation_space, size: int):
     return spaces.Dict({**entries, ACTION_MASK_KEY: spaces.Box(0, 1, (size,), np.int8)})
 
 
-def _wrapper_class():
+@functools.cache
+def _wrapper_class():  # made on first use: gymnasium is imported only where envs are made
     import gymnasium as gym
 
     class InfoActionMask(gym.Wrapper):

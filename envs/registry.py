@@ -294,21 +294,21 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             warnings.simplefilter("ignore")
             pool_spec = envpool.make_spec(env_id)
             obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
-        is_atari, from_info = type(pool_spec).__name__ == "AtariEnvSpec", False  # VizDoom has episodic_life too
+        is_atari, info = type(pool_spec).__name__ == "AtariEnvSpec", None  # VizDoom has episodic_life too
         frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
         env = _make_probe_env(env_id)
         try:
             info = _check_gym_api(env_id, env)
             obs_space, action_space = env.observation_space, env.action_space
-            size = sum(_action_spec(env_id, action_space).nvec)
-            from_info = mask_in_info(env_id, obs_space, info, size, EnvError)
-            if from_info:  # the env's info['action_mask'] becomes an observation entry
-                obs_space = with_mask_space(obs_space, size)
         finally:
             env.close()
         is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
-    action, obs = _action_spec(env_id, action_space), _obs_entries(env_id, obs_space)
+    action = _action_spec(env_id, action_space)
+    from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)
+    if from_info:  # the env's info['action_mask'] becomes an observation entry
+        obs_space = with_mask_space(obs_space, sum(action.nvec))
+    obs = _obs_entries(env_id, obs_space)
     spec = EnvSpec(obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info)
     check_action_mask(env_id, spec, EnvError)
     if is_atari:

@@ -233,8 +233,8 @@ class ActorCritic(nn.Module):
             self.refresh_bf16_acting()
         return self._bf16_acting
 
-    def _features(self, obs: dict):
-        acting = self._acting_bf16()
+    def _features(self, obs: dict, acting=None):
+        """(actor features, critic features); `acting`: _acting_bf16()'s bfloat16 copies, or None."""
         if acting is not None:
             features = self.actor_encoder(obs, acting[0][0])
             critic = features if self.critic_encoder is None else self.critic_encoder(obs, acting[0][1])
@@ -247,9 +247,8 @@ class ActorCritic(nn.Module):
             critic = features if self.critic_encoder is None else self.critic_encoder(obs)
         return features.float(), critic.float()
 
-    def _cores(self, features, critic_features, state):
-        """One step of the core(s): (actor out, critic out, new state)."""
-        acting = self._acting_bf16()
+    def _cores(self, features, critic_features, state, acting=None):
+        """One step of the core(s): (actor out, critic out, new state); `acting` as in _features."""
         actor_weights, critic_weights = (acting[1] + [None])[:2] if acting is not None else (None, None)
         if self.critic_core is None:
             out, new_state = self.actor_core.step(features, state, actor_weights)
@@ -266,10 +265,11 @@ class ActorCritic(nn.Module):
             params, values = (mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
                               for encoder, linears, activations in self._stacks)
             return self.legal(params, obs), values.squeeze(-1)
-        features, critic_features = self._features(obs)
+        acting = self._acting_bf16()
+        features, critic_features = self._features(obs, acting)
         if not self.recurrent:
             return self.legal(self.policy_head(features), obs), self.value_head(critic_features).squeeze(-1)
-        out, critic_out, new_state = self._cores(features, critic_features, state)
+        out, critic_out, new_state = self._cores(features, critic_features, state, acting)
         return self.legal(self.policy_head(out), obs), self.value_head(critic_out).squeeze(-1), new_state
 
     def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:

@@ -156,8 +156,9 @@ class _KernelELU(torch.autograd.Function):
 def elu_(x: torch.Tensor) -> torch.Tensor:
     """ELU (alpha 1) of x, in place where the compiled kernel runs (a contiguous or channels-last CPU
     float32 or bfloat16 tensor that is not a view, nor a leaf that needs a gradient), else torch's F.elu."""
-    if (KERNELS is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16)
-            or not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or x._base is not None or (x.is_leaf and x.requires_grad)
+    dense = x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
+    if (KERNELS is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not dense
+            or x._base is not None or (x.is_leaf and x.requires_grad)
             or torch.jit.is_tracing() or torch.compiler.is_compiling()):
         return F.elu(x)
     if torch.is_grad_enabled() and x.requires_grad:
