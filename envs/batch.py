@@ -23,6 +23,9 @@ class StepResult:
     score_rewards: np.ndarray
     episode_over: np.ndarray
     extra_stats: dict | None = None
+    alive: np.ndarray | None = None  # multi-agent: the row's agent is in its game at `obs` (envs.multiagent)
+    acting: np.ndarray | None = None  # multi-agent: it is the row's agent's turn at `obs`
+    objective: np.ndarray | None = None  # [E]: the true_objective of episodes that ended, NaN elsewhere
 
 
 def _extra_stats(info: dict):
@@ -70,7 +73,13 @@ class BatchEnv:
             score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)
         else:
             score, over = rewards, np.logical_or(terminated, truncated)
-        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over, _extra_stats(info))
+        extra = _extra_stats(info)
+        objective = None
+        stats = info.get("episode_extra_stats") if extra and "true_objective" in extra else None
+        if stats is not None:  # PBT's objective where the env gives one (Sample Factory's convention)
+            objective = np.full(self.num_envs, np.nan)
+            objective[np.asarray(stats["_true_objective"], bool)] = extra["true_objective"]
+        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over, extra, objective=objective)
 
     def render(self):
         return self._env.render()

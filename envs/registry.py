@@ -13,7 +13,8 @@ Families (each with its own defaults, see `FAMILY_DEFAULTS`):
   continuous  Box action spaces (EnvPool MuJoCo such as HalfCheetah-v4, or Gymnasium ids).
   doom        VizDoom scenarios by Gymnasium id or Sample Factory name (envs/doom.py): 128x72 RGB,
               frameskip 4, Sample Factory's reward scaling and shaping, conv encoder + GRU.
-  classic     everything else (EnvPool classic control, Gymnasium ids, user envs).
+  turns       turn-based PettingZoo envs (AECEnv: board games such as Connect Four), in self-play.
+  classic     everything else (EnvPool classic control, Gymnasium ids, user envs, PettingZoo ParallelEnvs).
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from .doom import DoomFactory, is_doom
 from .doom import missing as doom_missing
 from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
 from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
-from .spec import ActionSpec, EnvSpec
+from .multiagent import MultiAgentBatchEnv, is_multiagent, is_pettingzoo_class, probe_spaces
+from .spec import TO_MOVE_KEY, ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -131,9 +133,9 @@ def _user_factory(env_id: str) -> Callable:
     except AttributeError as exc:
         raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
     if not callable(target):
-        raise EnvError(f"--env {env_id}: {attr} is not a gymnasium.Env class or factory")
-    if isinstance(target, type) and not issubclass(target, gym.Env):
-        raise EnvError(f"--env {env_id}: {attr} is a class but not a gymnasium.Env")
+        raise EnvError(f"--env {env_id}: {attr} is not a gymnasium.Env or PettingZoo env class or factory")
+    if isinstance(target, type) and not issubclass(target, gym.Env) and not is_pettingzoo_class(target):
+        raise EnvError(f"--env {env_id}: {attr} is a class but not a gymnasium.Env or a PettingZoo env")
     return target
 
 
@@ -208,6 +210,8 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: En
                                **_envpool_kwargs(spec.family, training))
             env.observation_space  # built (and cached) on first use
         return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
+    if spec.agents:  # a PettingZoo env: every agent of every game is a row
+        return MultiAgentBatchEnv(_gym_factory(env_id), num_envs, spec, seed, render_mode)
     import gymnasium as gym
 
     if render_mode is None and has_native_vector_env(env_id) and not spec.mask_from_info:  # one env, whole batch
@@ -295,12 +299,17 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
             pool_spec = envpool.make_spec(env_id)
             obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
         is_atari, info = type(pool_spec).__name__ == "AtariEnvSpec", None  # VizDoom has episodic_life too
+        agents, turn_based = (), False
         frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
     else:
         env = _make_probe_env(env_id)
         try:
-            info = _check_gym_api(env_id, env)
-            obs_space, action_space = env.observation_space, env.action_space
+            if is_multiagent(env):
+                obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
+                info = None
+            else:
+                info = _check_gym_api(env_id, env)
+                obs_space, action_space, agents, turn_based = env.observation_space, env.action_space, (), False
         finally:
             env.close()
         is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
@@ -309,12 +318,17 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
     if from_info:  # the env's info['action_mask'] becomes an observation entry
         obs_space = with_mask_space(obs_space, sum(action.nvec))
     obs = _obs_entries(env_id, obs_space)
-    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info)
+    if turn_based:  # whose turn it is: the policy and value see it (a board alone may not say it)
+        obs += ((TO_MOVE_KEY, (1,), "float32"),)
+    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info, agents=agents,
+                   turn_based=turn_based)
     check_action_mask(env_id, spec, EnvError)
     if is_atari:
         family = "atari"
     elif is_doom(env_id):
         family = "doom"
+    elif turn_based:
+        family = "turns"
     else:
         family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
     return dataclasses.replace(spec, family=family)
@@ -322,7 +336,7 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
 
 # Flag defaults per family; the user's own flags always win.
 # --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
-ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32}
+ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32, "turns": 128}
 
 FAMILY_DEFAULTS = {
     "classic": {},
@@ -340,6 +354,11 @@ FAMILY_DEFAULTS = {
              "num_batches_per_epoch": 1, "num_epochs": 1, "learning_rate": 1e-4, "ppo_clip_ratio": 0.1,
              "entropy_coeff": 0.001, "normalize_input": True, "normalize_returns": True, "max_grad_norm": 4.0,
              "value_loss_coeff": 1.0, "adam_eps": 1e-6, "weight_init": "unit", "learner_threads": 2},
+    # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
+    # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
+    # of play (Connect Four against a random player: 83% after 5 minutes with the classic defaults,
+    # 94.5% after 2.5 with these)
+    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.01},
     "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,

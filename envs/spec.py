@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 
 ACTION_MASK_KEY = "action_mask"  # an observation entry of legal actions (PettingZoo's name): 1 legal, 0 not
+TO_MOVE_KEY = "to_move"  # turn-based multi-agent envs: an entry [1], 1.0 where the row's agent is to move
 
 
 def is_image(shape: tuple, dtype: str) -> bool:
@@ -42,6 +43,13 @@ class EnvSpec:
     family: str = "classic"
     frameskip: int = 1
     mask_from_info: bool = False  # the env gives its action mask in info['action_mask'] (envs.masks)
+    agents: tuple = ()  # a PettingZoo env's possible agents: each game is len(agents) rows (envs.multiagent)
+    turn_based: bool = False  # a PettingZoo AECEnv: only the agent to move acts
+
+    @property
+    def num_agents(self) -> int:
+        """Rows per game: 1 for a single-agent env."""
+        return max(1, len(self.agents))
 
     @property
     def is_dict(self) -> bool:

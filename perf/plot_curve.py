@@ -8,6 +8,7 @@ With --x minutes, time counts from the run's launch where its config.json says w
 engine writes at start, in the experiment folder or two folders up, as Sample Factory keeps it), else
 from the first point. --tag takes one tag, or one per experiment (Sample Factory's return is
 reward/reward).
+--hline draws a reference value (a random policy's return, perf/random_return.py).
 Needs matplotlib (pip install -e '.[perf]'). Prints one JSON line: per experiment the first, last and
 largest value of the tag, its env steps and minutes.
 """
@@ -53,6 +54,9 @@ def main() -> None:
     parser.add_argument("--x", choices=("env_steps", "minutes"), default="env_steps", help="the horizontal axis")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--hline", type=float, default=None, help="a reference value drawn across the plot "
+                        "(e.g. a random policy's return from perf/random_return.py)")
+    parser.add_argument("--hline_label", default="reference", help="the legend's name of --hline")
     args = parser.parse_args()
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(d)) for d in
                                                              args.experiment_dirs]
@@ -80,11 +84,13 @@ def main() -> None:
         summary.append({"experiment": label, "points": len(values), "first": values[0], "last": values[-1],
                         "max": max(values), "minutes": round(minutes[-1], 1), "env_steps": points[-1].step,
                         "at_minute": {m: at_minute(values, minutes, m) for m in (5, 10, 20) if minutes[-1] >= m}})
+    if args.hline is not None:
+        ax.axhline(args.hline, color="gray", ls="--", lw=1.2, label=f"{args.hline_label} ({args.hline:.2f})")
     ax.set_xlabel("env steps" if args.x == "env_steps" else "minutes of training")
     ax.set_ylabel(tags[0] if len(set(tags)) == 1 else "episode return")
     ax.set_title(args.title or ", ".join(labels))
     ax.grid(alpha=0.3)
-    if len(labels) > 1:
+    if len(labels) > 1 or args.hline is not None:
         ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

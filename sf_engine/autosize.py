@@ -59,6 +59,16 @@ def random_actions(action_spec, num_envs: int, rng: np.random.Generator) -> np.n
     return actions[:, 0] if action_spec.kind == "discrete" else actions
 
 
+def legal_random_actions(spec, obs: dict, rng: np.random.Generator) -> np.ndarray:
+    """Random actions; with an action mask (discrete actions), legal ones (a row with none legal: 0)."""
+    from sf_engine.envs.spec import ACTION_MASK_KEY
+
+    num_envs = len(next(iter(obs.values())))
+    if not spec.action_mask or spec.action.kind != "discrete":
+        return random_actions(spec.action, num_envs, rng)
+    return np.argmax(np.asarray(obs[ACTION_MASK_KEY]) * rng.uniform(0.5, 1.0, (num_envs, spec.action.nvec[0])), 1)
+
+
 def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
     """Run fn until min_sec and min_reps are both reached; (wall, cpu, reps)."""
     wall0, cpu0, reps = time.perf_counter(), time.process_time(), 0
@@ -78,12 +88,17 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
     before = psutil.Process().memory_info().rss
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)
     try:
-        obs = env.reset()
+        obs = {key: np.array(value) for key, value in env.reset().items()}
         rng = np.random.default_rng(0)
-        actions = [random_actions(spec.action, num_envs, rng) for _ in range(8)]
-        env.step(actions[0])  # first steps may allocate
-        count = iter(range(1 << 62))
-        wall, cpu, reps = _timed(lambda: env.step(actions[next(count) % 8]), PROBE_SEC)
+        if spec.action_mask:  # legal actions of each step's observation
+            latest = [obs]
+            step = lambda: latest.__setitem__(0, env.step(legal_random_actions(spec, latest[0], rng)).obs)  # noqa: E731
+        else:
+            actions = [random_actions(spec.action, num_envs, rng) for _ in range(8)]
+            count = iter(range(1 << 62))
+            step = lambda: env.step(actions[next(count) % 8])  # noqa: E731
+        step()  # first steps may allocate
+        wall, cpu, reps = _timed(step, PROBE_SEC)
         env_bytes = max(0, psutil.Process().memory_info().rss - before) / num_envs
     finally:
         env.close()
@@ -151,8 +166,9 @@ def measure(cfg, spec, probe_envs: int) -> Costs:
     return Costs(env_wall, env_cpu, inference, 0.0 if cfg.run.sampling_only else learn, env_bytes)
 
 
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, multiple: int = 1) -> list:
+    """Divisors of n that are multiples of `multiple` (a multi-agent env's rows per game)."""
+    return [d for d in range(multiple, n + 1, multiple) if n % d == 0]
 
 
 def choose_rollout(costs: Costs, train_batch: int) -> int:
@@ -167,10 +183,10 @@ def choose_rollout(costs: Costs, train_batch: int) -> int:
     return ROLLOUT_DEFAULT
 
 
-def choose_envs_per_split(costs: Costs, slot_divisor: int, hint: int) -> int:
-    """Fewest envs per split (a divisor of slot_divisor, at least `hint`) whose step takes
-    TARGET_SPLIT_SEC; the largest allowed when none does."""
-    allowed = [d for d in _divisors(slot_divisor) if d <= MAX_ENVS_PER_SPLIT] or [1]
+def choose_envs_per_split(costs: Costs, slot_divisor: int, hint: int, multiple: int = 1) -> int:
+    """Fewest envs per split (a divisor of slot_divisor and a multiple of `multiple`, at least `hint`)
+    whose step takes TARGET_SPLIT_SEC; the largest allowed when none does."""
+    allowed = [d for d in _divisors(slot_divisor, multiple) if d <= MAX_ENVS_PER_SPLIT] or [multiple]
     for d in allowed:
         if d >= min(hint, allowed[-1]) and d * costs.env_wall >= TARGET_SPLIT_SEC:
             return d
@@ -221,6 +237,8 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     was auto). `cfg` is otherwise resolved (the model is measured as it will run)."""
     s = cfg.sampler
     auto_workers, auto_envs = s.num_workers == "auto", s.num_envs_per_worker == "auto"
+    whole_games = spec.num_agents * s.worker_num_splits  # a multi-agent env's games are never split
+    envs_per_worker_hint = -(-envs_per_worker_hint // whole_games) * whole_games
     # --rollout auto is shortened only where the envs per split are chosen here, for a feed-forward policy
     shorten = s.rollout == "auto" and auto_envs and cfg.run.mode != "serial" and cfg.model.rnn == "none"
     if s.rollout == "auto":
@@ -234,7 +252,8 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
                         f"{chosen.num_envs_per_worker} envs"]
     cores = usable_cores()
     probe = (envs_per_worker_hint if auto_envs else int(s.num_envs_per_worker)) // s.worker_num_splits
-    costs = measure(cfg, spec, max(1, probe))
+    probe = -(-max(1, probe) // spec.num_agents) * spec.num_agents  # whole games of a multi-agent env
+    costs = measure(cfg, spec, probe)
     lines = [f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
              f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
              f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
@@ -247,7 +266,7 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
                      f"steps let splits be twice as wide")
     if auto_envs:
         per_split = choose_envs_per_split(costs, train_batch // s.rollout,
-                                          max(1, envs_per_worker_hint // s.worker_num_splits))
+                                          max(1, envs_per_worker_hint // s.worker_num_splits), spec.num_agents)
         num_envs = per_split * s.worker_num_splits
         lines.append(f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
                      f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
@@ -257,17 +276,19 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
         lines.append(f"--num_workers auto = {num_workers}: learning and inference can take about "
                      f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
                      f"{1 / costs.env_wall:,.0f}")
-    num_workers, num_envs = _within_memory(s, costs, num_workers, num_envs, train_batch // s.rollout, lines)
+    num_workers, num_envs = _within_memory(s, costs, num_workers, num_envs, train_batch // s.rollout, lines,
+                                           spec.num_agents)
     return dataclasses.replace(s, num_workers=num_workers, num_envs_per_worker=num_envs), lines
 
 
-def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_divisor: int, lines: list) -> tuple:
+def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_divisor: int, lines: list,
+                   multiple: int = 1) -> tuple:
     """The chosen sizes, lowered where the envs would not fit in memory (see fit_memory); says so in
     `lines`."""
     import psutil
 
     splits, available = s.worker_num_splits, psutil.virtual_memory().available
-    allowed = [d for d in _divisors(slot_divisor) if d <= MAX_ENVS_PER_SPLIT]
+    allowed = [d for d in _divisors(slot_divisor, multiple) if d <= MAX_ENVS_PER_SPLIT]
     fixed_envs = s.num_envs_per_worker != "auto"
     workers, per_split = fit_memory(num_workers, num_envs // splits, splits, costs, available, allowed,
                                     fixed_workers=s.num_workers != "auto", fixed_envs=fixed_envs)

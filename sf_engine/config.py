@@ -15,6 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sf_engine.config_fields import flag_field as _f
+from sf_engine.config_fields import int_or_auto
+from sf_engine.config_policies import PolicyConfig
+
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.autosize.choose_rollout)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -24,10 +28,6 @@ class ConfigError(ValueError):
     """A bad flag or combination: the message is one line naming the flag and the fix."""
 
 
-def _f(default, help_text: str, **kw):
-    return field(default=default, metadata={"help": help_text, **kw})
-
-
 @dataclass(frozen=True)
 class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
@@ -35,15 +35,6 @@ class EnvConfig:
                                   "worker), or 'auto' (EnvPool when it has the id).",
                           choices=("auto", "envpool", "gymnasium"))
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
-
-
-def int_or_auto(text: str):
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -186,7 +177,7 @@ class TrackingConfig:
 
 
 GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
-          "run": RunConfig, "tracking": TrackingConfig}
+          "run": RunConfig, "tracking": TrackingConfig, "policies": PolicyConfig}
 
 
 @dataclass(frozen=True)
@@ -197,6 +188,7 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     run: RunConfig = field(default_factory=RunConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    policies: PolicyConfig = field(default_factory=PolicyConfig)
 
     @property
     def samples_per_slot(self) -> int:
@@ -232,8 +224,9 @@ def check_flags(cfg: Config) -> None:
                 "--hidden_size": model.hidden_size, "--mlp_layers": model.mlp_layers,
                 "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps,
                 "--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
-                "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence}
-    for group in (cfg.env, s, model, lrn, run):
+                "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence,
+                "--num_policies": cfg.policies.num_policies}
+    for group in (cfg.env, s, model, lrn, run, cfg.policies):
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
             if isinstance(value, float) and not math.isfinite(value):

@@ -32,14 +32,18 @@ class Evaluator:
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
         self.weights = ctx.weights()
-        self.env = make_batch_env(cfg.env.env, cfg.env.env_backend, cfg.run.eval_episodes,
+        self.two_player = len(ctx.plan.spec.agents) == 2  # evaluated by games against a random player
+        agents = ctx.plan.spec.num_agents  # a multi-agent env: whole games, one episode per agent
+        rows = 2 * min(cfg.run.eval_episodes, 32) if self.two_player else -(-cfg.run.eval_episodes // agents) * agents
+        self.env = make_batch_env(cfg.env.env, cfg.env.env_backend, rows,
                                   seed=cfg.env.seed + EVAL_SEED_OFFSET, spec=ctx.plan.spec, training=False)
         self.next_eval_time = time.monotonic() + cfg.run.eval_every_sec
         self.best_path = os.path.join(ctx.plan.paths.checkpoint_dir, BEST_NAME)
         self.best_return = self._previous_best()
 
     def describe(self) -> str:
-        return f"{self.cfg.run.eval_episodes} evaluation envs every {self.cfg.run.eval_every_sec:g} s"
+        what = "games against a random player" if self.two_player else "evaluation envs"
+        return f"{self.cfg.run.eval_episodes} {what} every {self.cfg.run.eval_every_sec:g} s"
 
     def _previous_best(self) -> float:
         """A resumed run keeps the best evaluation of the runs before it."""
@@ -71,6 +75,8 @@ class Evaluator:
         finished); best.pt only when all did."""
         start = time.monotonic()
         version = self.weights.read_into(self.params)
+        if self.two_player:
+            return self._evaluate_games(version, start)
         returns, lengths = {}, {}
         for env_index, episode_return, length in play(self.model, self.env, 1, max_steps=self.cfg.run.eval_max_steps,
                                                       should_stop=self._should_stop):
@@ -80,17 +86,42 @@ class Evaluator:
             return None
         finished = np.array(list(returns.values()))
         mean = float(finished.mean())
-        if len(returns) == self.env.num_envs and mean > self.best_return:
-            self.best_return = mean
-            try:
-                save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
-                                                   "eval_return": mean, "config": self.cfg.to_dict()})
-            except OSError as exc:
-                logging.warning("best.pt not written (%s); the previous one is kept", exc.strerror or exc)
+        if len(returns) == self.env.num_envs:
+            self._keep_best(mean, version)
         self.ctx.send(Evaluation(version, mean, float(finished.std()), float(np.mean(list(lengths.values()))),
                                  len(returns), self.env.num_envs - len(returns), self.best_return,
                                  time.monotonic() - start))
         return mean
+
+    def _evaluate_games(self, version: int, start: float) -> float:
+        """Two-player games: --eval_episodes games against a random player, both seats; the mean return
+        (Connect Four: wins minus losses) decides best.pt."""
+        from sf_engine.matches import make_opponent, play_matches
+
+        figures = play_matches(self.model, self.env, make_opponent("random", self.ctx.plan.spec, seed=version),
+                               self.cfg.run.eval_episodes, max_steps=self.cfg.run.eval_max_steps,
+                               should_stop=self._should_stop)
+        if not figures["games"]:
+            return None
+        mean = figures["return_mean"]
+        if figures["games"] == self.cfg.run.eval_episodes:
+            self._keep_best(mean, version)
+        self.ctx.send(Evaluation(version, mean, figures["return_std"], figures["length_mean"], figures["games"],
+                                 self.cfg.run.eval_episodes - figures["games"], self.best_return,
+                                 time.monotonic() - start, figures["win_rate"], figures["draw_rate"],
+                                 figures["loss_rate"]))
+        return mean
+
+    def _keep_best(self, mean: float, version: int) -> None:
+        """best.pt when `mean` beats every earlier evaluation."""
+        if mean <= self.best_return:
+            return
+        self.best_return = mean
+        try:
+            save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
+                                               "eval_return": mean, "config": self.cfg.to_dict()})
+        except OSError as exc:
+            logging.warning("best.pt not written (%s); the previous one is kept", exc.strerror or exc)
 
     def _should_stop(self) -> bool:
         self.ctx.beat()  # an evaluation may take long: it is still alive

@@ -153,7 +153,7 @@ def run(args) -> int:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise EnjoyError(f"--output {out_dir} is a file: choose a directory")
     path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
-    model = load_policy(cfg, spec, path, "cpu")
+    model = load_policy(cfg, spec, path, "cpu", getattr(args, "policy", 0))
     for written in export(model, spec, out_dir, args.format):
         print(f"wrote {written}")
     print(f"policy of {cfg.env.env} from {os.path.basename(path)}: inputs and outputs in policy.json")

@@ -1,10 +1,12 @@
 """Learner: gathers whole trajectory slots, computes advantages, runs PPO, publishes weights.
 
 Runs in the learner process (or the runner in serial mode) on the run's device. A training batch is
-`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories. After the
-update the new weights are copied into the shared tensor under the seqlock, the version is bumped,
-and only then are the slots returned to the free pool (so in sync mode no slot is ever filled by an
-older policy).
+`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories. Each policy
+of the run (sf_engine.policy_learner; one unless --num_policies) trains on the samples it acted in the
+batch (`policy_id`); a row changes hands only at the first observation of an episode, where the
+advantage recursion is cut anyway, so each policy's targets are those of its own trajectories. After its update a policy's
+new weights are copied into its shared tensor under the seqlock and its version is bumped; only then
+are the slots returned to the free pool (so in sync mode no slot is ever filled by an older policy).
 """
 from __future__ import annotations
 
@@ -14,14 +16,12 @@ import time
 import numpy as np
 import torch
 
-from sf_engine import ppo
 from sf_engine.checkpoint import load_checkpoint, save_checkpoint
 from sf_engine.ipc import get_many
 from sf_engine.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
-from sf_engine.model import ActorCritic
-from sf_engine.ops import FlatAdam
+from sf_engine.pbt import Population
+from sf_engine.policy_learner import PolicyLearner
 from sf_engine.process import StageTimer
-from sf_engine.weights import flatten_state
 from sf_engine.wiring import weight_readers
 
 _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
@@ -36,31 +36,45 @@ class Learner:
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
-        self.model = ActorCritic(plan.spec, self.cfg.model, self.cfg.run.bf16).to(self.device)
-        encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
-        self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
-        self.params = flatten_state(self.model)
-        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
-        self.version = 0
+        self.policies = [PolicyLearner(ctx, policy, lambda: self.env_steps)
+                         for policy in range(self.cfg.policies.num_policies)]
+        self.population = Population(self, ctx)  # PBT and the opponent pool (sf_engine.pbt)
         if plan.resume_from:
             self._load(plan.resume_from)
-        self.weights = ctx.weights()
-        self.weights.create(self.params, self.version, weight_readers(self.cfg))
+        for learner in self.policies:
+            learner.weights.create(learner.params, learner.version, weight_readers(self.cfg))
+        self.population.share(weight_readers(self.cfg))
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.timer = StageTimer("wait_data", "batch_assembly", "train", "weight_publish", "checkpoint")
 
+    # policy 0's learning, as the single-policy run's own (and the tests') names for it
+    model = property(lambda self: self.policies[0].model)
+    optimizer = property(lambda self: self.policies[0].optimizer)
+    weights = property(lambda self: self.policies[0].weights)
+    version = property(lambda self: self.policies[0].version,
+                       lambda self, value: setattr(self.policies[0], "version", value))
+
+    def _targets(self, batch: dict):
+        return self.policies[0]._targets(batch)
+
+    def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
+        return self.policies[0]._sequences(batch, keep, advantages, returns)
+
+    def _ppo_epochs_recurrent(self, seq: dict) -> dict:
+        return self.policies[0]._ppo_epochs_recurrent(seq)
+
     def describe(self) -> str:
-        return f"version {self.version} published, weights shared on {self.weights.shared.device}"
+        versions = ", ".join(str(learner.version) for learner in self.policies)
+        return f"version(s) {versions} published, weights shared on {self.weights.shared.device}"
 
     def _load(self, path: str) -> None:
+        """A checkpoint of one policy ({model, optimizer, version}) or of several ({policies: [...]})."""
         state = load_checkpoint(path, self.device)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:  # this run's --learning_rate, not the saved one
-            group["lr"] = self.lcfg.learning_rate
-        self.version = int(state["version"])
-        logging.info("resumed from %s (version %d)", path, self.version)
+        states = state["policies"] if "policies" in state else [state]
+        for learner, policy_state in zip(self.policies, states):
+            learner.load(policy_state, path)
+        self.population.load(state)
 
     @property
     def env_steps(self) -> int:
@@ -71,7 +85,9 @@ class Learner:
         needed = self.cfg.slots_per_batch - len(self.pending_slots)
         self.timer.start()
         self.ctx.beat()
-        self.weights.serve_requests()  # a restarted policy worker or evaluator needs the shared weights
+        for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
+            learner.weights.serve_requests()
+        self.population.serve_requests()
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
         self.timer.lap("wait_data")
         if self.cfg.run.sampling_only:
@@ -104,7 +120,9 @@ class Learner:
             picked = array[index].swapaxes(0, 1)
             return torch.from_numpy(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]))
 
-        batch = {name: time_major(getattr(self.buffers, name)) for name in _STEP_FIELDS}
+        fields = _STEP_FIELDS + (("acting",) if self.buffers.acting is not None else ())
+        fields += ("policy_id",) if self.buffers.policy_id is not None else ()  # [T+1, N]
+        batch = {name: time_major(getattr(self.buffers, name)) for name in fields}
         batch["obs"] = {key: time_major(array) for key, array in self.buffers.obs.items()}
         if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T+1, N, H]
             batch["episode_start"] = time_major(self.buffers.episode_start)
@@ -112,196 +130,63 @@ class Learner:
         return {k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
                 for k, v in batch.items()}
 
-    def _targets(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and value targets [T, N]. GAE uses the behaviour values and the learner's value of
-        the bootstrap row (a recurrent core steps once from the state stored for it); V-trace
-        re-evaluates the whole batch with the current weights (a core is re-run over the rollout)."""
-        lcfg, model = self.lcfg, self.model
-        num_steps, num_traj = batch["rewards"].shape
-        dones = batch["terminated"] | batch["truncated"]
-        flat_obs = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}
-        with torch.no_grad():
-            if lcfg.with_vtrace and model.recurrent:  # from the stored first state
-                params, values, _ = model.forward_sequence(flat_obs, batch["rnn_states"][0], batch["episode_start"])
-            elif lcfg.with_vtrace:
-                params, values = model(flat_obs)
-            elif model.recurrent:  # GAE needs the learner's value of the bootstrap row only
-                state = batch["rnn_states"][-1] * (~batch["episode_start"][-1]).unsqueeze(-1)
-                _, values, _ = model({k: v[-1] for k, v in batch["obs"].items()}, state)
-            else:
-                values = model.values({k: v[-1] for k, v in batch["obs"].items()})
-            values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
-            if not lcfg.with_vtrace:
-                values = torch.cat([batch["values"], values[-1:]])
-                return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
-                               lcfg.gamma, lcfg.gae_lambda)
-            actions = batch["actions"].reshape(num_steps * num_traj, *batch["actions"].shape[2:])
-            target_log_probs, _ = model.log_prob_entropy(params[:num_steps * num_traj], actions)
-            vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs.reshape(num_steps, num_traj),
-                                        batch["rewards"], values, batch["terminated"], dones, batch["valid"],
-                                        lcfg.gamma, lcfg.vtrace_rho_bar, lcfg.vtrace_c_bar)
-            return advantages, vs
-
     def train_on(self, slots: list) -> None:
+        """One training iteration on `slots`: each policy on the samples it acted (all of them with one
+        policy), then its new version published; then the slots go back to the free pool."""
         self.timer.start()
         batch = self._gather(slots)
-        lag = self.version - batch["policy_version"]
         valid = batch["valid"]
-        keep = valid & (lag <= self.lcfg.max_policy_lag)
-        advantages, returns = self._targets(batch)
-        index = keep.reshape(-1).nonzero().squeeze(1)
-        flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept
-        samples = {"obs": {key: flat(value[:-1].permute(0, 1, 3, 4, 2) if key in self.chw_images else value[:-1])
-                           for key, value in batch["obs"].items()},
-                   "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
-                   "advantages": flat(advantages), "returns": flat(returns)}
         self.timer.lap("batch_assembly")
-        losses = {}
-        if index.numel():
-            losses = (self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
-                      if self.model.recurrent else self._ppo_epochs(samples))
-            # after the epochs: the behaviour log-probs were computed with the statistics in force
-            self.model.update_normalizers(samples["obs"], samples["returns"])
-        self.timer.lap("train")
-        self.version += 1
-        self.weights.publish(self.params, self.version)
+        not_trainable = self._not_trainable(batch)  # booked once per batch, with its first report
+        for learner in self.policies:
+            mine = valid if "policy_id" not in batch else valid & (batch["policy_id"][:-1] == learner.policy)
+            if len(self.policies) > 1 and not bool(mine.any()):
+                continue  # no sample of this policy in the batch: nothing to train, no new version
+            lag = learner.version - batch["policy_version"]
+            keep = mine & (lag <= self.lcfg.max_policy_lag) & (batch["policy_version"] >= learner.min_version)
+            samples, losses = learner.train(batch, keep)
+            self.timer.lap("train")
+            learner.version += 1
+            learner.weights.publish(learner.params, learner.version)
+            self.population.trained(learner.policy, int(mine.sum()))
+            self.timer.lap("weight_publish")
+            mine_lag = lag[mine].float() if bool(mine.any()) else torch.zeros(1)
+            self.ctx.send(Training(
+                self.timer.report("learner"), version=learner.version, samples=samples,
+                dropped_lag=int((mine & ~keep).sum()),
+                not_trainable=not_trainable,
+                lag_count=int(mine.sum()), lag_min=float(mine_lag.min()), lag_mean=float(mine_lag.mean()),
+                lag_max=float(mine_lag.max()), learning_rate=learner.optimizer.param_groups[0]["lr"], losses=losses,
+                policy=learner.policy))
+            not_trainable = 0
+        self.population.step()  # a PBT round or a pool snapshot when one is due
         self.buffers.take_rows(slots)
         self.queues.free_slots.put_many(list(slots))
         self.timer.lap("weight_publish")
-        valid_lag = lag[valid].float() if bool(valid.any()) else torch.zeros(1)
-        self.ctx.send(Training(
-            self.timer.report("learner"), version=self.version, samples=int(index.numel()),
-            dropped_lag=int((valid & ~keep).sum()), not_trainable=int((~valid).sum()), lag_count=int(valid.sum()),
-            lag_min=float(valid_lag.min()), lag_mean=float(valid_lag.mean()), lag_max=float(valid_lag.max()),
-            learning_rate=self.optimizer.param_groups[0]["lr"], losses=losses))
 
-    def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
-        """The batch cut into whole --recurrence-long sequences: [R, M, ...] per field (see
-        ppo.sequence_index), with the stored state each sequence starts from."""
-        num_steps, num_traj = keep.shape
-        index = ppo.sequence_index(num_steps, num_traj, self.lcfg.recurrence).to(self.device)
-        cut = lambda x: x.reshape(num_steps * num_traj, *x.shape[2:])[index]  # noqa: E731
-        return {"obs": {key: cut(value[:-1]) for key, value in batch["obs"].items()},
-                "actions": cut(batch["actions"]), "log_probs": cut(batch["log_probs"]),
-                "advantages": cut(advantages), "returns": cut(returns), "keep": cut(keep),
-                "starts": cut(batch["episode_start"][:-1]),
-                "states": batch["rnn_states"][:-1].reshape(num_steps * num_traj, -1)[index[0]]}
-
-    def _set_learning_rate(self) -> None:
-        if self.lcfg.lr_schedule == "linear":
-            fraction_left = max(0.0, 1.0 - self.env_steps / self.cfg.run.train_for_env_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.lcfg.learning_rate * fraction_left
-
-    def _ppo_epochs(self, samples: dict) -> dict:
-        """Feed-forward: minibatches of kept samples (flat [B, ...])."""
-        def minibatch_outputs(minibatch):
-            take = lambda x: x.index_select(0, minibatch)  # noqa: E731  (a row copy: faster than x[minibatch])
-            params, values = self.model({key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
-                                         for key, obs in samples["obs"].items()})
-            return (params, values, take(samples["actions"]), take(samples["log_probs"]), take(samples["advantages"]),
-                    take(samples["returns"]))
-
-        if not self.model.direct_gradients(samples["obs"]):
-            return self._optimize(samples["log_probs"].numel(), self._autograd_gradients(minibatch_outputs))
-        lcfg = self.lcfg
-
-        def direct(minibatch):  # CartPole's model on the CPU: compiled forward, loss and backward, no autograd
-            if minibatch.numel() < 2:
-                return None
-            take = lambda x: x.index_select(0, minibatch)  # noqa: E731
-            actions, old_log_probs = take(samples["actions"]), take(samples["log_probs"])
-            advantages = ppo.normalize(take(samples["advantages"]))
-            returns = self.model.normalize_returns(take(samples["returns"]))
-            self.optimizer.zero_grad()
-            return self.model.loss_gradients(
-                {key: take(obs) for key, obs in samples["obs"].items()},
-                lambda logits, values: ppo.discrete_loss_and_grads(
-                    logits, values, actions, old_log_probs, advantages, returns, lcfg.ppo_clip_ratio,
-                    lcfg.value_loss_coeff, lcfg.entropy_coeff)[1:])
-
-        return self._optimize(samples["log_probs"].numel(), direct)
-
-    def _ppo_epochs_recurrent(self, seq: dict) -> dict:
-        """Recurrent: minibatches of whole sequences (every field [R, M, ...], M sequences; `states`
-        [M, H] where each starts); the core is re-run from there and the losses cover kept samples."""
-        recurrence = seq["keep"].shape[0]
-
-        def minibatch_outputs(minibatch):
-            obs = {key: value[:, minibatch].reshape(recurrence * len(minibatch), *value.shape[2:])
-                   for key, value in seq["obs"].items()}
-            params, values, _ = self.model.forward_sequence(obs, seq["states"][minibatch], seq["starts"][:, minibatch])
-            kept = seq["keep"][:, minibatch].reshape(-1).nonzero().squeeze(1)
-            pick = lambda x: x[:, minibatch].reshape(-1, *x.shape[2:])[kept]  # noqa: E731
-            return (params[kept], values[kept], pick(seq["actions"]), pick(seq["log_probs"]), pick(seq["advantages"]),
-                    pick(seq["returns"]))
-
-        return self._optimize(seq["keep"].shape[1], self._autograd_gradients(minibatch_outputs))
-
-    def _autograd_gradients(self, minibatch_outputs):
-        """gradients(indices) for _optimize, through autograd: minibatch_outputs(indices) = (distribution
-        parameters, values, actions, behaviour log-probs, advantages, returns) of its kept samples."""
-        def gradients(minibatch):
-            outputs = minibatch_outputs(minibatch)
-            if outputs[1].numel() < 2:
-                return None
-            loss, stats = self._loss(*outputs)
-            self.optimizer.zero_grad()
-            loss.backward()
-            return stats
-
-        return gradients
-
-    def _optimize(self, num_units: int, gradients) -> dict:
-        """--num_epochs passes of --num_batches_per_epoch minibatches over `num_units` samples or
-        sequences, each a clipped PPO step: gradients(indices) puts the minibatch's loss gradients into the
-        optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped)."""
-        lcfg = self.lcfg
-        self._set_learning_rate()
-        totals = torch.zeros(6)
-        num_updates = 0
-        for _ in range(lcfg.num_epochs):
-            for minibatch in torch.randperm(num_units, device=self.device).tensor_split(lcfg.num_batches_per_epoch):
-                if minibatch.numel() < 1 or self.ctx.stopping:  # a stopping run does not wait for epochs
-                    continue
-                self.ctx.beat()
-                stats = gradients(minibatch)
-                if stats is None:
-                    continue
-                grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
-                self.optimizer.step()
-                totals += torch.cat([stats, grad_norm.detach().reshape(1)]).cpu()
-                num_updates += 1
-        names = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
-        return {name: float(v) / max(num_updates, 1) for name, v in zip(names, totals)}
-
-    def _loss(self, params, values, actions, old_log_probs, advantages, returns):
-        """(the PPO loss of a minibatch, its stats [policy loss, value loss, entropy, approx KL, clip
-        fraction]); categorical actions take the fused loss (ppo.DiscretePPOLoss)."""
-        lcfg, model = self.lcfg, self.model
-        advantages, returns = ppo.normalize(advantages), model.normalize_returns(returns)
-        if model.distribution.kind == "discrete":
-            return ppo.DiscretePPOLoss.apply(params, values, actions, old_log_probs, advantages, returns,
-                                             lcfg.ppo_clip_ratio, lcfg.value_loss_coeff, lcfg.entropy_coeff)
-        log_probs, entropy = model.log_prob_entropy(params, actions)
-        losses = ppo.ppo_losses(log_probs, old_log_probs, advantages, values, returns, entropy, lcfg.ppo_clip_ratio)
-        policy_loss, value_loss, entropy_mean = losses[:3]
-        loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
-        return loss, torch.stack([x.detach() for x in losses])
+    def _not_trainable(self, batch: dict) -> int:
+        """Reset steps and absent agents, and the steps the opponent pool's snapshots acted."""
+        pooled = (batch["valid"] & (batch["policy_id"][:-1] >= len(self.policies))) if "policy_id" in batch else None
+        return int((~batch["valid"]).sum()) + (int(pooled.sum()) if pooled is not None else 0)
 
     def save(self):
         """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on.
         Returns the path, or None when the write failed."""
         env_steps = self.env_steps  # one reading for the file's contents and its name
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "version": self.version, "env_steps": env_steps, "config": self.cfg.to_dict()}
+        if len(self.policies) == 1:
+            state = self.policies[0].state()
+        else:  # the whole population in one file: a resumed run finds every policy as it was together
+            state = {"policies": [learner.state() for learner in self.policies],
+                     "version": sum(learner.version for learner in self.policies)}
+        state |= self.population.state()
+        state |= {"env_steps": env_steps, "config": self.cfg.to_dict()}
+        version = state["version"]
         self.last_save_time = time.monotonic()
         try:
-            path = save_checkpoint(self.checkpoint_dir, state, self.version, env_steps,
-                                   self.cfg.run.keep_checkpoints)
+            path = save_checkpoint(self.checkpoint_dir, state, version, env_steps, self.cfg.run.keep_checkpoints)
         except OSError as exc:
             logging.warning("checkpoint of version %d not written (%s); the previous one is kept",
-                            self.version, exc.strerror or exc)
+                            version, exc.strerror or exc)
             self.ctx.send(CheckpointFailed(str(exc.strerror or exc)))
             return None
         self.ctx.send(CheckpointWritten(path))

@@ -25,11 +25,13 @@ class Episodes:
     returns: list
     lengths: list
     extra: dict = field(default_factory=dict)
+    policies: list = field(default_factory=list)  # --num_policies > 1: the policy of each of `returns`
 
 
 @dataclass
 class Training:
-    """Learner: one training batch. Lag = learner version - the version that acted, over valid samples."""
+    """Learner: one training batch of one policy. Lag = learner version - the version that acted, over
+    valid samples."""
     stages: Stages
     version: int
     samples: int
@@ -41,6 +43,7 @@ class Training:
     lag_max: float
     learning_rate: float
     losses: dict = field(default_factory=dict)  # policy_loss, value_loss, entropy, approx_kl, ...
+    policy: int = 0
 
 
 @dataclass
@@ -62,6 +65,19 @@ class Evaluation:
     unfinished: int
     best: float
     seconds: float
+    win_rate: float | None = None  # two-player games: against a random player, from both seats
+    draw_rate: float | None = None
+    loss_rate: float | None = None
+
+
+@dataclass
+class PbtRound:
+    """Learner with --pbt: a round (0: the population's start). `exploits` [(replaced member, member it
+    copied, its objective, the copied one's)]; `hyperparameters`: each member's after the round."""
+    round: int
+    exploits: list
+    hyperparameters: list
+    objectives: list
 
 
 @dataclass

@@ -44,6 +44,8 @@ def changed_flags(saved: dict, cfg, spec) -> list:
             changed = [f"--{f.name}" for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(cfg.model, f.name)]
         if saved.get("env", {}).get("env") != cfg.env.env:
             changed.insert(0, "--env")
+        if saved.get("policies", {}).get("num_policies", 1) != cfg.policies.num_policies:
+            changed.append("--num_policies")
         return changed
     except (TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a configuration of this version of sf_engine ({exc.__class__.__name__})") from None

@@ -30,6 +30,7 @@ from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_e
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.experiment import leftover_segment
 from sf_engine.model_shape import changed_flags, resolve_model_config, state_size
+from sf_engine.pbt import period as pbt_period
 from sf_engine.shared_buffers import buffer_layout, required_bytes, shm_path
 from sf_engine.tracking import check_tracking
 
@@ -71,9 +72,18 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     spec = probe_env_spec(first.env.env, first.env.env_backend)
     cfg = make_config(given, flag_defaults(first.env.env, spec), saved)
     check_flags(cfg)
+    try:
+        cfg.policies.check(spec.agents)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     check_tracking(cfg)
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)
+    if cfg.sampler.envs_per_split % spec.num_agents:
+        raise ConfigError(f"--num_envs_per_worker {cfg.sampler.num_envs_per_worker}: {cfg.env.env} has "
+                          f"{spec.num_agents} agents per game, each a row, and a worker's "
+                          f"{cfg.sampler.worker_num_splits} splits take whole games: use a multiple of "
+                          f"{spec.num_agents * cfg.sampler.worker_num_splits}")
     if cfg.run.bf16 and cfg.run.device == "cpu" and not cpu_has_native_bf16():
         raise ConfigError("--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
                           "and slower: drop --bf16")
@@ -103,7 +113,8 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off"))
     sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
     recurrence = sampler.rollout if cfg.learner.recurrence == "auto" else cfg.learner.recurrence
-    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, recurrence=recurrence))
+    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, recurrence=recurrence),
+                              policies=dataclasses.replace(cfg.policies, pbt_period_env_steps=pbt_period(cfg)))
     notes = [f"auto sizing: {line}" for line in lines]
     if cfg.learner.learner_threads > usable_cores():
         notes.append(f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "

@@ -30,33 +30,41 @@ class PolicyWorker:
         self.device = torch.device(cfg.run.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
-        self.model = ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device)
-        self.model.requires_grad_(False)
-        self.params = flatten_state(self.model)
-        self.weights = ctx.weights()
-        self.version = -1
+        self.num_policies = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
+        self.models = [ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device)
+                       for _ in range(self.num_policies)]
+        for model in self.models:
+            model.requires_grad_(False)
+        self.params = [flatten_state(model) for model in self.models]
+        self.weights = [ctx.weights(policy) for policy in range(self.num_policies)]
+        self.versions = np.full(self.num_policies, -1, np.int64)
         self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
         self.num_forwards, self.num_samples = 0, 0
         self.last_stats_time = time.monotonic()
 
+    @property
+    def model(self):
+        return self.models[0]
+
     def describe(self) -> str:
-        return f"model built on {self.device}"
+        return f"{self.num_policies} model(s) built on {self.device}"
 
     def step(self, timeout_sec: float) -> None:
         """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
         self.timer.start()
         self.ctx.beat()
-        connected = self.weights.connect("policy_worker", timeout_sec)
+        connected = all(weights.connect("policy_worker", timeout_sec) for weights in self.weights)
         self.timer.lap("wait_requests")
         if not connected:
             return
         requests = get_many(self.queues.policy_requests, timeout_sec)
         self.timer.lap("wait_requests")
         if requests:
-            if self.weights.version != self.version:
-                self.version = self.weights.read_into(self.params)
-                self.model.refresh_bf16_acting()
-                self.timer.lap("weight_reload")
+            for policy, weights in enumerate(self.weights):
+                if weights.version != self.versions[policy]:
+                    self.versions[policy] = weights.read_into(self.params[policy])
+                    self.models[policy].refresh_bf16_acting()
+                    self.timer.lap("weight_reload")
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
@@ -85,12 +93,11 @@ class PolicyWorker:
             buf.rnn_states[slots, rows] = carried
             state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
         self.timer.lap("gather")
-        with torch.inference_mode():
-            actions, log_probs, values, new_state = self.model.sample(obs, state)
-            actions, log_probs, values = actions.cpu().numpy(), log_probs.cpu().numpy(), values.cpu().numpy()
+        policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
+        actions, log_probs, values, new_state = self._forward(obs, state, policies)
         self.timer.lap("forward")
         if new_state is not None:
-            new_state = new_state.cpu().numpy().reshape(carried.shape)
+            new_state = new_state.reshape(carried.shape)
             buf.rnn_current[workers, splits] = new_state
             last = rows == self.rollout - 1  # the state the bootstrap row would be acted from
             if last.any():
@@ -99,7 +106,8 @@ class PolicyWorker:
         buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
         buf.log_probs[slots, rows] = log_probs.reshape(per_request)
         buf.values[slots, rows] = values.reshape(per_request)
-        buf.policy_version[slots, rows] = self.version
+        buf.policy_version[slots, rows] = (self.versions[0] if policies is None
+                                           else self.versions[policies].reshape(per_request))
         replies = defaultdict(list)
         for worker, token, _, _ in requests:
             replies[worker].append(token)
@@ -108,6 +116,28 @@ class PolicyWorker:
         self.num_forwards += 1
         self.num_samples += len(actions)
         self.timer.lap("write_results")
+
+    def _forward(self, obs: dict, state, policies):
+        """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
+        policy (`policies` [rows], None: policy 0 for all): one forward per policy present."""
+        with torch.inference_mode():
+            present = [0] if policies is None else np.unique(policies)
+            if len(present) == 1:
+                out = self.models[int(present[0])].sample(obs, state)
+                return tuple(None if x is None else x.cpu().numpy() for x in out)
+            results = None
+            for policy in present:
+                rows = np.flatnonzero(policies == policy)
+                index = torch.from_numpy(rows).to(self.device)
+                out = self.models[int(policy)].sample({k: v.index_select(0, index) for k, v in obs.items()},
+                                                      None if state is None else state.index_select(0, index))
+                out = [None if x is None else x.cpu().numpy() for x in out]
+                if results is None:
+                    results = [None if x is None else np.empty((len(policies),) + x.shape[1:], x.dtype) for x in out]
+                for result, part in zip(results, out):
+                    if result is not None:
+                        result[rows] = part
+            return tuple(results)
 
     def send_stats(self) -> None:
         self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples))

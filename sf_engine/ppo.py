@@ -3,7 +3,10 @@
 Runs in the learner. Time-major shapes: T = rollout, N = trajectories in the batch.
   rewards, terminated, dones, valid, log-probs: [T, N];  values: [T+1, N] (row T bootstraps).
 `dones` = terminated | truncated. A step with valid = False is the reset step after an episode end
-(EnvPool / Gymnasium 1.x next-step reset): it gets advantage 0 and is masked out of the losses.
+(EnvPool / Gymnasium 1.x next-step reset), or an agent's absence from its game: it gets advantage 0
+and is masked out of the losses. In a turn-based game an agent's waiting steps are ordinary steps of
+its trajectory (an opponent's winning move is a reward at one of them, reaching the agent's move
+before it through the recursion), but only the steps where it was to move train its policy.
 On truncation the step bootstraps from the value of its last observation (values[t+1]); on
 termination it does not.
 """
@@ -57,19 +60,22 @@ def vtrace(behavior_log_probs, target_log_probs, rewards, values, terminated, do
 
 
 def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, entropy,
-               clip_ratio: float):
-    """Clipped PPO objective pieces on a minibatch of valid samples [B].
+               clip_ratio: float, weight=None):
+    """Clipped PPO objective pieces on a minibatch of valid samples [B]. `weight` [B] (0/1, turn-based
+    games: whether the agent was to move) limits the policy's pieces (loss, entropy, KL, clip fraction)
+    to the samples it marks; the value loss covers them all.
     Returns (policy_loss, value_loss, entropy_mean, approx_kl, clip_fraction), scalars."""
+    mean = (lambda x: x.mean()) if weight is None else (lambda x: (x * weight).sum() / weight.sum().clamp(min=1.0))
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio) * advantages
-    policy_loss = -torch.min(unclipped, clipped).mean()
+    policy_loss = -mean(torch.min(unclipped, clipped))
     value_loss = 0.5 * (new_values - returns).pow(2).mean()
     with torch.no_grad():
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_ratio).float().mean()
-    return policy_loss, value_loss, entropy.mean(), approx_kl, clip_fraction
+        approx_kl = mean((ratio - 1.0) - log_ratio)
+        clip_fraction = mean(((ratio - 1.0).abs() > clip_ratio).float())
+    return policy_loss, value_loss, mean(entropy), approx_kl, clip_fraction
 
 
 def discrete_loss_and_grads(logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
@@ -126,8 +132,14 @@ class DiscretePPOLoss(torch.autograd.Function):
         return grad_logits * grad_loss, grad_values * grad_loss, None, None, None, None, None, None, None, None
 
 
-def normalize(advantages: torch.Tensor) -> torch.Tensor:
-    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+def normalize(advantages: torch.Tensor, weight=None) -> torch.Tensor:
+    """Advantages to zero mean and unit std (over the samples `weight` marks, where given)."""
+    if weight is None:
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    count = weight.sum().clamp(min=1.0)
+    mean = (advantages * weight).sum() / count
+    std = (((advantages - mean) * weight).square().sum() / (count - 1.0).clamp(min=1.0)).sqrt()
+    return (advantages - mean) / (std + 1e-8) * weight
 
 
 def sequence_index(num_steps: int, num_traj: int, recurrence: int) -> torch.Tensor:

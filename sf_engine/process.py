@@ -84,10 +84,11 @@ class RoleContext:
         except queue.Full:
             pass
 
-    def weights(self):
+    def weights(self, policy: int = 0):
+        """Policy `policy`'s shared weights, seen from this process."""
         from sf_engine.weights import SharedWeights
 
-        return SharedWeights(self.buffers, self.queues.weights)
+        return SharedWeights(self.buffers, self.queues.weights, policy)
 
 
 def _init_child(role: str, index: int, log_path: str) -> None:

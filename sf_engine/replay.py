@@ -20,6 +20,8 @@ def experiment_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
     parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
+    parser.add_argument("--policy", type=int, default=0,
+                        help="Which policy of a run of several (train.py --num_policies) to load.")
     parser.add_argument("--checkpoint", default="latest",
                         help="'latest' (newest periodic checkpoint), 'best' (best evaluation return, written "
                              "with train.py --eval_every_sec), or a path to a checkpoint file.")
@@ -42,6 +44,12 @@ def parse_args(argv=None):
     parser.add_argument("--render", action="store_true",
                         help="Show the agent on screen while it plays (needs a display; Gymnasium's renderer).")
     parser.add_argument("--seed", type=int, default=12345, help="Seed of the evaluation env (any integer).")
+    parser.add_argument("--opponent", default=None,
+                        help="Two-player games (PettingZoo envs): play --num_episodes games against this opponent, "
+                             "the seats swapping game by game, and report win, draw and loss rates. 'random' (a "
+                             "random legal action), MODULE:FUNCTION (FUNCTION(observation) -> action, given the "
+                             "env's own observation of its seat, e.g. envs.opponents:connect_four_heuristic), or "
+                             "a checkpoint file of a policy trained on the same env.")
     return parser.parse_args(argv)
 
 
@@ -89,8 +97,9 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [exc.__class__.__name__])[0]
 
 
-def load_policy(cfg, spec, path: str, device):
-    """The actor-critic of `cfg` with the weights of checkpoint `path`, or an EnjoyError saying why not."""
+def load_policy(cfg, spec, path: str, device, policy: int = 0):
+    """The actor-critic of `cfg` with the weights of checkpoint `path` (of its policy `policy` where it
+    holds several), or an EnjoyError saying why not."""
     from sf_engine.checkpoint import CheckpointError, load_checkpoint
     from sf_engine.model import ActorCritic
     from sf_engine.model_shape import changed_flags
@@ -104,18 +113,22 @@ def load_policy(cfg, spec, path: str, device):
     saved = state.get("config", {})
     try:
         changed = changed_flags({"env": {"env": cfg.env.env}} | saved, cfg, spec) if isinstance(saved, dict) else []
+        changed = [flag for flag in changed if flag != "--num_policies"]  # one policy of it is loaded
     except ValueError as exc:
         raise EnjoyError(f"checkpoint {path}: its configuration is {exc}: pick a checkpoint of this experiment") from None
     if changed:
         raise EnjoyError(f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
                          f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment")
-    policy = ActorCritic(spec, cfg.model)
+    states = state.get("policies") or [state]
+    if not 0 <= policy < len(states):
+        raise EnjoyError(f"--policy {policy}: checkpoint {path} holds policies 0..{len(states) - 1}")
+    model = ActorCritic(spec, cfg.model)
     try:
-        policy.load_state_dict(state["model"])
+        model.load_state_dict(states[policy]["model"])
     except (KeyError, RuntimeError) as exc:
         raise EnjoyError(f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment}: "
                          f"{_first_line(exc)}") from None
-    return policy.to(device).eval()
+    return model.to(device).eval()
 
 
 class VideoWriter:
@@ -166,7 +179,8 @@ class VideoEnv:
         from sf_engine.envs import make_batch_env
         from sf_engine.envs.registry import resolve_backend
 
-        self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, 1
+        # one game: a multi-agent env's agents are its rows, all played by the policy (self-play)
+        self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, spec.num_agents
         self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
         backend, render_mode = cfg.env.env_backend, None
         if render == "human" and spec.family == "atari":
@@ -177,7 +191,7 @@ class VideoEnv:
                 backend = "gymnasium"  # the renderer is Gymnasium's
                 print(f"{cfg.env.env} is played through Gymnasium's implementation, which renders")
             _check_renders(cfg, backend, seed, spec, render_mode)
-        self.env = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+        self.env = make_batch_env(cfg.env.env, backend, spec.num_agents, seed=seed, spec=spec, training=False,
                                   render_mode=render_mode)
         if render == "video" and spec.family == "atari":
             import envpool
@@ -217,7 +231,7 @@ def _check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None
 
     try:
         warnings.simplefilter("ignore", DeprecationWarning)  # Gymnasium's notes on older env versions
-        probe = make_batch_env(cfg.env.env, backend, 1, seed=seed, spec=spec, training=False,
+        probe = make_batch_env(cfg.env.env, backend, spec.num_agents, seed=seed, spec=spec, training=False,
                                render_mode=render_mode)
         probe.reset()
         probe.render()
@@ -263,7 +277,9 @@ def run(args) -> int:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise EnjoyError(str(exc)) from None
-    policy = load_policy(cfg, spec, path, device)
+    policy = load_policy(cfg, spec, path, device, args.policy)
+    if args.opponent:
+        return _run_matches(args, cfg, spec, path, policy, device)
     env = VideoEnv(cfg, spec, args.seed, "video" if args.video else ("human" if args.render else None),
                    args.max_frames)
     if args.video:
@@ -276,9 +292,12 @@ def run(args) -> int:
                              f"{_first_line(exc)})") from None
     results = []
     try:
-        episodes = play(policy, env, args.num_episodes, args.deterministic, device=device,
+        per_row = -(-args.num_episodes // spec.num_agents)  # a multi-agent env: each agent's episodes count
+        episodes = play(policy, env, per_row, args.deterministic, device=device,
                         max_episode_steps=args.max_episode_steps)
         for episode, (_, episode_return, length) in enumerate(episodes):
+            if episode >= args.num_episodes:
+                break
             cut = " (cut at --max_episode_steps)" if length >= args.max_episode_steps else ""
             print(f"episode {episode}: return {episode_return:.1f}, length {length}{cut}", flush=True)
             results.append((episode_return, length))
@@ -295,6 +314,34 @@ def run(args) -> int:
         print(f"video: {args.video} ({frames} frames of {width}x{height} at {env.writer.fps} fps)")
         figures["video"] = {"path": args.video, "frames": frames, "width": width, "height": height, "fps": env.writer.fps}
     print(json.dumps(figures), flush=True)  # the last line, for scripts
+    return 0
+
+
+def _run_matches(args, cfg, spec, path: str, policy, device) -> int:
+    """enjoy.py --opponent: games against the opponent; one line per game, a summary, the JSON line."""
+    from sf_engine.envs import make_batch_env
+    from sf_engine.matches import OpponentError, make_opponent, play_matches
+
+    if len(spec.agents) != 2 or args.video or args.render:
+        why = ("--video and --render show single games: drop them" if spec.agents and len(spec.agents) == 2
+               else f"{cfg.env.env} is not a two-player PettingZoo env ({len(spec.agents) or 1} agent(s))")
+        raise EnjoyError(f"--opponent: {why}")
+    try:
+        opponent = make_opponent(args.opponent, spec, lambda path: load_policy(cfg, spec, path, device), device,
+                                 seed=args.seed)
+    except OpponentError as exc:
+        raise EnjoyError(str(exc)) from None
+    env = make_batch_env(cfg.env.env, cfg.env.env_backend, 2 * min(args.num_episodes, 32), seed=args.seed, spec=spec,
+                         training=False)
+    try:
+        figures = play_matches(policy, env, opponent, args.num_episodes, args.deterministic, device=device)
+    finally:
+        env.close()
+    print(f"{figures['games']} games of {cfg.env.env} from {os.path.basename(path)} against {opponent.name}: "
+          f"won {figures['win_rate']:.1%}, drew {figures['draw_rate']:.1%}, lost {figures['loss_rate']:.1%} "
+          f"(games per seat {figures['games_per_seat']}, mean length {figures['length_mean']:.1f})")
+    print(json.dumps({"enjoy": cfg.env.env, "checkpoint": os.path.basename(path), "opponent": opponent.name,
+                      "episodes": figures["games"], "deterministic": bool(args.deterministic), **figures}), flush=True)
     return 0
 
 

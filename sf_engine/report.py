@@ -48,12 +48,36 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     if stats.evaluation:
         out.update({"eval/return_mean": stats.evaluation.return_mean, "eval/return_best": stats.evaluation.best,
                     "eval/length_mean": stats.evaluation.length_mean})
+        if stats.evaluation.win_rate is not None:
+            out.update({"eval/win_rate_vs_random": stats.evaluation.win_rate,
+                        "eval/draw_rate_vs_random": stats.evaluation.draw_rate,
+                        "eval/loss_rate_vs_random": stats.evaluation.loss_rate})
     train = stats.training
     if train:
         out.update({"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max})
         out.update({f"train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
         out.update({"train/learning_rate": train.learning_rate, "train/version": train.version})
+    for figures in _trained_policies(stats, cfg):  # each policy's own
+        prefix, train = f"policy_{figures['policy']}/", stats.policy_training.get(figures["policy"])
+        out.update({prefix + name: figures[key] for name, key in
+                    (("episode/return", "episode_return_mean"), ("train/version", "version"),
+                     ("policy_lag/mean", "policy_lag_mean"), ("train/learning_rate", "learning_rate"),
+                     ("perf/trained_samples_per_sec", "trained_samples_per_sec"))
+                    if figures[key] is not None})
+        if train:
+            out.update({f"{prefix}train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
+    if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
+        for member, hyper in enumerate(stats.pbt.hyperparameters):
+            out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
+        out.update({"pbt/rounds": stats.pbt.round, "pbt/exploits": len(stats.pbt_exploits)})
     return out
+
+
+def _trained_policies(stats: RunStats, cfg) -> list:
+    """--num_policies > 1: each trained policy's figures (the opponent pool's snapshots are not listed)."""
+    if cfg.policies.num_policies < 2:
+        return []
+    return [f for f in stats.policy_figures() if f["policy"] < cfg.policies.num_policies]
 
 
 def status_line(stats: RunStats, cfg, frameskip: int) -> str:
@@ -68,6 +92,11 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
     if extra:  # the env's own episode stats: frags, deaths, ...
         line += " | " + " ".join(extra)
+    policies = _trained_policies(stats, cfg)
+    if policies:  # --num_policies > 1: each policy's return and version
+        line += " | policies " + " ".join(
+            f"{f['policy']}:{'-' if f['episode_return_mean'] is None else format(f['episode_return_mean'], '.1f')}"
+            f"@v{f['version']}" for f in policies)
     remaining = [cfg.run.train_for_seconds - elapsed]
     if rate > 0:
         remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
@@ -80,7 +109,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
     diagnosis, evaluation, train = stats.diagnosis, stats.evaluation, stats.training
     return {
         "env": cfg.env.env, "mode": cfg.run.mode, "num_workers": cfg.sampler.num_workers,
-        "num_envs_per_worker": cfg.sampler.num_envs_per_worker,
+        "num_envs_per_worker": cfg.sampler.num_envs_per_worker, "rollout": cfg.sampler.rollout,
         "env_steps": stats.env_steps, "frames": stats.env_steps * frameskip,
         "wall_sec": round(time.monotonic() - stats.start_time, 2),
         "env_steps_per_sec": round(steps_per_sec, 1), "frames_per_sec": round(steps_per_sec * frameskip, 1),
@@ -99,9 +128,16 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         "checkpoint": stats.checkpoint_path,
         "eval_return_mean": evaluation.return_mean if evaluation else None,
         "eval_return_best": evaluation.best if evaluation else None,
+        "eval_win_rate_vs_random": evaluation.win_rate if evaluation else None,
         "worker_restarts": stats.worker_restarts, "policy_worker_restarts": stats.policy_worker_restarts,
         "checkpoint_failures": stats.checkpoint_failures,
         "env_step_books": stats.books.as_dict(stats.env_steps - stats.env_steps_base),
+        "policies": _trained_policies(stats, cfg) or None,
+        "pbt": None if stats.pbt is None else {
+            "rounds": stats.pbt.round, "hyperparameters": stats.pbt.hyperparameters,
+            "objectives": stats.pbt.objectives,
+            "exploits": [{"round": r, "replaced": t, "copied": s, "objective_replaced": a, "objective_copied": b}
+                         for r, t, s, a, b in stats.pbt_exploits]},
     }
 
 

@@ -48,6 +48,7 @@ class RolloutWorker:
         self.pending_obs: list = [None] * self.num_splits
         self.pending_valid: list = [None] * self.num_splits
         self.pending_first: list = [None] * self.num_splits  # recurrent runs: obs that start an episode
+        self.pending_acting: list = [None] * self.num_splits  # turn-based runs: whose turn it is
         self.waiting_for_slot: list[int] = []
         self.num_awaiting_actions = 0
         self.episode_return = np.zeros((self.num_splits, self.envs_per_split), np.float64)
@@ -55,6 +56,16 @@ class RolloutWorker:
         self.finished_returns: list = []
         self.finished_lengths: list = []
         self.finished_extra: dict = {}  # name -> values of the env's own episode stats
+        self.finished_policies: list = []  # the policy that played each finished episode
+        # --num_policies > 1: the policy playing each row's episode, drawn when the episode starts (or
+        # fixed per agent by --agent_policies)
+        pcfg = cfg.policies
+        self.num_policies, self.num_acting, self.pool_share = pcfg.num_policies, pcfg.num_acting, pcfg.pool_share
+        self.num_agents = ctx.plan.spec.num_agents
+        self.row_policy = np.zeros((self.num_splits, self.envs_per_split), np.int16)
+        mapping = cfg.policies.agent_mapping(ctx.plan.spec.agents) if self.num_policies > 1 else None
+        self.fixed_policy = None if mapping is None else np.resize(np.asarray(mapping, np.int16), self.envs_per_split)
+        self.rng = np.random.default_rng([cfg.env.seed % 2**63, worker_idx, generation])  # any integer --seed
         self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
         self.last_stats_time = time.monotonic()
         try:
@@ -71,10 +82,31 @@ class RolloutWorker:
         """Reset every env and queue each split for a free slot."""
         for split, env in enumerate(self.envs):
             self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
-            self.pending_valid[split] = np.ones(self.envs_per_split, bool)
+            alive = getattr(env, "alive", None)  # multi-agent: rows of agents absent from their game
+            self.pending_valid[split] = np.ones(self.envs_per_split, bool) if alive is None else alive.copy()
+            acting = getattr(env, "acting", None)  # turn-based multi-agent: whose turn it is
+            self.pending_acting[split] = None if acting is None else acting.copy()
             self.pending_first[split] = np.ones(self.envs_per_split, bool)
+            self._assign_policies(split, np.ones(self.envs_per_split, bool))
             self.waiting_for_slot.append(split)
         self._take_free_slots()
+
+    def _assign_policies(self, split: int, rows: np.ndarray) -> None:
+        """The policies that play the next episode of `rows` (a mask) of `split`: trained ones at random
+        or fixed per agent; with an opponent pool, some seats go to its snapshots (never every seat of
+        a game)."""
+        if self.num_acting == 1 or not rows.any():
+            return
+        chosen = (self.fixed_policy.copy() if self.fixed_policy is not None
+                  else self.rng.integers(0, self.num_policies, self.envs_per_split).astype(np.int16))
+        snapshots = np.flatnonzero(self.buffers.param_seq[self.num_policies:] > 0) + self.num_policies
+        if len(snapshots):
+            pooled = rows & (self.rng.random(self.envs_per_split) < self.pool_share)
+            games = pooled.reshape(-1, self.num_agents)
+            full = np.flatnonzero(games.all(1))  # every seat of a game pooled: one seat goes back
+            games[full, self.rng.integers(0, self.num_agents, len(full))] = False
+            chosen[pooled] = self.rng.choice(snapshots, int(pooled.sum()))
+        self.row_policy[split, rows] = chosen[rows]
 
     def step(self, timeout_sec: float) -> None:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
@@ -112,6 +144,10 @@ class RolloutWorker:
             self.buffers.valid[slot, 0] = self.pending_valid[split]
             if self.buffers.episode_start is not None:
                 self.buffers.episode_start[slot, 0] = self.pending_first[split]
+            if self.buffers.acting is not None:
+                self.buffers.acting[slot, 0] = self.pending_acting[split]
+            if self.buffers.policy_id is not None:
+                self.buffers.policy_id[slot, 0] = self.row_policy[split]
             self._request_actions(split)
 
     def _request_actions(self, split: int) -> None:
@@ -135,7 +171,7 @@ class RolloutWorker:
         buf.terminated[slot, row] = result.terminated
         buf.truncated[slot, row] = result.truncated
         done = np.logical_or(result.terminated, result.truncated)
-        self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row])
+        self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row], result.objective)
         if result.extra_stats:
             for name, values in result.extra_stats.items():
                 self.finished_extra.setdefault(name, []).extend(values)
@@ -147,8 +183,14 @@ class RolloutWorker:
         first = ~buf.valid[slot, row - 1]  # the step just taken was a reset step: a new episode begins
         if buf.episode_start is not None:
             buf.episode_start[slot, row] = first
+        next_valid = ~done if result.alive is None else ~done & result.alive  # after an end: the reset step
+        if buf.policy_id is not None:  # a row changes hands where its new episode's first obs is (the
+            self._assign_policies(split, first)  # reset step and its value stay with the old policy)
+            buf.policy_id[slot, row] = self.row_policy[split]
         if row < self.rollout:
-            buf.valid[slot, row] = ~done  # the step after an episode end is the env's reset step
+            buf.valid[slot, row] = next_valid
+            if buf.acting is not None:
+                buf.acting[slot, row] = result.acting
             self.row[split] = row
             self._request_actions(split)
             return
@@ -156,12 +198,13 @@ class RolloutWorker:
         self.queues.full_slots.put(slot)
         self.slot[split] = -1
         self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
-        self.pending_valid[split] = ~done
+        self.pending_valid[split] = next_valid
         self.pending_first[split] = first
+        self.pending_acting[split] = result.acting
         self.waiting_for_slot.append(split)
         self._take_free_slots()
 
-    def _track_episodes(self, split: int, score_rewards, episode_over, valid) -> None:
+    def _track_episodes(self, split: int, score_rewards, episode_over, valid, objectives=None) -> None:
         """Returns of whole episodes as the user scores them (true game score on Atari)."""
         self.episode_return[split] += score_rewards * valid
         self.episode_length[split] += valid
@@ -169,6 +212,12 @@ class RolloutWorker:
             ended = np.flatnonzero(episode_over)
             self.finished_returns.extend(self.episode_return[split, ended].tolist())
             self.finished_lengths.extend(self.episode_length[split, ended].tolist())
+            self.finished_policies.extend(self.row_policy[split, ended].tolist())
+            if self.buffers.policy_episodes is not None:  # PBT's objective per policy
+                objective = self.episode_return[split, ended] if objectives is None else np.where(
+                    np.isnan(objectives[ended]), self.episode_return[split, ended], objectives[ended])
+                np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 0), 1.0)
+                np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 1), objective)
             self.episode_return[split, ended] = 0.0
             self.episode_length[split, ended] = 0
 
@@ -176,8 +225,10 @@ class RolloutWorker:
         """Episodes finished since the last call (the last 100 of them in full) and stage times."""
         self.ctx.send(Episodes(self.timer.report(self.ctx.name), len(self.finished_returns),
                                self.finished_returns[-100:], self.finished_lengths[-100:],
-                               {name: values[-100:] for name, values in self.finished_extra.items()}))
+                               {name: values[-100:] for name, values in self.finished_extra.items()},
+                               self.finished_policies[-100:] if self.num_policies > 1 else []))
         self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
+        self.finished_policies = []
         self.last_stats_time = time.monotonic()
 
     def finish(self) -> None:

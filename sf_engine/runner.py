@@ -83,7 +83,8 @@ def run(plan: RunPlan, mp_context=None) -> int:
         try:
             # the write end stays open in this process while it lives: children see EOF once it is gone
             lifeline = (None, None) if serial else make_lifeline(mp_context)
-            queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context, lifeline[0])
+            queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context, lifeline[0],
+                                 cfg.policies.num_acting)
             queues.free_slots.put_many(list(range(cfg.num_slots)))
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
             reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)

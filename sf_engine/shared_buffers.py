@@ -15,7 +15,17 @@ Slot field shapes (S = slots, T = rollout, E = envs per split):
   rewards        [S, T, E]                float32
   terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
   truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
-  valid          [S, T, E]                bool, False on the reset step that follows an episode end
+  valid          [S, T, E]                bool, False on the reset step that follows an episode end, and
+                                          on the rows of agents absent from their game (multi-agent envs)
+With --num_policies > 1 or an opponent pool (P = trained policies + pool snapshots):
+  policy_id      [S, T+1, E]              int16, the policy that plays the row's episode (and acts at
+                                          this step; row T: the one that would act next)
+  policy_episodes [W, P, 2]               float64, per rollout worker and acting policy: episodes finished
+                                          and the sum of their objectives (return, or the env's
+                                          true_objective), written by that worker only (PBT reads them)
+With a turn-based multi-agent env (PettingZoo AEC):
+  acting         [S, T, E]                bool, it is the row's agent's turn: only these steps train the
+                                          policy (a waiting agent's steps train its value only)
 With a recurrent core (--rnn gru|lstm; H = the model's state_size):
   episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
                                           hidden state is zeroed before acting on it (and in training)
@@ -26,7 +36,7 @@ With a recurrent core (--rnn gru|lstm; H = the model's state_size):
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
 Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
-param_seq [P] int64 (seqlock of each policy's shared weights, see weights.py), stop [1] int64,
+param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py), stop [1] int64,
 heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
 wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
 slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
@@ -43,7 +53,6 @@ import numpy as np
 from sf_engine.envs.spec import EnvSpec
 
 _ALIGN = 64
-NUM_POLICIES = 1  # policies of a run, each with its own shared weights (see weights.SharedWeights)
 WEIGHT_READERS = ("policy_worker", "evaluator")  # the roles that read a policy's shared weights
 
 
@@ -57,6 +66,13 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
                    "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
                    "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32")}
+    if spec.turn_based:
+        layout["acting"] = (step, "bool")
+    policies = cfg.policies.num_acting  # the trained ones, then the opponent pool's snapshots
+    if policies > 1:
+        layout["policy_id"] = ((slots, rollout + 1, envs), "int16")
+        # per worker and policy: episodes finished and the sum of their objectives (PBT's figure)
+        layout["policy_episodes"] = ((cfg.sampler.num_workers, policies, 2), "float64")
     return layout | {
         "actions": (step + spec.action.buffer_shape, spec.action.dtype),
         "log_probs": (step, "float32"),
@@ -67,12 +83,12 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "truncated": (step, "bool"),
         "valid": (step, "bool"),
         "env_steps": ((cfg.sampler.num_workers,), "int64"),
-        "param_seq": ((NUM_POLICIES,), "int64"),
+        "param_seq": ((policies,), "int64"),
         "stop": ((1,), "int64"),
         "heartbeat": ((3 + cfg.sampler.num_workers,), "float64"),
         "slot_owner": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
-        "params_wanted": ((NUM_POLICIES, len(WEIGHT_READERS)), "int64"),
+        "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
     }
 
 
@@ -118,6 +134,8 @@ class SharedBuffers:
         self.owner = create
         self.obs = {}
         self.episode_start = self.rnn_states = self.rnn_current = None  # recurrent runs only
+        self.acting = None  # turn-based multi-agent runs only
+        self.policy_id = self.policy_episodes = None  # runs of several policies only
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)

@@ -94,6 +94,11 @@ class RunStats:
         self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, 0.0
         self.stages: dict = {}  # role -> its latest Stages
         self.inference_forwards, self.inference_samples = 0, 0
+        self.policy_returns: dict = {}  # --num_policies > 1: policy -> its last 100 episode returns
+        self.policy_training: dict = {}  # policy -> its latest Training
+        self.policy_lag: dict = {}  # policy -> [lag sum, lag count, lag max]
+        self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
+        self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
         self.evaluation: msg.Evaluation | None = None
         self.checkpoint_path = None
         self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
@@ -105,7 +110,7 @@ class RunStats:
         self._handlers = {msg.Episodes: self._episodes, msg.Training: self._training, msg.Inference: self._inference,
                           msg.Evaluation: self._evaluation, msg.CheckpointWritten: self._checkpoint,
                           msg.CheckpointFailed: self._checkpoint_failed, msg.Recycled: self._recycled,
-                          msg.Fault: self._fault}
+                          msg.Fault: self._fault, msg.PbtRound: self._pbt}
 
     @property
     def env_steps(self) -> int:
@@ -119,6 +124,19 @@ class RunStats:
     def extra_means(self) -> dict:
         """name -> mean of the last 100 values of each of the envs' own episode stats."""
         return {name: sum(values) / len(values) for name, values in self.extra.items() if values}
+
+    def policy_figures(self) -> list:
+        """--num_policies > 1: per policy, its mean return (last 100 episodes), version, lag and rate."""
+        figures = []
+        for policy in sorted(set(self.policy_returns) | set(self.policy_training)):
+            returns, train = self.policy_returns.get(policy, ()), self.policy_training.get(policy)
+            lag = self.policy_lag.get(policy, [0.0, 0, 0.0, 0])
+            figures.append({"policy": policy, "episode_return_mean": sum(returns) / len(returns) if returns else None,
+                            "episodes": len(returns), "version": train.version if train else 0,
+                            "policy_lag_mean": lag[0] / lag[1] if lag[1] else None, "policy_lag_max": lag[2],
+                            "learning_rate": train.learning_rate if train else None, "trained_samples": lag[3],
+                            "trained_samples_per_sec": lag[3] / max(time.monotonic() - self.start_time, 1e-9)})
+        return figures
 
     @property
     def stage_sec(self) -> dict:
@@ -135,10 +153,16 @@ class RunStats:
             self.lengths.extend(m.lengths)
             for name, values in m.extra.items():
                 self.extra.setdefault(name, deque(maxlen=100)).extend(values)
+            for policy, value in zip(m.policies, m.returns[-len(m.policies):] if m.policies else []):
+                self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
             self.stages[m.stages.role] = m.stages
 
     def _training(self, m: msg.Training) -> None:
         self.training = m
+        self.policy_training[m.policy] = m
+        lag = self.policy_lag.setdefault(m.policy, [0.0, 0, 0.0, 0])
+        lag[0], lag[1], lag[2] = lag[0] + m.lag_mean * m.lag_count, lag[1] + m.lag_count, max(lag[2], m.lag_max)
+        lag[3] += m.samples  # the policy's trained samples so far
         self.books.trained += m.samples
         self.books.dropped_lag += m.dropped_lag
         self.books.not_trainable += m.not_trainable
@@ -154,8 +178,21 @@ class RunStats:
 
     def _evaluation(self, m: msg.Evaluation) -> None:
         self.evaluation = m
-        logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)",
-                     m.version, m.return_mean, m.return_std, m.episodes, m.unfinished, m.best)
+        logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)%s",
+                     m.version, m.return_mean, m.return_std, m.episodes, m.unfinished, m.best,
+                     "" if m.win_rate is None else f"; against a random player: won {m.win_rate:.1%}, "
+                                                   f"drew {m.draw_rate:.1%}, lost {m.loss_rate:.1%}")
+
+    def _pbt(self, m: msg.PbtRound) -> None:
+        self.pbt = m
+        self.pbt_exploits += [(m.round, *exploit) for exploit in m.exploits]
+        for target, source, worse, better in m.exploits:
+            logging.info("PBT round %d: policy %d (objective %.2f) takes policy %d's weights (%.2f); its "
+                         "hyperparameters now %s", m.round, target, worse, source, better,
+                         ", ".join(f"{k} {v:.3g}" for k, v in m.hyperparameters[target].items()))
+        if m.round == 0:
+            for member, hyper in enumerate(m.hyperparameters):
+                logging.info("PBT: policy %d starts with %s", member, ", ".join(f"{k} {v:.3g}" for k, v in hyper.items()))
 
     def _checkpoint(self, m: msg.CheckpointWritten) -> None:
         self.checkpoint_path = m.path

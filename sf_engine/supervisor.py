@@ -104,7 +104,8 @@ class Supervisor:
                 self._kill("rollout_worker", w)
             # the dead policy worker may have broken its queue (see ipc): the new processes get a new one
             self.queues = dataclasses.replace(self.queues, policy_requests=new_policy_requests())
-            SharedWeights(self.buffers, self.queues.weights).want("policy_worker")
+            for policy in range(self.cfg.policies.num_acting):
+                SharedWeights(self.buffers, self.queues.weights, policy).want("policy_worker")
             self._spawn(role, index)
             self._restart_workers(workers)
             self.stats.policy_worker_restarts += 1

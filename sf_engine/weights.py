@@ -50,7 +50,7 @@ def flatten_state(model):
 
 class SharedWeights:
     """Policy `policy`'s shared weights, seen from one process. `buffers`: the run's SharedBuffers
-    (param_seq, params_wanted); `channels`: {reader role: channel} that carry the shared vector."""
+    (param_seq, params_wanted); `channels`: {(reader role, policy): channel} that carry the shared vector."""
 
     def __init__(self, buffers, channels: dict, policy: int = 0):
         self.seq = buffers.param_seq[policy:policy + 1]
@@ -72,7 +72,7 @@ class SharedWeights:
             self.shared.share_memory_()
         self.publish(params, version)
         for reader in readers:
-            self.channels[reader].put(self.shared)
+            self.channels[(reader, self.policy)].put(self.shared)
 
     def publish(self, params, version: int) -> None:
         """Copy `params` into the shared vector; readers never see a half-written set."""
@@ -89,7 +89,7 @@ class SharedWeights:
         for i, reader in enumerate(WEIGHT_READERS):
             if self.wanted[i]:
                 self.wanted[i] = 0
-                self.channels[reader].put(self.shared)
+                self.channels[(reader, self.policy)].put(self.shared)
 
     # --- the supervisor ------------------------------------------------------------------------
     def want(self, reader: str) -> None:
@@ -101,7 +101,7 @@ class SharedWeights:
         """Receive the shared vector on `reader`'s channel (waits at most `timeout_sec`); True once held."""
         if self.shared is None:
             try:
-                self.shared = self.channels[reader].get(timeout=max(timeout_sec, 1e-3))
+                self.shared = self.channels[(reader, self.policy)].get(timeout=max(timeout_sec, 1e-3))
             except Empty:
                 return False
         return True

@@ -7,7 +7,7 @@ read (and grep) who talks to whom. Queues carry small messages only, never traje
   full_slots         rollout workers         learner                  index of a filled trajectory slot
   free_slots         learner, supervisor     rollout workers          index of a slot that may be filled
   stats              every role              main process (RunStats)  sf_engine.messages dataclasses
-  weights[reader]    learner                 policy worker, evaluator the shared weight vector (SharedWeights)
+  weights[reader, p] learner                 policy worker, evaluator policy p's shared weight vector (SharedWeights)
   lifeline           held by the main process  every child           EOF once the main process is gone
 """
 from __future__ import annotations
@@ -74,11 +74,11 @@ class Queues:
     full_slots: Queue
     free_slots: Queue
     stats: Queue
-    weights: dict  # reader role -> channel of the shared weight vector
+    weights: dict  # (reader role, policy) -> channel of that policy's shared weight vector
     lifeline: object = None  # read end of a pipe only the main process can write to
 
 
-def make_queues(num_workers: int, mp_context=None, lifeline=None) -> Queues:
+def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1) -> Queues:
     """`mp_context` None means serial mode (no child processes)."""
     def weight_channel():
         return LocalChannel() if mp_context is None else mp_context.Queue()
@@ -86,7 +86,8 @@ def make_queues(num_workers: int, mp_context=None, lifeline=None) -> Queues:
     return Queues(policy_requests=new_policy_requests(),
                   actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
                   full_slots=Queue(_QUEUE_BYTES), free_slots=Queue(_QUEUE_BYTES), stats=Queue(4 * _QUEUE_BYTES),
-                  weights={reader: weight_channel() for reader in WEIGHT_READERS}, lifeline=lifeline)
+                  weights={(reader, policy): weight_channel() for reader in WEIGHT_READERS
+                           for policy in range(num_policies)}, lifeline=lifeline)
 
 
 def new_policy_requests() -> Queue:

@@ -100,7 +100,7 @@ class SerialRun:
 
         self.plan, self.cfg = plan, plan.cfg
         self.buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
-        self.queues = make_queues(plan.cfg.sampler.num_workers)
+        self.queues = make_queues(plan.cfg.sampler.num_workers, num_policies=plan.cfg.policies.num_acting)
         self.queues.free_slots.put_many(list(range(plan.cfg.num_slots)))
         self.roles = SerialRoles(plan, self.buffers, self.queues)
         self.learner, self.policy = self.roles["learner"], self.roles["policy_worker"]

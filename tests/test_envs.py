@@ -88,7 +88,7 @@ def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
     assert dones.any()
     np.testing.assert_array_equal(valid[1:], ~dones[:-1])
     trained = []
-    roles.learner._ppo_epochs = lambda samples: trained.append(samples["log_probs"].numel()) or {}
+    roles.learner.policies[0]._ppo_epochs = lambda samples: trained.append(samples["log_probs"].numel()) or {}
     roles.learner.train_on(slots)
     assert trained == [int(valid.sum())]
     roles.worker.send_stats()

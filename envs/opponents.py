@@ -1,0 +1,43 @@
+"""Scripted opponents for evaluation (`enjoy.py --opponent envs.opponents:NAME`): functions of the env's
+own observation of their seat, as PettingZoo gives it, returning an action."""
+from __future__ import annotations
+
+import numpy as np
+
+_RNG = np.random.default_rng(2026)
+ROWS, COLUMNS = 6, 7
+
+
+def _drop_row(board: np.ndarray, column: int) -> int:
+    """The row a piece dropped in `column` lands on (row 0 is the top), or -1 when the column is full."""
+    empty = np.flatnonzero(board[:, column] == 0)
+    return int(empty[-1]) if len(empty) else -1
+
+
+def _wins(pieces: np.ndarray, row: int, column: int) -> bool:
+    """Whether a piece at (row, column) completes four in a line of `pieces` [6, 7] (0/1)."""
+    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
+        count = 1
+        for sign in (1, -1):
+            r, c = row + sign * dr, column + sign * dc
+            while 0 <= r < ROWS and 0 <= c < COLUMNS and pieces[r, c]:
+                count += 1
+                r, c = r + sign * dr, c + sign * dc
+        if count >= 4:
+            return True
+    return False
+
+
+def connect_four_heuristic(observation: dict) -> int:
+    """PettingZoo connect_four_v3: win when a move wins, else block a column where the opponent would
+    win next, else a random legal column. Its observation [6, 7, 2]: plane 0 the mover's pieces, plane
+    1 the opponent's."""
+    planes, legal = np.asarray(observation["observation"]), np.flatnonzero(observation["action_mask"])
+    mine, theirs = planes[:, :, 0], planes[:, :, 1]
+    board = mine + theirs
+    for pieces in (mine, theirs):  # first a win of our own, then the opponent's to block
+        for column in legal:
+            row = _drop_row(board, column)
+            if row >= 0 and _wins(pieces, row, column):
+                return int(column)
+    return int(_RNG.choice(legal))

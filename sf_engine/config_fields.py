@@ -1,0 +1,20 @@
+"""What every group of the configuration builds its flags from: a field with its --help text, and the
+type of a flag that takes an integer or 'auto'."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import field
+
+
+def flag_field(default, help_text: str, **kw):
+    """A config field: its default, the --help text, and (kw) choices or a type for the command line."""
+    return field(default=default, metadata={"help": help_text, **kw})
+
+
+def int_or_auto(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
