@@ -204,3 +204,21 @@ def test_a_resumed_population_keeps_its_hyperparameters(tmp_path, shm_dir):
         assert [hyperparameters(m.lcfg) for m in harness.learner.policies] == saved
     finally:
         harness.close()
+
+
+def test_pbt_counts_the_true_objective_where_an_env_gives_one(tmp_path, shm_dir):
+    """An env that reports a true_objective (10 x its return) at each episode's end: the rollout worker
+    books that, not the return, for the policy that played the episode (PBT's ranking figure)."""
+    plan = serial_plan(tmp_path, shm_dir, "toy_envs:ObjectiveChoiceEnv", "--num_policies", "2", "--pbt",
+                       "--num_envs_per_worker", "16", "--batch_size", "128")
+    harness = SerialRun(plan, tmp_path)
+    try:
+        harness.full_slots(4)
+        books = harness.buffers.policy_episodes[0]
+        returns = harness.worker.finished_returns
+        assert books[:, 0].sum() == len(returns) > 0
+        assert books[:, 1].sum() == pytest.approx(10.0 * sum(returns))
+        by_policy = [sum(r for r, p in zip(returns, harness.worker.finished_policies) if p == q) for q in (0, 1)]
+        assert books[:2, 1].tolist() == pytest.approx([10.0 * x for x in by_policy])
+    finally:
+        harness.close()

@@ -206,3 +206,14 @@ class BadInfoMaskEnv(InfoMaskChoiceEnv):
     def reset(self, seed=None, options=None):
         obs, _ = super().reset(seed=seed)
         return obs, {"action_mask": np.ones(3, np.int8)}
+
+
+class ObjectiveChoiceEnv(MaskedChoiceEnv):
+    """MaskedChoiceEnv whose episodes also report a true_objective: 10 x the return."""
+
+    def step(self, action):
+        obs, reward, done, truncated, info = super().step(action)
+        self.correct = getattr(self, "correct", 0) * (self.step_count > 1) + reward
+        if done:
+            info["episode_extra_stats"]["true_objective"] = 10.0 * self.correct
+        return obs, reward, done, truncated, info
