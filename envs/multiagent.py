@@ -12,8 +12,9 @@ rows as they see single-agent envs. Per row and step the batch reports:
           agent's state is not that of the same board with its move to come;
   rewards whatever the env gave that agent at this step, whoever moved: in a turn-based game the
           reward of the opponent's winning move reaches the loser's row at that step.
-A game is over when no agent is left in it (or all are terminated or truncated); like every batch of
-the engine it is reset on the next step (Gymnasium's next-step reset), whose row is marked invalid.
+A game is over when no agent is left in it (a ParallelEnv removes its finished agents) or, for an
+AECEnv, when every agent in it is done; like every batch of the engine it is reset on the next step
+(Gymnasium's next-step reset), whose row is marked invalid.
 All agents must have the same observation and action spaces (one policy batches their rows).
 """
 from __future__ import annotations

@@ -36,6 +36,8 @@ def play(model, env, episodes_per_env: int, deterministic: bool = True, max_step
     played = np.zeros(num_envs, np.int64)
     resetting = np.zeros(num_envs, bool)  # this step is the env's reset step
     fresh = np.zeros(num_envs, bool)  # the obs starts an episode: the state starts over
+    alive = getattr(env, "alive", None)  # a multi-agent env: rows whose agent is in its game
+    present = np.ones(num_envs, bool) if alive is None else alive.copy()
     state = model.initial_state(num_envs, device)
     steps = 0
     while (played < episodes_per_env).any() and (max_steps is None or steps < max_steps) and not should_stop():
@@ -44,7 +46,7 @@ def play(model, env, episodes_per_env: int, deterministic: bool = True, max_step
                 state = state * torch.as_tensor(~fresh, device=state.device).unsqueeze(-1)
             actions, state = act(model, obs_tensors(obs, device), state, deterministic)
         result = env.step(actions.cpu().numpy())
-        counting = (played < episodes_per_env) & ~resetting
+        counting = (played < episodes_per_env) & ~resetting & present  # an absent agent's row plays nothing
         returns += result.score_rewards * counting
         lengths += counting
         ended = result.episode_over & counting
@@ -53,7 +55,9 @@ def play(model, env, episodes_per_env: int, deterministic: bool = True, max_step
             yield int(i), float(returns[i]), int(lengths[i])
             played[i] += 1 if ended[i] or num_envs == 1 else episodes_per_env
             returns[i], lengths[i] = 0.0, 0
-        fresh, resetting = resetting, ended
+        now_present = present if result.alive is None else result.alive
+        fresh, resetting = resetting | (now_present & ~present), ended  # a returning agent starts over too
+        present = now_present.copy()
         obs = result.obs
         if num_envs == 1 and cut[0] and played[0] < episodes_per_env:  # a new episode from a reset
             obs, fresh, resetting = env.reset(), np.ones(1, bool), np.zeros(1, bool)

@@ -3,8 +3,9 @@
 Runs in the learner process (or the runner in serial mode) on the run's device. A training batch is
 `slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories. Each policy
 of the run (sf_engine.policy_learner; one unless --num_policies) trains on the samples it acted in the
-batch (`policy_id`); a row changes hands only at the first observation of an episode, where the
-advantage recursion is cut anyway, so each policy's targets are those of its own trajectories. After its update a policy's
+batch (`policy_id`); a row changes hands only at the first observation of an episode (or while its
+agent is absent), where the advantage recursion is cut anyway, so each policy's targets are those of
+its own trajectories. After its update a policy's
 new weights are copied into its shared tensor under the seqlock and its version is bumped; only then
 are the slots returned to the free pool (so in sync mode no slot is ever filled by an older policy).
 """
@@ -159,6 +160,11 @@ class Learner:
                 lag_max=float(mine_lag.max()), learning_rate=learner.optimizer.param_groups[0]["lr"], losses=losses,
                 policy=learner.policy))
             not_trainable = 0
+        if not_trainable:  # no policy trained on this batch: its books still count
+            self.ctx.send(Training(self.timer.report("learner"), version=self.policies[0].version, samples=0,
+                                   dropped_lag=0, not_trainable=not_trainable, lag_count=0, lag_min=0.0,
+                                   lag_mean=0.0, lag_max=0.0,
+                                   learning_rate=self.policies[0].optimizer.param_groups[0]["lr"]))
         self.population.step()  # a PBT round or a pool snapshot when one is due
         self.buffers.take_rows(slots)
         self.queues.free_slots.put_many(list(slots))

@@ -79,7 +79,7 @@ class PolicyLearner:
             samples["acting"] = flat(batch["acting"]).float()
         losses = {}
         if index.numel():
-            losses = (self._ppo_epochs_recurrent(self._sequences(batch, keep, advantages, returns))
+            losses = (self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
                       if self.model.recurrent else self._ppo_epochs(samples))
             # after the epochs: the behaviour log-probs were computed with the statistics in force
             self.model.update_normalizers(samples["obs"], samples["returns"])
@@ -130,6 +130,17 @@ class PolicyLearner:
                 "starts": cut(batch["episode_start"][:-1]),
                 **({"acting": cut(batch["acting"]).float()} if "acting" in batch else {}),
                 "states": batch["rnn_states"][:-1].reshape(num_steps * num_traj, -1)[index[0]]}
+
+    def _own_sequences(self, seq: dict) -> dict:
+        """With several policies: only the sequences holding a sample this policy keeps (the others'
+        are not re-run, and its minibatches count its own)."""
+        if self.cfg.policies.num_policies == 1:
+            return seq
+        columns = seq["keep"].any(0).nonzero().squeeze(1)
+        pick = lambda x: x.index_select(1, columns)  # noqa: E731  [R, M, ...] -> its M'
+        out = {key: ({k: pick(v) for k, v in value.items()} if isinstance(value, dict) else pick(value))
+               for key, value in seq.items() if key != "states"}
+        return out | {"states": seq["states"].index_select(0, columns)}
 
     def _set_learning_rate(self) -> None:
         if self.lcfg.lr_schedule == "linear":

@@ -200,3 +200,21 @@ def test_an_agent_that_leaves_while_waiting_is_done_once_then_absent():
     assert steps[5].terminated[:2].all() and steps[5].episode_over[:2].all()
     assert steps[6].alive.all() and steps[6].acting.tolist() == [True, False, False]  # reset
     env.close()
+
+
+def test_replay_counts_an_agent_that_left_early_only_while_it_played():
+    """episodes.play on DropoutGame (enjoy.py without --opponent): 'c' is counted for the one step it is
+    in each game, a and b for all six (three moves each), game after game."""
+    from sf_engine.config import ModelConfig
+    from sf_engine.episodes import play
+    from sf_engine.model import ActorCritic
+    from sf_engine.model_shape import resolve_model_config
+
+    spec = probe_env_spec("toy_multiagent:dropout_game", "auto")
+    env = make_batch_env("toy_multiagent:dropout_game", "auto", 3, seed=0, spec=spec, training=False)
+    model = ActorCritic(spec, resolve_model_config(ModelConfig(rnn="gru", rnn_size=8), spec))
+    episodes = list(play(model, env, 2))
+    env.close()
+    by_row = {row: [(ret, length) for r, ret, length in episodes if r == row] for row in range(3)}
+    assert by_row[2] == [(-1.0, 1), (-1.0, 1)]
+    assert by_row[0] == by_row[1] == [(3.0, 6), (3.0, 6)], by_row  # a and b move 3 times each

@@ -222,3 +222,25 @@ def test_pbt_counts_the_true_objective_where_an_env_gives_one(tmp_path, shm_dir)
         assert books[:2, 1].tolist() == pytest.approx([10.0 * x for x in by_policy])
     finally:
         harness.close()
+
+
+def test_several_recurrent_policies_each_train_on_their_own_sequences(tmp_path, shm_dir):
+    """Two GRU policies: each re-runs its core over the sequences holding its own samples only, and both
+    train."""
+    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--num_policies", "2", "--rnn", "gru", "--rnn_size", "8",
+                       "--num_envs_per_worker", "16", "--batch_size", "128")
+    harness = SerialRun(plan, tmp_path)
+    try:
+        seen = []
+        for learner in harness.learner.policies:
+            original = learner._ppo_epochs_recurrent
+
+            def epochs(seq, _original=original, _policy=learner.policy):
+                seen.append((_policy, seq["keep"].shape[1], bool(seq["keep"].any(0).all())))
+                return _original(seq)
+            learner._ppo_epochs_recurrent = epochs
+        harness.learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[:plan.cfg.slots_per_batch])
+        assert [policy for policy, _, _ in seen] == [0, 1] and all(every for _, _, every in seen)
+        assert [learner.version for learner in harness.learner.policies] == [1, 1]
+    finally:
+        harness.close()
