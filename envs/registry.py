@@ -236,7 +236,11 @@ def _obs_entries(env_id: str, space) -> tuple:
         if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
             raise EnvError(f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
                            f"(vectors, uint8 images) and a flat Dict of them")
-        dtype = "uint8" if sub.dtype == np.uint8 else "float32"
+        # a 3-D grid of small integers (a PettingZoo board's 0/1 planes) is stored as uint8, exactly, and
+        # seen as an image: a convolution sees a line of four where an MLP sees 84 unrelated numbers
+        grid = len(sub.shape) == 3 and np.issubdtype(sub.dtype, np.integer) and np.all(sub.low >= 0) \
+            and np.all(sub.high <= 255)
+        dtype = "uint8" if sub.dtype == np.uint8 or grid else "float32"
         entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
     return tuple(entries)
 
@@ -356,9 +360,9 @@ FAMILY_DEFAULTS = {
              "value_loss_coeff": 1.0, "adam_eps": 1e-6, "weight_init": "unit", "learner_threads": 2},
     # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
     # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
-    # of play (Connect Four against a random player: 83% after 5 minutes with the classic defaults,
-    # 94.5% after 2.5 with these)
-    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.01},
+    # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
+    # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
+    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.01, "normalize_input": True},
     "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
