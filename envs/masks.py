@@ -15,6 +15,22 @@ import numpy as np
 from .spec import ACTION_MASK_KEY, EnvSpec
 
 
+def random_actions(spec: EnvSpec, obs: dict, rng: np.random.Generator, rows=None) -> np.ndarray:
+    """Uniformly random actions of `rows` (all rows when None; the policy's values, 0..n-1), legal ones
+    where the observation has an action mask (a row with no legal action: any)."""
+    action = spec.action
+    count = len(next(iter(obs.values()))) if rows is None else len(rows)
+    if action.kind == "continuous":
+        return rng.uniform(action.low, action.high, (count, *action.shape)).astype(np.float32)
+    if spec.action_mask and action.kind == "discrete":
+        mask = np.asarray(obs[ACTION_MASK_KEY])
+        legal = (mask if rows is None else mask[rows]) > 0
+        legal[~legal.any(1)] = True
+        return np.argmax(legal * rng.uniform(0.5, 1.0, legal.shape), 1)
+    picks = rng.integers(0, action.nvec, (count, len(action.nvec)))
+    return picks[:, 0] if action.kind == "discrete" else picks
+
+
 def check_action_mask(env_id: str, spec: EnvSpec, error) -> None:
     """An ACTION_MASK_KEY entry must hold one value per action of a discrete action space, beside
     something for the policy to see; else `error` with one line."""

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sf_engine.envs import make_batch_env, probe_env_spec  # noqa: E402
-from sf_engine.matches import random_actions  # noqa: E402
+from sf_engine.envs.masks import random_actions  # noqa: E402
 
 
 def main() -> None:
@@ -32,14 +32,14 @@ def main() -> None:
     env = make_batch_env(args.env, args.env_backend, args.num_envs * spec.num_agents, seed=args.seed, spec=spec,
                          training=False)
     rng = np.random.default_rng(args.seed)
-    obs, rows = env.reset(), np.arange(env.num_envs)
+    obs = env.reset()
     returns, lengths = np.zeros(env.num_envs), np.zeros(env.num_envs, np.int64)
     resetting = np.zeros(env.num_envs, bool)
     alive = getattr(env, "alive", None)  # multi-agent: the rows whose agent is in its game
     alive = np.ones(env.num_envs, bool) if alive is None else alive.copy()
     finished, finished_lengths = [], []
     while len(finished) < args.episodes:
-        result = env.step(random_actions(spec, rows, obs, rng))
+        result = env.step(random_actions(spec, obs, rng))
         counting = ~resetting & alive
         returns += result.score_rewards * ~resetting
         lengths += counting

@@ -59,16 +59,6 @@ def random_actions(action_spec, num_envs: int, rng: np.random.Generator) -> np.n
     return actions[:, 0] if action_spec.kind == "discrete" else actions
 
 
-def legal_random_actions(spec, obs: dict, rng: np.random.Generator) -> np.ndarray:
-    """Random actions; with an action mask (discrete actions), legal ones (a row with none legal: 0)."""
-    from sf_engine.envs.spec import ACTION_MASK_KEY
-
-    num_envs = len(next(iter(obs.values())))
-    if not spec.action_mask or spec.action.kind != "discrete":
-        return random_actions(spec.action, num_envs, rng)
-    return np.argmax(np.asarray(obs[ACTION_MASK_KEY]) * rng.uniform(0.5, 1.0, (num_envs, spec.action.nvec[0])), 1)
-
-
 def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
     """Run fn until min_sec and min_reps are both reached; (wall, cpu, reps)."""
     wall0, cpu0, reps = time.perf_counter(), time.process_time(), 0
@@ -91,6 +81,8 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
         obs = {key: np.array(value) for key, value in env.reset().items()}
         rng = np.random.default_rng(0)
         if spec.action_mask:  # legal actions of each step's observation
+            from sf_engine.envs.masks import random_actions as legal_random_actions
+
             latest = [obs]
             step = lambda: latest.__setitem__(0, env.step(legal_random_actions(spec, latest[0], rng)).obs)  # noqa: E731
         else:

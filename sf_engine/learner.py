@@ -49,21 +49,12 @@ class Learner:
         self.last_save_time = time.monotonic()
         self.timer = StageTimer("wait_data", "batch_assembly", "train", "weight_publish", "checkpoint")
 
-    # policy 0's learning, as the single-policy run's own (and the tests') names for it
+    # policy 0's model, optimizer, weights and version: a single-policy run's own
     model = property(lambda self: self.policies[0].model)
     optimizer = property(lambda self: self.policies[0].optimizer)
     weights = property(lambda self: self.policies[0].weights)
     version = property(lambda self: self.policies[0].version,
                        lambda self, value: setattr(self.policies[0], "version", value))
-
-    def _targets(self, batch: dict):
-        return self.policies[0]._targets(batch)
-
-    def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
-        return self.policies[0]._sequences(batch, keep, advantages, returns)
-
-    def _ppo_epochs_recurrent(self, seq: dict) -> dict:
-        return self.policies[0]._ppo_epochs_recurrent(seq)
 
     def describe(self) -> str:
         versions = ", ".join(str(learner.version) for learner in self.policies)

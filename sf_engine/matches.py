@@ -17,7 +17,7 @@ import importlib
 import numpy as np
 import torch
 
-from sf_engine.envs.spec import ACTION_MASK_KEY
+from sf_engine.envs.masks import random_actions
 from sf_engine.episodes import act
 from sf_engine.model import obs_tensors
 
@@ -37,25 +37,12 @@ class Opponent:
         return self._choose(env, rows, obs)
 
 
-def random_actions(spec, rows: np.ndarray, obs: dict, rng: np.random.Generator) -> np.ndarray:
-    """Uniformly random actions of `rows`, legal ones where the observation has an action mask."""
-    action = spec.action
-    if action.kind == "continuous":
-        return rng.uniform(action.low, action.high, (len(rows), *action.shape)).astype(np.float32)
-    if spec.action_mask and action.kind == "discrete":
-        legal = np.asarray(obs[ACTION_MASK_KEY][rows]) > 0
-        legal[~legal.any(1)] = True  # no legal action: any
-        return np.argmax(legal * rng.uniform(0.5, 1.0, legal.shape), 1)
-    picks = rng.integers(0, action.nvec, (len(rows), len(action.nvec)))
-    return picks[:, 0] if action.kind == "discrete" else picks
-
-
 def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0) -> Opponent:
     """The opponent a --opponent value names (see the module's docstring), or OpponentError.
     `load_policy(path)`: the policy of a checkpoint file (or an error to report), for that kind."""
     if text == "random":
         rng = np.random.default_rng(seed)
-        return Opponent("random", spec, lambda env, rows, obs: random_actions(spec, rows, obs, rng))
+        return Opponent("random", spec, lambda env, rows, obs: random_actions(spec, obs, rng, rows))
     if ":" in text and not text.endswith((".pt", ".pth")):
         function = _import_function(text)
         start = int(spec.action.start[0]) if spec.action.kind == "discrete" and spec.action.start else 0

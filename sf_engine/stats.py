@@ -80,6 +80,15 @@ class Books:
         return books
 
 
+@dataclass
+class PolicyBooks:
+    """One policy's lag over its training batches and the samples it trained (--num_policies > 1)."""
+    lag_sum: float = 0.0
+    lag_count: int = 0
+    lag_max: float = 0.0
+    trained: int = 0
+
+
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
@@ -96,7 +105,7 @@ class RunStats:
         self.inference_forwards, self.inference_samples = 0, 0
         self.policy_returns: dict = {}  # --num_policies > 1: policy -> its last 100 episode returns
         self.policy_training: dict = {}  # policy -> its latest Training
-        self.policy_lag: dict = {}  # policy -> [lag sum, lag count, lag max]
+        self.policy_books: dict = {}  # policy -> its PolicyBooks
         self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
         self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
         self.evaluation: msg.Evaluation | None = None
@@ -130,12 +139,13 @@ class RunStats:
         figures = []
         for policy in sorted(set(self.policy_returns) | set(self.policy_training)):
             returns, train = self.policy_returns.get(policy, ()), self.policy_training.get(policy)
-            lag = self.policy_lag.get(policy, [0.0, 0, 0.0, 0])
+            books = self.policy_books.get(policy, PolicyBooks())
             figures.append({"policy": policy, "episode_return_mean": sum(returns) / len(returns) if returns else None,
                             "episodes": len(returns), "version": train.version if train else 0,
-                            "policy_lag_mean": lag[0] / lag[1] if lag[1] else None, "policy_lag_max": lag[2],
-                            "learning_rate": train.learning_rate if train else None, "trained_samples": lag[3],
-                            "trained_samples_per_sec": lag[3] / max(time.monotonic() - self.start_time, 1e-9)})
+                            "policy_lag_mean": books.lag_sum / books.lag_count if books.lag_count else None,
+                            "policy_lag_max": books.lag_max, "learning_rate": train.learning_rate if train else None,
+                            "trained_samples": books.trained,
+                            "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9)})
         return figures
 
     @property
@@ -160,9 +170,11 @@ class RunStats:
     def _training(self, m: msg.Training) -> None:
         self.training = m
         self.policy_training[m.policy] = m
-        lag = self.policy_lag.setdefault(m.policy, [0.0, 0, 0.0, 0])
-        lag[0], lag[1], lag[2] = lag[0] + m.lag_mean * m.lag_count, lag[1] + m.lag_count, max(lag[2], m.lag_max)
-        lag[3] += m.samples  # the policy's trained samples so far
+        books = self.policy_books.setdefault(m.policy, PolicyBooks())
+        books.lag_sum += m.lag_mean * m.lag_count
+        books.lag_count += m.lag_count
+        books.lag_max = max(books.lag_max, m.lag_max)
+        books.trained += m.samples
         self.books.trained += m.samples
         self.books.dropped_lag += m.dropped_lag
         self.books.not_trainable += m.not_trainable

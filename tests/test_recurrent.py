@@ -85,10 +85,10 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
         _, all_values, _ = model.forward_sequence({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()},
                                                   batch["rnn_states"][0], batch["episode_start"])
     bootstrap = model.denormalize_values(all_values.view(len(starts) + 1, -1)[-1])
-    advantages, returns = roles.learner._targets(batch)
+    advantages, returns = roles.learner.policies[0]._targets(batch)
     recomputed, _ = ppo.gae(batch["rewards"], torch.cat([batch["values"], bootstrap.unsqueeze(0)]),
                             batch["terminated"], batch["terminated"] | batch["truncated"], batch["valid"],
-                            roles.learner.lcfg.gamma, roles.learner.lcfg.gae_lambda)
+                            roles.learner.policies[0].lcfg.gamma, roles.learner.policies[0].lcfg.gae_lambda)
     torch.testing.assert_close(advantages, recomputed, rtol=1e-4, atol=1e-5)
     assert (batch["rnn_states"][:-1][starts] == 0).all()  # zeroed where an episode starts
     roles.close()
@@ -105,7 +105,7 @@ def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
     t_grid, n_grid = torch.meshgrid(torch.arange(steps + 1.0), torch.arange(trajectories * 1.0), indexing="ij")
     batch["obs"] = {"obs": torch.stack([t_grid, n_grid], dim=-1)}
     keep = torch.ones(steps, trajectories, dtype=torch.bool)
-    seq = roles.learner._sequences(batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories))
+    seq = roles.learner.policies[0]._sequences(batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories))
     seen = []
     model = roles.learner.model
     original = model.forward_sequence
@@ -120,7 +120,7 @@ def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
         return original(obs, state, episode_start)
 
     model.forward_sequence = spy
-    roles.learner._ppo_epochs_recurrent(seq)
+    roles.learner.policies[0]._ppo_epochs_recurrent(seq)
     chunks = {(t, n) for t in range(0, steps, 4) for n in range(trajectories)}
     assert sorted(seen) == sorted(list(chunks) * 2)  # every sequence whole, once per epoch
     index = ppo.sequence_index(steps, trajectories, 4)
