@@ -15,7 +15,7 @@ import glob
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gymnasium as gym
 import numpy as np
@@ -36,7 +36,8 @@ class Scenario:
     falls); `stats`: (name, game variable): its change over each episode, reported at the episode's end
     (TensorBoard's episode/NAME); `objective`: the stat that is the true objective (unset: the env's own
     return before shaping); `settings`: (DoomGame setter without 'set_', value) applied over the config
-    file, and `buttons` added to its own, where Sample Factory's copy of the config differs from VizDoom's."""
+    file, and `buttons` added to its own, where Sample Factory's copy of the config differs from VizDoom's;
+    `players` > 1: a multiplayer deathmatch of that many agents, `minutes` long (envs.doom_duel)."""
     cfg: str
     reward_scale: float = 1.0
     gathering: bool = False
@@ -47,6 +48,7 @@ class Scenario:
     objective: str | None = None
     settings: tuple = ()
     buttons: tuple = ()
+    players: int = 1
 
 
 # Sample Factory's deathmatch shaping (its DEATHMATCH_V0 scheme, without the weapon and ammo terms)
@@ -79,6 +81,9 @@ SAMPLE_FACTORY_NAMES = {
     # the monster arena VizDoom ships (Sample Factory's battle.wad is its own)
     "doom_battle": Scenario("deathmatch.cfg", shaping=BATTLE_SHAPING, stats=(("kills", "KILLCOUNT"),),
                             objective="kills"),
+    # two agents in one multiplayer deathmatch on VizDoom's deathmatch map, over loopback (self-play)
+    "doom_duel": Scenario("cig.cfg", players=2, minutes=2.0, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS,
+                          objective="frags"),
 }
 
 # VizDoom's Gymnasium ids (vizdoom.gymnasium_wrapper, one button at a time) -> their config files
@@ -121,11 +126,14 @@ class DoomEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35 // FRAME_SKIP}
 
-    def __init__(self, env_id: str = "doom_basic", render_mode=None, frame_skip: int = FRAME_SKIP):
+    def __init__(self, env_id: str = "doom_basic", render_mode=None, frame_skip: int = FRAME_SKIP,
+                 player: int = 0, port: int = 0, minutes: float | None = None):
+        """`player`, `port`: a multiplayer scenario's seat (0 hosts the game on 127.0.0.1:port, the
+        others join it); `minutes`: a deathmatch's length, when not the scenario's."""
         import vizdoom
 
         self.env_id, self.render_mode, self.frame_skip = env_id, render_mode, frame_skip
-        self.scenario = sc = scenario(env_id)
+        self.scenario = sc = scenario(env_id) if minutes is None else replace(scenario(env_id), minutes=minutes)
         game = vizdoom.DoomGame()
         game.load_config(os.path.join(vizdoom.scenarios_path, sc.cfg))
         game.set_screen_resolution(vizdoom.ScreenResolution.RES_160X120)
@@ -142,6 +150,14 @@ class DoomEnv(gym.Env):
                                "+sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 +viz_respawn_delay 0 "
                                "+viz_nocheat 1 +name agent +colorset 0")
             game.set_episode_timeout(int(sc.minutes * 60 * 35))
+        elif sc.players > 1:
+            game.add_game_args(f"-host {sc.players} -port {port} -deathmatch +timelimit {sc.minutes} "
+                               "+sv_forcerespawn 1 +sv_noautoaim 1 +sv_respawnprotect 1 +sv_spawnfarthest 1 "
+                               "+sv_nocrouch 1 +viz_respawn_delay 0 +viz_nocheat 1" if player == 0 else
+                               f"-join 127.0.0.1:{port}")
+            game.add_game_args(f"+name player_{player} +colorset {3 * player}")
+            game.set_episode_timeout(int(sc.minutes * 60 * 35))
+        self.multiplayer = bool(sc.bots) or sc.players > 1
         # the engine's ini, not in the cwd; the folder's name says which process owns the game
         self._ini_dir = tempfile.mkdtemp(prefix=f"{INI_PREFIX}{os.getpid()}_")
         game.set_doom_config_path(os.path.join(self._ini_dir, "_vizdoom.ini"))
@@ -211,13 +227,34 @@ class DoomEnv(gym.Env):
             reward += delta * per_rise if delta > 0 else delta * per_fall
         return reward
 
+    def _act(self, buttons: list) -> float:
+        """The buttons held for frame_skip tics; the reward over them. The players of a multiplayer game
+        (envs.doom_duel) are advanced a tic at a time, all together: tic() for a step's first tics, then
+        step() for its last. A several-tic action in one call stalls there, waiting on another player's
+        next tics that its own driver will only send after this call returns."""
+        if self.scenario.players == 1:
+            return self.game.make_action(buttons, self.frame_skip)
+        if self.game.is_episode_finished():
+            return 0.0
+        self.game.set_action(buttons)
+        self.game.advance_action(1, True)  # the state, and the reward since the last update: the step's tics
+        return self.game.get_last_reward()
+
+    def tic(self, action) -> None:
+        """Multiplayer: one of a step's first frame_skip - 1 tics with `action`'s buttons held (the state
+        and the reward are updated at the step's last tic)."""
+        if not self.game.is_episode_finished():
+            self.game.set_action(self._actions[int(action)])
+            self.game.advance_action(1, False)
+
     def step(self, action):
         before = self._values
-        reward = self.game.make_action(self._actions[int(action)], self.frame_skip)
+        reward = self._act(self._actions[int(action)])
         over = self.game.is_episode_finished()
         if self.scenario.bots and not over and self.game.is_player_dead():
-            self.game.respawn_player()
-        truncated = over and self.game.is_episode_timeout_reached() and not self.scenario.bots
+            self.game.respawn_player()  # (a netgame of several agents respawns its players by itself: its
+            # respawn call would advance one player's game alone, which stalls the others)
+        truncated = over and self.game.is_episode_timeout_reached() and not self.multiplayer
         obs = self._observe()
         self._true_return += reward
         info = {}

@@ -83,6 +83,7 @@ class MultiAgentBatchEnv:
         self._over = np.zeros(self.num_games, bool)
         self._raw = [{} for _ in range(self.num_games)]  # ParallelEnv: each game's latest obs per agent
         self._gone = [set() for _ in range(self.num_games)]  # AECEnv: agents reported done, not yet stepped out
+        self._stats: list = []  # (row, episode_extra_stats) given by this step's infos (ParallelEnv)
         action = spec.action
         self._start = np.asarray(action.start or 0)
         if action.kind == "continuous":
@@ -156,17 +157,35 @@ class MultiAgentBatchEnv:
             step = self._step_turn if self.turn_based else self._step_parallel
             step(game, actions[base:base + self.num_agents], rewards[base:], terminated[base:], truncated[base:])
         over = terminated | truncated
-        return StepResult(self.obs, rewards, terminated, truncated, rewards, over, alive=self.alive.copy(),
-                          acting=self.acting.copy())
+        extra, objective = self._episode_stats()
+        return StepResult(self.obs, rewards, terminated, truncated, rewards, over, extra, alive=self.alive.copy(),
+                          acting=self.acting.copy(), objective=objective)
+
+    def _episode_stats(self) -> tuple:
+        """(name -> values, objective [E] NaN where none) of the agents whose episode_extra_stats a
+        ParallelEnv's step gave (Sample Factory's convention: frags, true_objective, ...), or (None, None)."""
+        if not self._stats:
+            return None, None
+        extra, objective = {}, np.full(self.num_envs, np.nan)
+        for row, stats in self._stats:
+            for name, value in stats.items():
+                extra.setdefault(name, []).append(float(value))
+            if "true_objective" in stats:
+                objective[row] = float(stats["true_objective"])
+        self._stats = []
+        return extra, objective if np.isfinite(objective).any() else None
 
     def _step_parallel(self, game: int, actions, rewards, terminated, truncated) -> None:
         env = self.games[game]
         moves = {agent: self._env_action(actions[self.row_of[str(agent)]]) for agent in env.agents}
-        obs, step_rewards, terms, truncs, _ = env.step(moves)
+        obs, step_rewards, terms, truncs, infos = env.step(moves)
         self._raw[game] = obs
         self._clear_game(game)
         for agent in moves:
             i = self.row_of[str(agent)]
+            stats = (infos.get(agent) or {}).get("episode_extra_stats")
+            if isinstance(stats, dict):
+                self._stats.append((game * self.num_agents + i, stats))
             rewards[i] = step_rewards.get(agent, 0.0)
             terminated[i], truncated[i] = bool(terms.get(agent, False)), bool(truncs.get(agent, False))
         for agent, value in obs.items():  # an agent that finished keeps its last obs (a truncation bootstraps)

@@ -30,6 +30,8 @@ import numpy as np
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom import DoomFactory, is_doom
+from .doom import scenario as doom_scenario
+from .doom_duel import MultiplayerFactory
 from .doom import missing as doom_missing
 from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
 from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
@@ -148,7 +150,7 @@ def _gym_factory(env_id: str) -> Callable:
         reason = doom_missing(env_id)
         if reason:
             raise EnvError(reason)
-        return DoomFactory(env_id)
+        return MultiplayerFactory(env_id) if doom_scenario(env_id).players > 1 else DoomFactory(env_id)
     if _is_user_class(env_id):
         return _user_factory(env_id)
     try:
@@ -362,7 +364,7 @@ FAMILY_DEFAULTS = {
     # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
     # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
     # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
-    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.01, "normalize_input": True},
+    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.05, "normalize_input": True},
     "continuous": {"activation": "tanh", "hidden_size": 64,
                    "normalize_input": True, "normalize_returns": True, "rollout": 64,
                    "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,

@@ -136,7 +136,9 @@ class Learner:
                 continue  # no sample of this policy in the batch: nothing to train, no new version
             lag = learner.version - batch["policy_version"]
             keep = mine & (lag <= self.lcfg.max_policy_lag) & (batch["policy_version"] >= learner.min_version)
+            started = time.perf_counter()
             samples, losses = learner.train(batch, keep)
+            train_sec = time.perf_counter() - started
             self.timer.lap("train")
             learner.version += 1
             learner.weights.publish(learner.params, learner.version)
@@ -149,7 +151,7 @@ class Learner:
                 not_trainable=not_trainable,
                 lag_count=int(mine.sum()), lag_min=float(mine_lag.min()), lag_mean=float(mine_lag.mean()),
                 lag_max=float(mine_lag.max()), learning_rate=learner.optimizer.param_groups[0]["lr"], losses=losses,
-                policy=learner.policy))
+                policy=learner.policy, train_sec=train_sec))
             not_trainable = 0
         if not_trainable:  # no policy trained on this batch: its books still count
             self.ctx.send(Training(self.timer.report("learner"), version=self.policies[0].version, samples=0,

@@ -44,6 +44,7 @@ class Training:
     learning_rate: float
     losses: dict = field(default_factory=dict)  # policy_loss, value_loss, entropy, approx_kl, ...
     policy: int = 0
+    train_sec: float = 0.0  # the learner's seconds on this policy's part of the batch
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Inference:
     stages: Stages
     forwards: int
     samples: int
+    policy_sec: dict = field(default_factory=dict)  # --num_policies > 1: policy -> its forwards' seconds
 
 
 @dataclass

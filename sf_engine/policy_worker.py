@@ -40,6 +40,7 @@ class PolicyWorker:
         self.versions = np.full(self.num_policies, -1, np.int64)
         self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
         self.num_forwards, self.num_samples = 0, 0
+        self.policy_sec: dict = {}  # several policies in a batch: policy -> seconds of its forwards
         self.last_stats_time = time.monotonic()
 
     @property
@@ -123,10 +124,16 @@ class PolicyWorker:
         with torch.inference_mode():
             present = [0] if policies is None else np.unique(policies)
             if len(present) == 1:
+                started = time.perf_counter()
                 out = self.models[int(present[0])].sample(obs, state)
-                return tuple(None if x is None else x.cpu().numpy() for x in out)
+                out = tuple(None if x is None else x.cpu().numpy() for x in out)
+                if policies is not None:
+                    policy = int(present[0])
+                    self.policy_sec[policy] = self.policy_sec.get(policy, 0.0) + time.perf_counter() - started
+                return out
             results = None
             for policy in present:
+                started = time.perf_counter()
                 rows = np.flatnonzero(policies == policy)
                 index = torch.from_numpy(rows).to(self.device)
                 out = self.models[int(policy)].sample({k: v.index_select(0, index) for k, v in obs.items()},
@@ -137,9 +144,12 @@ class PolicyWorker:
                 for result, part in zip(results, out):
                     if result is not None:
                         result[rows] = part
+                self.policy_sec[int(policy)] = self.policy_sec.get(int(policy), 0.0) + time.perf_counter() - started
             return tuple(results)
 
     def send_stats(self) -> None:
-        self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples))
+        self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples,
+                                self.policy_sec))
         self.num_forwards = self.num_samples = 0
+        self.policy_sec = {}
         self.last_stats_time = time.monotonic()

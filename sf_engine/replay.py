@@ -108,7 +108,7 @@ def load_policy(cfg, spec, path: str, device, policy: int = 0):
         state = load_checkpoint(path, "cpu")
     except CheckpointError as exc:
         raise EnjoyError(f"checkpoint {exc}: pass an older one with --checkpoint PATH") from None
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(state, dict) or ("model" not in state and not state.get("policies")):
         raise EnjoyError(f"checkpoint {path} is not an sf_engine checkpoint: pick one from <experiment>/checkpoints")
     saved = state.get("config", {})
     try:

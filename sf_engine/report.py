@@ -62,7 +62,8 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
         out.update({prefix + name: figures[key] for name, key in
                     (("episode/return", "episode_return_mean"), ("train/version", "version"),
                      ("policy_lag/mean", "policy_lag_mean"), ("train/learning_rate", "learning_rate"),
-                     ("perf/trained_samples_per_sec", "trained_samples_per_sec"))
+                     ("perf/trained_samples_per_sec", "trained_samples_per_sec"),
+                     ("perf/learner_share", "learner_share"), ("perf/inference_share", "inference_share"))
                     if figures[key] is not None})
         if train:
             out.update({f"{prefix}train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
@@ -73,11 +74,23 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     return out
 
 
+def policy_shares(policies: list) -> str:
+    """'policy 0: learner 52%, inference 50% | policy 1: ...' (several policies), or ''."""
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    return " | ".join(f"policy {f['policy']}: learner {pct(f['learner_share'])}, inference {pct(f['inference_share'])}"
+                      for f in policies)
+
+
 def _trained_policies(stats: RunStats, cfg) -> list:
     """--num_policies > 1: each trained policy's figures (the opponent pool's snapshots are not listed)."""
     if cfg.policies.num_policies < 2:
         return []
-    return [f for f in stats.policy_figures() if f["policy"] < cfg.policies.num_policies]
+    figures = [f for f in stats.policy_figures() if f["policy"] < cfg.policies.num_policies]
+    for key, share in (("learner_train_sec", "learner_share"), ("inference_sec", "inference_share")):
+        total = sum(f[key] for f in figures)
+        for f in figures:  # each trained policy's part of the time the learner and the policy worker gave them
+            f[share] = f[key] / total if total > 0 else None
+    return figures
 
 
 def status_line(stats: RunStats, cfg, frameskip: int) -> str:
@@ -174,6 +187,9 @@ class Reporter:
         window_sec = self.stats.diagnose_window()
         diagnosis = self.stats.diagnosis
         logging.info("bottleneck (last %.0f s): %s", window_sec, diagnosis.message)
+        shares = policy_shares(_trained_policies(self.stats, self.cfg))
+        if shares:
+            logging.info("each policy's part since the start: %s", shares)
         summary_pb = text_pb("perf/bottleneck", diagnosis.message)
         summary_pb.value.extend(Summary.Value(tag=f"perf/{name}", simple_value=float(v))
                                 for name, v in diagnosis.fractions.items())

@@ -87,6 +87,8 @@ class PolicyBooks:
     lag_count: int = 0
     lag_max: float = 0.0
     trained: int = 0
+    train_sec: float = 0.0  # the learner's time on this policy's samples
+    forward_sec: float = 0.0  # the policy worker's time on this policy's forwards (batches of several policies)
 
 
 class RunStats:
@@ -145,7 +147,8 @@ class RunStats:
                             "policy_lag_mean": books.lag_sum / books.lag_count if books.lag_count else None,
                             "policy_lag_max": books.lag_max, "learning_rate": train.learning_rate if train else None,
                             "trained_samples": books.trained,
-                            "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9)})
+                            "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9),
+                            "learner_train_sec": books.train_sec, "inference_sec": books.forward_sec})
         return figures
 
     @property
@@ -175,6 +178,7 @@ class RunStats:
         books.lag_count += m.lag_count
         books.lag_max = max(books.lag_max, m.lag_max)
         books.trained += m.samples
+        books.train_sec += m.train_sec
         self.books.trained += m.samples
         self.books.dropped_lag += m.dropped_lag
         self.books.not_trainable += m.not_trainable
@@ -187,6 +191,8 @@ class RunStats:
         self.stages[m.stages.role] = m.stages
         self.inference_forwards += m.forwards
         self.inference_samples += m.samples
+        for policy, seconds in m.policy_sec.items():
+            self.policy_books.setdefault(policy, PolicyBooks()).forward_sec += seconds
 
     def _evaluation(self, m: msg.Evaluation) -> None:
         self.evaluation = m

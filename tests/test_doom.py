@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import SerialRun, read_json, serial_plan, train_error
-from test_reliability import no_leftover_runs  # noqa: F401  (a failed test leaves no run behind)
+from test_reliability import alive, no_leftover_runs  # noqa: F401  (a failed test leaves no run behind)
 from sf_engine.envs import EnvError, make_batch_env, probe_env_spec
 from sf_engine.runner import run
 
@@ -219,3 +219,91 @@ def test_a_killed_worker_and_ctrl_c_leave_no_game_or_segment_behind(tmp_path, sh
     assert not alive(games)
     assert _vizdoom_segments() - before == set()
     assert os.listdir(shm_dir) == []
+
+
+def _short_duel(monkeypatch, minutes=0.05):
+    """doom_duel cut to `minutes` of game time (its players' processes get the length from the env)."""
+    import dataclasses
+
+    from sf_engine.envs import doom
+
+    short = dataclasses.replace(doom.SAMPLE_FACTORY_NAMES["doom_duel"], minutes=minutes)
+    monkeypatch.setitem(doom.SAMPLE_FACTORY_NAMES, "doom_duel", short)
+
+
+def test_doom_duel_is_two_agents_of_one_multiplayer_game(monkeypatch):
+    """Two games of doom_duel (3 s each) batched as four rows: each player sees its own screen, a game
+    ends for both of its players at once, each reports its frags and true objective, and closing leaves
+    no player, game or segment behind."""
+    _short_duel(monkeypatch)
+    before = _vizdoom_segments()
+    spec = probe_env_spec("doom_duel", "auto")
+    assert (spec.family, spec.agents, spec.turn_based) == ("doom", ("player_0", "player_1"), False)
+    assert spec.obs == (("obs", (72, 128, 3), "uint8"),)
+    env = make_batch_env("doom_duel", "auto", 4, seed=3, spec=spec)
+    try:
+        obs = env.reset()["obs"]
+        assert np.abs(obs[0].astype(int) - obs[1]).mean() > 1  # two players, two viewpoints
+        players = [p.pid for game in env.games for p in game._procs]
+        assert len(players) == 4 and len(_games_of(players)) == 4
+        ended, truncated, objective, names = np.zeros(4, int), 0, [], set()
+        rng = np.random.default_rng(0)
+        for _ in range(200):
+            result = env.step(rng.integers(0, spec.action.nvec[0], 4))
+            assert np.array_equal(result.terminated[0::2], result.terminated[1::2])  # a game ends for both
+            ended += result.terminated
+            truncated += int(result.truncated.sum())
+            names |= set(result.extra_stats or {})
+            if result.objective is not None:
+                objective += result.objective[result.terminated].tolist()
+            if ended.min() >= 2:
+                break
+        assert ended.min() >= 2 and truncated == 0 and all(game.stalls == 0 for game in env.games)
+        assert len(objective) == int(ended.sum()) and np.isfinite(objective).all()  # each player's frags
+        assert {"frags", "deaths", "hits", "true_objective"} <= names
+    finally:
+        env.close()
+    assert not alive(players) and _games_of(players) == []
+    assert _vizdoom_segments() - before == set()
+
+
+def test_a_stalled_duel_is_killed_and_its_episode_truncated(monkeypatch):
+    """A player that stops answering (frozen here with SIGSTOP): after the stall timeout both players and
+    their games are killed, the episode ends truncated for both agents, and reset() starts a new game."""
+    import signal
+
+    from sf_engine.envs import doom_duel
+
+    _short_duel(monkeypatch, minutes=1.0)
+    monkeypatch.setattr(doom_duel, "STALL_TIMEOUT_S", 2.0)
+    before = _vizdoom_segments()
+    env = doom_duel.DoomMultiplayer("doom_duel")
+    try:
+        env.reset(seed=1)
+        env.step({"player_0": 1, "player_1": 2})
+        frozen = [p.pid for p in env._procs]
+        games = _games_of(frozen)
+        os.kill(frozen[1], signal.SIGSTOP)
+        _, rewards, terms, truncs, _ = env.step({"player_0": 1, "player_1": 2})
+        assert truncs == {"player_0": True, "player_1": True} and not any(terms.values())
+        assert env.agents == [] and env.stalls == 1
+        assert not alive(frozen) and not alive(games)
+        obs, _ = env.reset(seed=2)
+        assert set(obs) == {"player_0", "player_1"} and env.step({"player_0": 0, "player_1": 0})[0]
+        players = [p.pid for p in env._procs]
+    finally:
+        env.close()
+    assert not alive(players) and _vizdoom_segments() - before == set()
+
+
+@pytest.mark.e2e
+def test_doom_duel_trains_two_policies_in_self_play(tmp_path, shm_dir, monkeypatch):
+    """doom_duel end to end in serial mode with two policies: each policy's figures and the players'
+    frags reach summary.json."""
+    _short_duel(monkeypatch, minutes=0.05)
+    plan = serial_plan(tmp_path, shm_dir, "doom_duel", "--num_policies", "2", "--train_for_env_steps", "1024")
+    assert run(plan) == 0
+    summary = read_json(tmp_path / "family" / "summary.json")
+    assert summary["episodes"] >= 4 and "frags" in summary["episode_extra_stats"]
+    assert [p["policy"] for p in summary["policies"]] == [0, 1]
+    assert all(p["version"] >= 1 for p in summary["policies"])

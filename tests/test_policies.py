@@ -115,14 +115,27 @@ def test_a_population_is_saved_and_resumed_whole(tmp_path, shm_dir):
 
 @pytest.mark.e2e
 def test_several_policies_train_in_processes(tmp_path, shm_dir):
-    """--num_policies 2 on CartPole in processes: both policies train and report, the processes exit
-    and the shared memory is released."""
+    """--num_policies 2 on CartPole in processes: both policies train and report (with each one's part
+    of the learner's and the policy worker's time), the processes exit and the shared memory is released."""
     result = run_train(["--num_policies", "2", "--experiment", "two", "--shm_dir", shm_dir,
                         "--train_for_env_steps", "150000"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(tmp_path / "two" / "summary.json")
-    assert [p["policy"] for p in summary["policies"]] == [0, 1]
-    assert all(p["version"] > 2 and p["episodes"] > 0 for p in summary["policies"]), summary["policies"]
+    policies = summary["policies"]
+    assert [p["policy"] for p in policies] == [0, 1]
+    assert all(p["version"] > 2 and p["episodes"] > 0 for p in policies), policies
+    for key in ("learner_train_sec", "inference_sec"):  # each policy took its part of both processes' time
+        assert all(p[key] > 0 for p in policies), policies
+    for key in ("learner_share", "inference_share"):
+        assert sum(p[key] for p in policies) == pytest.approx(1.0) and all(0.1 < p[key] < 0.9 for p in policies)
+    from sf_engine.checkpoint import load_checkpoint
+    from sf_engine.replay import load_experiment, load_policy
+
+    cfg, spec, _ = load_experiment(str(tmp_path), "two")  # enjoy.py --policy 1 of the population's checkpoint
+    path = sorted((tmp_path / "two" / "checkpoints").glob("*.pt"))[-1]
+    saved = load_checkpoint(str(path), "cpu")["policies"][1]["model"]
+    loaded = load_policy(cfg, spec, str(path), "cpu", policy=1).state_dict()
+    assert all(torch.equal(loaded[name], saved[name]) for name in saved)
     assert os.listdir(shm_dir) == []
 
 
