@@ -223,7 +223,7 @@ class DoomEnv(gym.Env):
         if sc.gathering and after["HEALTH"] > before["HEALTH"]:
             reward += 1.0  # Sample Factory's gathering shaping: +1 whenever health rises
         for name, per_rise, per_fall in sc.shaping:
-            delta = after[name] - before[name]
+            delta = _floored(name, after[name]) - _floored(name, before[name])
             reward += delta * per_rise if delta > 0 else delta * per_fall
         return reward
 
@@ -275,6 +275,12 @@ class DoomEnv(gym.Env):
             self.game.close()
             self._running = False
         shutil.rmtree(self._ini_dir, ignore_errors=True)
+
+
+def _floored(name: str, value: float) -> float:
+    """A game variable as the shaping counts it: a dead player's health below zero counts as zero (a
+    telefrag sets it to -999,900, whose climb back to 100 at the respawn would pay 5,000)."""
+    return max(value, 0.0) if name == "HEALTH" else value
 
 
 def _arg(cmdline: list, name: str):

@@ -114,6 +114,9 @@ def test_deathmatch_shaping_counts_changes_and_stats_are_per_episode():
         after = dict(before, FRAGCOUNT=3, DEATHCOUNT=6, HEALTH=80)
         assert env._shaping(before, after) == pytest.approx(1.0 - 0.75 - 20 * 0.003)
         assert env._shaping(before, before) == 0.0
+        telefragged = dict(before, HEALTH=-999900, DEATHCOUNT=6)  # health below zero counts as zero
+        assert env._shaping(before, telefragged) == pytest.approx(-0.75 - 100 * 0.003)
+        assert env._shaping(telefragged, dict(telefragged, HEALTH=100)) == pytest.approx(100 * 0.005)
         assert env.action_space.n == 9  # idle + 8 buttons; the two delta buttons are left out
     finally:
         env.close()
