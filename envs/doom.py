@@ -57,6 +57,10 @@ DEATHMATCH_SHAPING = (("FRAGCOUNT", 1.0, 1.5), ("DEATHCOUNT", -0.75, 0.75), ("HI
 DEATHMATCH_STATS = (("frags", "FRAGCOUNT"), ("deaths", "DEATHCOUNT"), ("hits", "HITCOUNT"))
 BATTLE_SHAPING = (("KILLCOUNT", 1.0, 0.0),) + DEATHMATCH_SHAPING[2:]  # its wad rewards no kill itself
 
+# a hosted deathmatch's rules: forced respawns at once and far from the others, no autoaim or crouching
+DEATHMATCH_RULES = ("+sv_forcerespawn 1 +sv_noautoaim 1 +sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 "
+                    "+viz_respawn_delay 0 +viz_nocheat 1")
+
 # what Sample Factory's own copies of VizDoom's configs change: rendering, and gathering's rewards
 _SF_RENDER = (("render_decals", False), ("render_particles", False), ("render_crosshair", False),
               ("render_screen_flashes", True))
@@ -145,19 +149,17 @@ class DoomEnv(gym.Env):
             getattr(game, "set_" + name)(value)
         for button in sc.buttons:
             game.add_available_button(getattr(vizdoom.Button, button))
-        if sc.bots:  # this process hosts a one-player deathmatch; the bots join at each episode's start
-            game.add_game_args(f"-host 1 -deathmatch +timelimit {sc.minutes} +sv_forcerespawn 1 +sv_noautoaim 1 "
-                               "+sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 +viz_respawn_delay 0 "
-                               "+viz_nocheat 1 +name agent +colorset 0")
-            game.set_episode_timeout(int(sc.minutes * 60 * 35))
-        elif sc.players > 1:
-            game.add_game_args(f"-host {sc.players} -port {port} -deathmatch +timelimit {sc.minutes} "
-                               "+sv_forcerespawn 1 +sv_noautoaim 1 +sv_respawnprotect 1 +sv_spawnfarthest 1 "
-                               "+sv_nocrouch 1 +viz_respawn_delay 0 +viz_nocheat 1" if player == 0 else
-                               f"-join 127.0.0.1:{port}")
-            game.add_game_args(f"+name player_{player} +colorset {3 * player}")
-            game.set_episode_timeout(int(sc.minutes * 60 * 35))
         self.multiplayer = bool(sc.bots) or sc.players > 1
+        if self.multiplayer:  # a deathmatch: player 0 hosts it (bots join at each episode's start), others join
+            if player == 0:
+                port_arg = f" -port {port}" if sc.players > 1 else ""
+                game.add_game_args(f"-host {sc.players}{port_arg} -deathmatch +timelimit {sc.minutes} "
+                                   + DEATHMATCH_RULES)
+            else:
+                game.add_game_args(f"-join 127.0.0.1:{port}")
+            name = "agent" if sc.bots else f"player_{player}"
+            game.add_game_args(f"+name {name} +colorset {3 * player}")
+            game.set_episode_timeout(int(sc.minutes * 60 * 35))
         # the engine's ini, not in the cwd; the folder's name says which process owns the game
         self._ini_dir = tempfile.mkdtemp(prefix=f"{INI_PREFIX}{os.getpid()}_")
         game.set_doom_config_path(os.path.join(self._ini_dir, "_vizdoom.ini"))

@@ -9,9 +9,8 @@ start), driven over a socket pair, and all are advanced one tic at a time togeth
 stalls when a player runs several tics in one call while another waits for its next command).
 A game that still stalls (VizDoom's netgame code does, rarely, and worse under load) is killed after
 STALL_TIMEOUT_S, as is one whose player process died or whose game failed: its episode ends truncated
-for every agent and the next reset starts a new game. A
-player process dies with its owner (Linux's parent-death signal), its VizDoom game is then reaped
-(envs.doom.reap_orphaned_games).
+for every agent and the next reset starts a new game. A player process dies with its owner (Linux's
+parent-death signal); its VizDoom game is then reaped (envs.doom.reap_orphaned_games).
 """
 from __future__ import annotations
 
@@ -47,14 +46,15 @@ class DoomMultiplayer:
     """The `players` agents ("player_0", ...) of one multiplayer game of `env_id`. Every agent acts each
     step; the game ends for all at its time limit (terminal: the frags were the point) and the next
     reset() starts a new episode. An episode's last info holds episode_extra_stats per agent (frags,
-    deaths, hits; true_objective: frags). `stalls`: games killed because they stalled."""
+    deaths, hits; true_objective: frags). `stalls`: games killed because they stalled or a player was lost."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": DoomEnv.metadata["render_fps"]}
 
     def __init__(self, env_id: str = "doom_duel", render_mode=None):
         self.env_id, self.render_mode = env_id, render_mode
-        self.minutes = scenario(env_id).minutes  # passed on: the players' processes read no patched scenario
-        self.possible_agents = [f"player_{i}" for i in range(scenario(env_id).players)]
+        sc = scenario(env_id)
+        self.minutes = sc.minutes  # passed on: the players' processes read no patched scenario
+        self.possible_agents = [f"player_{i}" for i in range(sc.players)]
         self.agents: list = []
         probe = DoomEnv(env_id)  # the spaces, without starting a game
         self._action_space = probe.action_space

@@ -12,9 +12,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable) -> dict:
+def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable,
+              inspect=None) -> dict:
     """Run `train.py flags` of the checkout `repo` with `python` in a new process (start-up included, as a
-    user sees it) in a temporary train_dir; returns its summary.json plus `launch_to_exit_sec`."""
+    user sees it) in a temporary train_dir; returns its summary.json plus `launch_to_exit_sec`.
+    `inspect(train_dir, experiment)`, when given, is called after the run, before the train_dir goes."""
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
         cmd = [python, os.path.join(repo, "train.py"), "--train_dir", train_dir,
                "--experiment", "perf", "--status_every_sec", "1000"] + flags
@@ -27,6 +29,8 @@ def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = s
             raise SystemExit(f"train.py exited with {proc.returncode}: {' '.join(flags)}")
         with open(os.path.join(train_dir, "perf", "summary.json")) as f:
             summary = json.load(f)
+        if inspect is not None:
+            inspect(train_dir, "perf")
     summary["launch_to_exit_sec"] = round(elapsed, 2)
     return summary
 

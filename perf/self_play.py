@@ -13,12 +13,11 @@ import glob
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, run_baseline, run_train  # noqa: E402
 
 
 def _checkpoint_at(checkpoints: list, started: float, minute: float):
@@ -28,15 +27,10 @@ def _checkpoint_at(checkpoints: list, started: float, minute: float):
     return before[-1] if before else None
 
 
-def _play(train_dir: str, checkpoint: str, opponent: str, games: int) -> dict:
-    cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", train_dir, "--experiment", "self_play",
-           "--checkpoint", checkpoint, "--opponent", opponent, "--num_episodes", str(games), "--deterministic"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1800)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-2000:])
-        raise SystemExit(f"enjoy.py failed: {' '.join(cmd)}")
-    figures = json.loads(lines[-1])
+def _play(train_dir: str, experiment: str, checkpoint: str, opponent: str, games: int) -> dict:
+    figures = run_baseline([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", train_dir,
+                            "--experiment", experiment, "--checkpoint", checkpoint, "--opponent", opponent,
+                            "--num_episodes", str(games), "--deterministic"], timeout_sec=1800)
     return {k: figures[k] for k in ("games", "win_rate", "draw_rate", "loss_rate", "games_per_seat")}
 
 
@@ -50,27 +44,23 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=200, help="games per checkpoint and opponent")
     parser.add_argument("--flags", default="", help="more train.py flags, as one string")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="sf_engine_self_play_") as train_dir:
-        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--env", args.env, "--train_dir", train_dir,
-               "--experiment", "self_play", "--train_for_seconds", str(args.seconds),
-               "--train_for_env_steps", str(10**12), "--save_every_sec", "60", "--keep_checkpoints", "1000",
-               "--status_every_sec", "1000"] + args.flags.split()
-        started = time.time()
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.seconds + 600)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-            raise SystemExit(f"train.py exited with {proc.returncode}")
-        with open(os.path.join(train_dir, "self_play", "summary.json")) as f:
-            summary = json.load(f)
-        checkpoints = glob.glob(os.path.join(train_dir, "self_play", "checkpoints", "*.pt"))
-        results = {}
+    results = {}
+
+    def play_checkpoints(train_dir: str, experiment: str) -> None:
+        checkpoints = glob.glob(os.path.join(train_dir, experiment, "checkpoints", "*.pt"))
         for minute in [float(m) for m in args.at.split(",")]:
             path = _checkpoint_at(checkpoints, started, minute)
             if path is None:
                 continue
             version = int(re.search(r"_v(\d+)_", os.path.basename(path)).group(1))
             results[f"{minute:g}"] = {"checkpoint_version": version, **{
-                opponent: _play(train_dir, path, opponent, args.games) for opponent in args.opponents.split(",")}}
+                opponent: _play(train_dir, experiment, path, opponent, args.games)
+                for opponent in args.opponents.split(",")}}
+
+    flags = ["--env", args.env, "--train_for_seconds", str(args.seconds), "--train_for_env_steps", str(10**12),
+             "--save_every_sec", "60", "--keep_checkpoints", "1000"] + args.flags.split()
+    started = time.time()
+    summary = run_train(flags, timeout_sec=args.seconds + 600, inspect=play_checkpoints)
     print(json.dumps({"env": args.env, "seconds": args.seconds, "flags": args.flags, "at_minutes": results,
                       "env_steps": summary["env_steps"], "env_steps_per_sec": summary["env_steps_per_sec"],
                       "episodes": summary["episodes"], "bottleneck": summary["bottleneck"]}))

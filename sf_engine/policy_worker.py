@@ -40,7 +40,7 @@ class PolicyWorker:
         self.versions = np.full(self.num_policies, -1, np.int64)
         self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
         self.num_forwards, self.num_samples = 0, 0
-        self.policy_sec: dict = {}  # several policies in a batch: policy -> seconds of its forwards
+        self.policy_sec: dict = defaultdict(float)  # several policies: policy -> seconds of its forwards
         self.last_stats_time = time.monotonic()
 
     @property
@@ -129,7 +129,7 @@ class PolicyWorker:
                 out = tuple(None if x is None else x.cpu().numpy() for x in out)
                 if policies is not None:
                     policy = int(present[0])
-                    self.policy_sec[policy] = self.policy_sec.get(policy, 0.0) + time.perf_counter() - started
+                    self.policy_sec[policy] += time.perf_counter() - started
                 return out
             results = None
             for policy in present:
@@ -144,12 +144,12 @@ class PolicyWorker:
                 for result, part in zip(results, out):
                     if result is not None:
                         result[rows] = part
-                self.policy_sec[int(policy)] = self.policy_sec.get(int(policy), 0.0) + time.perf_counter() - started
+                self.policy_sec[int(policy)] += time.perf_counter() - started
             return tuple(results)
 
     def send_stats(self) -> None:
         self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples,
-                                self.policy_sec))
+                                dict(self.policy_sec)))
         self.num_forwards = self.num_samples = 0
-        self.policy_sec = {}
+        self.policy_sec.clear()
         self.last_stats_time = time.monotonic()
