@@ -1,0 +1,70 @@
+"""Whole trajectory slots as plain arrays, to move them between the shared memories of two machines.
+
+`pack_slot` copies one slot's fields out of a run's SharedBuffers into a dict of numpy arrays (a
+payload); `unpack_slot` writes a payload into a free slot of another SharedBuffers of the same layout,
+after checking every field's name, dtype and shape, and returns the env steps it holds. Everything a
+learner reads of a slot travels (observations with the bootstrap row, actions, behaviour log-probs and
+values, policy versions, rewards, episode ends, validity, and where the run has them the acting mask,
+policy ids and recurrent states), so a slot filled on another machine trains exactly as a local one:
+lag and V-trace see the same version tags. A payload holds arrays of plain dtypes only: nothing in it
+can run code, and `unpack_slot` refuses anything else.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# per-slot arrays of shared_buffers.buffer_layout besides the observations, where a run has them
+_SLOT_ARRAYS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated",
+                "valid", "acting", "policy_id", "episode_start", "rnn_states")
+ROWS_KEY = "rows"  # the env-step rows written into the slot (slot_rows)
+
+
+class PayloadError(ValueError):
+    """A payload that does not fit the local slots: one line naming the field."""
+
+
+def slot_fields(layout: dict) -> tuple:
+    """Names (as in `layout`) of the arrays that hold one slot's trajectory, in layout order."""
+    return tuple(name for name in layout if name.startswith("obs.") or name in _SLOT_ARRAYS)
+
+
+def _array(buffers, name: str) -> np.ndarray:
+    return buffers.obs[name[4:]] if name.startswith("obs.") else getattr(buffers, name)
+
+
+def pack_slot(buffers, slot: int) -> dict:
+    """A copy of slot `slot`'s trajectory: field name -> array, and ROWS_KEY -> rows written."""
+    payload = {name: np.array(_array(buffers, name)[slot]) for name in slot_fields(buffers.layout)}
+    payload[ROWS_KEY] = np.array(buffers.slot_rows[slot], np.int64)
+    return payload
+
+
+def unpack_slot(buffers, slot: int, payload: dict) -> int:
+    """Write `payload` (pack_slot's, from a run of the same layout) into local slot `slot` and count its
+    rows as written; returns its env steps. PayloadError, before anything is written, when a field is
+    missing, extra, not a plain numpy array, or of another dtype or shape."""
+    if not isinstance(payload, dict):
+        raise PayloadError(f"a slot payload is a dict of arrays, not {type(payload).__name__}")
+    fields = slot_fields(buffers.layout)
+    unknown = sorted(set(payload) - set(fields) - {ROWS_KEY})
+    if unknown:
+        raise PayloadError(f"slot payload field {unknown[0]!r} has no place here: the sender runs another "
+                           f"configuration (same env and flags needed)")
+    rollout = buffers.log_probs.shape[1]
+    for name in fields + (ROWS_KEY,):
+        value = payload.get(name)
+        want = (buffers.slot_rows.dtype, ()) if name == ROWS_KEY else (_array(buffers, name).dtype,
+                                                                       _array(buffers, name).shape[1:])
+        if not isinstance(value, np.ndarray) or value.dtype.hasobject:
+            raise PayloadError(f"slot payload field {name!r} is {'missing' if value is None else type(value).__name__}"
+                               f": a numpy array is needed")
+        if (value.dtype, value.shape) != want:
+            raise PayloadError(f"slot payload field {name!r} is {value.dtype}{list(value.shape)} where this run "
+                               f"holds {want[0]}{list(want[1])}: the sender runs another configuration")
+    rows = int(payload[ROWS_KEY])
+    if not 0 <= rows <= rollout:
+        raise PayloadError(f"slot payload says {rows} rows were written; a slot holds 0..{rollout}")
+    for name in fields:
+        _array(buffers, name)[slot] = payload[name]
+    buffers.slot_rows[slot] = rows
+    return rows * buffers.log_probs.shape[2]

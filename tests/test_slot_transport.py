@@ -1,0 +1,76 @@
+"""Whole slots moved between two shared memories (sf_engine.slot_transport): a slot sampled by a real
+rollout worker and policy worker arrives bit-exact in another run's free slot (observations, versions,
+rewards, and the recurrent, turn-based and several-policy fields where a run has them), and a payload
+that does not fit is refused before anything is written."""
+import numpy as np
+import pytest
+
+from conftest import SerialRun, serial_plan
+from sf_engine.shared_buffers import SharedBuffers
+from sf_engine.slot_transport import ROWS_KEY, PayloadError, pack_slot, slot_fields, unpack_slot
+
+
+def _sampled(tmp_path, shm_dir, env, *flags):
+    """(harness, a full slot) of a serial run of `env` after one training step (versions above 0)."""
+    harness = SerialRun(serial_plan(tmp_path, shm_dir, env, *flags), tmp_path)
+    count = harness.cfg.slots_per_batch
+    harness.learner.train_on(harness.full_slots(count)[:count])
+    return harness, harness.full_slots(count)[-1]
+
+
+def _receiver(tmp_path, layout) -> SharedBuffers:
+    return SharedBuffers.create(str(tmp_path / "receiver"), layout)
+
+
+@pytest.mark.parametrize("env,flags,extra", [
+    ("CartPole-v1", (), ()),
+    ("CartPole-v1", ("--rnn", "gru"), ("episode_start", "rnn_states")),
+    ("toy_multiagent:relay_game", ("--pool_every_versions", "1", "--pool_share", "0.5"), ("acting", "policy_id")),
+])
+def test_a_sampled_slot_arrives_bit_exact_in_another_slot(tmp_path, shm_dir, env, flags, extra):
+    if env.startswith("toy_multiagent"):
+        pytest.importorskip("pettingzoo")
+    harness, slot = _sampled(tmp_path, shm_dir, env, *flags)
+    receiver = _receiver(tmp_path, harness.buffers.layout)
+    try:
+        payload = pack_slot(harness.buffers, slot)
+        assert set(extra) <= set(payload)
+        assert harness.buffers.policy_version[slot].max() >= 1, "no version tag to carry"
+        target = receiver.slot_owner.shape[0] - 1
+        steps = unpack_slot(receiver, target, payload)
+        assert steps == harness.buffers.slot_rows[slot] * receiver.log_probs.shape[2] > 0
+        for name in slot_fields(receiver.layout):
+            sent = harness.buffers.obs[name[4:]] if name.startswith("obs.") else getattr(harness.buffers, name)
+            got = receiver.obs[name[4:]] if name.startswith("obs.") else getattr(receiver, name)
+            assert got[target].tobytes() == sent[slot].tobytes(), name
+            assert not got[:target].any(), f"{name}: written outside the target slot"
+        assert receiver.slot_rows[target] == harness.buffers.slot_rows[slot]
+    finally:
+        receiver.release()
+        harness.close()
+
+
+def test_a_payload_that_does_not_fit_is_refused_before_anything_is_written(tmp_path, shm_dir):
+    harness, slot = _sampled(tmp_path, shm_dir, "CartPole-v1")
+    receiver = _receiver(tmp_path, harness.buffers.layout)
+    try:
+        good = pack_slot(harness.buffers, slot)
+        bad = {
+            "missing field": {k: v for k, v in good.items() if k != "rewards"},
+            "extra field": good | {"acting": np.zeros(good["rewards"].shape, bool)},
+            "wrong dtype": good | {"rewards": good["rewards"].astype(np.float64)},
+            "wrong shape": good | {"obs.obs": good["obs.obs"][:-1]},
+            "objects": good | {"valid": np.array([object()] * 3)},
+            "not an array": good | {"values": good["values"].tolist()},
+            "too many rows": good | {ROWS_KEY: np.array(10 ** 6, np.int64)},
+        }
+        for case, payload in bad.items():
+            with pytest.raises(PayloadError) as error:
+                unpack_slot(receiver, 0, payload)
+            assert "\n" not in str(error.value), case
+            assert not receiver.rewards.any() and not receiver.obs["obs"].any() and not receiver.slot_rows.any(), case
+        with pytest.raises(PayloadError):
+            unpack_slot(receiver, 0, [good])
+    finally:
+        receiver.release()
+        harness.close()
