@@ -28,16 +28,20 @@ def _wins(pieces: np.ndarray, row: int, column: int) -> bool:
     return False
 
 
-def connect_four_heuristic(observation: dict) -> int:
-    """PettingZoo connect_four_v3: win when a move wins, else block a column where the opponent would
-    win next, else a random legal column. Its observation [6, 7, 2]: plane 0 the mover's pieces, plane
-    1 the opponent's."""
+def connect_four_tactics(observation: dict) -> tuple:
+    """PettingZoo connect_four_v3, the mover's observation [6, 7, 2] (plane 0 the mover's pieces, plane 1
+    the opponent's): (the legal columns that win at once, those where the opponent would win next)."""
     planes, legal = np.asarray(observation["observation"]), np.flatnonzero(observation["action_mask"])
     mine, theirs = planes[:, :, 0], planes[:, :, 1]
     board = mine + theirs
-    for pieces in (mine, theirs):  # first a win of our own, then the opponent's to block
-        for column in legal:
-            row = _drop_row(board, column)
-            if row >= 0 and _wins(pieces, row, column):
-                return int(column)
-    return int(_RNG.choice(legal))
+    return ([int(c) for c in legal if _wins(mine, _drop_row(board, c), c)],
+            [int(c) for c in legal if _wins(theirs, _drop_row(board, c), c)])
+
+
+def connect_four_heuristic(observation: dict) -> int:
+    """PettingZoo connect_four_v3: win when a move wins, else block a column where the opponent would
+    win next, else a random legal column."""
+    wins, blocks = connect_four_tactics(observation)
+    if wins or blocks:  # first a win of our own, then the opponent's to block
+        return (wins or blocks)[0]
+    return int(_RNG.choice(np.flatnonzero(observation["action_mask"])))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.opponents import _drop_row, _wins, connect_four_heuristic  # noqa: E402
+from envs.opponents import connect_four_heuristic, connect_four_tactics  # noqa: E402
 from sf_engine.checkpoint import latest_checkpoint  # noqa: E402
 from sf_engine.envs import make_batch_env  # noqa: E402
 from sf_engine.model import obs_tensors  # noqa: E402
@@ -29,34 +29,28 @@ from sf_engine.replay import EnjoyError, load_experiment, load_policy  # noqa: E
 GAMES_AT_ONCE = 32
 
 
-def _tactics(observation: dict) -> tuple:
-    """(winning columns, columns that block the opponent's win) of the mover's observation."""
-    planes, legal = np.asarray(observation["observation"]), np.flatnonzero(observation["action_mask"])
-    mine, theirs = planes[:, :, 0], planes[:, :, 1]
-    board = mine + theirs
-    return ([c for c in legal if _wins(mine, _drop_row(board, c), c)],
-            [c for c in legal if _wins(theirs, _drop_row(board, c), c)])
-
-
 def play(policy, env, games: int, scripted: bool, rng) -> dict:
     """`games` games of the greedy policy against the scripted player (`scripted`) or its sampling self."""
     obs, slot_game = env.reset(), np.arange(GAMES_AT_ONCE)
     seats, returns = np.tile([0, 1], GAMES_AT_ONCE), np.zeros(env.num_envs)
     resetting, outcomes = np.zeros(GAMES_AT_ONCE, bool), []
     counts = dict.fromkeys(("win_chances", "wins_taken", "threats", "threats_blocked"), 0)
-    while len(outcomes) < games:
+    while len(outcomes) < games:  # game k is played in slot k mod GAMES_AT_ONCE, seat k mod 2
         ours = (slot_game % 2).repeat(2) == seats
         with torch.inference_mode():
             logits, _ = policy(obs_tensors(obs))
             probs = torch.softmax(logits.float(), -1).numpy()
         actions = probs.argmax(-1)
+        planned = (slot_game < games).repeat(2)  # moves of games beyond --games are not counted
         for row in np.flatnonzero(env.acting & ~resetting.repeat(2)):
             observation = env.raw_observation(int(row))
             if not ours[row]:
                 actions[row] = (connect_four_heuristic(observation) if scripted
                                 else rng.choice(len(probs[row]), p=probs[row] / probs[row].sum()))
                 continue
-            wins, blocks = _tactics(observation)
+            wins, blocks = connect_four_tactics(observation)
+            if not planned[row]:
+                continue
             if wins:
                 counts["win_chances"] += 1
                 counts["wins_taken"] += int(actions[row] in wins)
@@ -67,10 +61,11 @@ def play(policy, env, games: int, scripted: bool, rng) -> dict:
         returns += result.rewards * ~resetting.repeat(2)
         for slot in np.flatnonzero(env.game_over):
             seat, pair = slot_game[slot] % 2, returns[2 * slot:2 * slot + 2]
-            outcomes.append(np.sign(pair[seat] - pair[1 - seat]))
+            if slot_game[slot] < games:
+                outcomes.append(np.sign(pair[seat] - pair[1 - seat]))
             returns[2 * slot:2 * slot + 2], slot_game[slot] = 0.0, slot_game[slot] + GAMES_AT_ONCE
         resetting, obs = env.game_over, result.obs
-    outcomes = np.array(outcomes[:games])
+    outcomes = np.array(outcomes)
     return {"games": games, "win_rate": float((outcomes > 0).mean()), "draw_rate": float((outcomes == 0).mean()),
             "win_taken": round(counts["wins_taken"] / max(1, counts["win_chances"]), 3),
             "blocked": round(counts["threats_blocked"] / max(1, counts["threats"]), 3), **counts}
@@ -89,6 +84,8 @@ def main() -> None:
         parser.error(str(exc))
     if cfg.env.env != "pettingzoo.classic.connect_four_v3:env":
         parser.error(f"--experiment {args.experiment} trained {cfg.env.env}; this script reads Connect Four boards")
+    if cfg.model.rnn != "none":
+        parser.error(f"--experiment {args.experiment} has a recurrent policy; this script plays feed-forward ones")
     path = args.checkpoint or latest_checkpoint(os.path.join(exp_dir, "checkpoints"))
     if path is None:
         parser.error(f"--experiment {args.experiment} has no checkpoint yet")

@@ -8,8 +8,11 @@ layout (sf_engine.slot_transport.pack_slot) that it hands out again and again, a
 out the slots its workers fill. The receiver, in this process, keeps --in_flight requests open per
 sender, and for each slot that arrives fetches it from the object store and writes it into a local
 slot (unpack_slot, with its checks), cycling over the run's slots. Sampling is left out on purpose:
-this measures the receiving end alone. Prints one JSON line: env steps/s received, slots/s, bytes per
-env step, and the receiver's microseconds per slot fetching and writing.
+this measures the receiving end. The senders share the machine with the receiver, so the rate is that
+of the whole loop; `receiver_busy` says how much of the time the receiver spent fetching and writing
+(its own ceiling is about slots/s / receiver_busy). Prints one JSON line: env steps/s received,
+slots/s, bytes per env step, the receiver's microseconds per slot fetching and writing, its busy share,
+and the bytes of one weights version.
 """
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sf_engine.plan import build_plan  # noqa: E402
-from sf_engine.shared_buffers import SharedBuffers  # noqa: E402
+from sf_engine.shared_buffers import SharedBuffers, shm_path  # noqa: E402
 from sf_engine.slot_transport import pack_slot, unpack_slot  # noqa: E402
 
 
 def _payload(layout: dict, shm_dir: str) -> dict:
     """One slot of `layout`, packed, with random observations, rewards and versions."""
-    buffers = SharedBuffers.create(os.path.join(shm_dir, f"sf_engine_payload_{os.getpid()}"), layout)
+    buffers = SharedBuffers.create(shm_path(shm_dir, "ray_receiver_payload"), layout)
     try:
         rng = np.random.default_rng(0)
         for array in buffers.obs.values():
@@ -70,11 +73,11 @@ def main() -> None:
             return self.slot
 
     ray.init(num_cpus=args.senders + 1, include_dashboard=False, log_to_driver=False)
-    receiver = SharedBuffers.create(os.path.join(args.shm_dir, f"sf_engine_receiver_{os.getpid()}"), layout)
+    receiver = SharedBuffers.create(shm_path(args.shm_dir, "ray_receiver"), layout)
     try:
         senders = [Sender.remote(ray.put(payload)) for _ in range(args.senders)]
+        ray.get([sender.next_slot.remote() for sender in senders])  # warm: every actor up
         pending = {sender.next_slot.remote(): sender for sender in senders for _ in range(args.in_flight)}
-        ray.get(list(pending))  # warm: every actor up
         slots = receiver.slot_owner.shape[0]
         received = fetch_sec = write_sec = 0.0
         started = time.perf_counter()
@@ -93,12 +96,24 @@ def main() -> None:
         receiver.release()
         ray.shutdown()
     count = received / steps_per_slot
+    if not count:
+        raise SystemExit("no slot arrived: is Ray running?")
     print(json.dumps({"env": args.env, "senders": args.senders, "in_flight": args.in_flight,
                       "slot_env_steps": steps_per_slot, "slot_bytes": slot_bytes,
                       "bytes_per_env_step": round(slot_bytes / steps_per_slot, 1),
                       "env_steps_per_sec": round(received / wall), "slots_per_sec": round(count / wall, 1),
                       "fetch_us_per_slot": round(fetch_sec / count * 1e6, 1),
-                      "write_us_per_slot": round(write_sec / count * 1e6, 1), "seconds": round(wall, 1)}))
+                      "write_us_per_slot": round(write_sec / count * 1e6, 1),
+                      "receiver_busy": round((fetch_sec + write_sec) / wall, 2),
+                      "weights_bytes_per_version": _weights_bytes(plan), "seconds": round(wall, 1)}))
+
+
+def _weights_bytes(plan) -> int:
+    """Bytes of one policy version as the learner publishes it (its flat float32 state vector)."""
+    from sf_engine.model import ActorCritic
+    from sf_engine.weights import flatten_state
+
+    return int(flatten_state(ActorCritic(plan.spec, plan.cfg.model)).numel()) * 4
 
 
 if __name__ == "__main__":
