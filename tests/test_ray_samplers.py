@@ -14,6 +14,7 @@ from test_sampler_node import _receive
 ray = pytest.importorskip("ray")
 
 
+@pytest.mark.e2e  # starts a Ray instance (its processes) and trains to a return
 def test_cartpole_learns_from_two_ray_sampler_actors(tmp_path, shm_dir):
     from sf_engine.ray_samplers import publish_weights, remote_sampler_class
 
