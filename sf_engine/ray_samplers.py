@@ -27,7 +27,6 @@ class SamplerActor:
         if not os.path.isdir(directory):
             directory = tempfile.gettempdir()
         self.node = SamplerNode(plan, shm_path(directory, "sampler_node"))
-        self.version = -1
 
     def set_weights(self, versions: list) -> int:
         """`versions`: [(policy, flat weights, version)], fetched by Ray from the object store (one
@@ -35,9 +34,7 @@ class SamplerActor:
         versions arrive in the order they were published). Returns policy 0's version now held."""
         for policy, params, version in versions:
             self.node.set_weights(policy, np.asarray(params), version)
-            if policy == 0:
-                self.version = version
-        return self.version
+        return self.node.weights[0].version
 
     def collect(self, count: int) -> tuple:
         """(packed slots, stats messages): see SamplerNode.collect."""

@@ -92,6 +92,16 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     }
 
 
+# the arrays of buffer_layout that hold one slot's trajectory besides the observations, where a run has them
+_SLOT_ARRAYS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated",
+                "valid", "acting", "policy_id", "episode_start", "rnn_states")
+
+
+def slot_fields(layout: dict) -> tuple:
+    """Names (as in `layout`) of the arrays that hold one slot's trajectory, in layout order."""
+    return tuple(name for name in layout if name.startswith("obs.") or name in _SLOT_ARRAYS)
+
+
 def _offsets(layout: dict) -> tuple[dict, int]:
     offsets, total = {}, 0
     for name, (shape, dtype) in layout.items():

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 
-# per-slot arrays of shared_buffers.buffer_layout besides the observations, where a run has them
-_SLOT_ARRAYS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated",
-                "valid", "acting", "policy_id", "episode_start", "rnn_states")
+from sf_engine.shared_buffers import slot_fields
+
 ROWS_KEY = "rows"  # the env-step rows written into the slot (slot_rows)
 
 
 class PayloadError(ValueError):
     """A payload that does not fit the local slots: one line naming the field."""
-
-
-def slot_fields(layout: dict) -> tuple:
-    """Names (as in `layout`) of the arrays that hold one slot's trajectory, in layout order."""
-    return tuple(name for name in layout if name.startswith("obs.") or name in _SLOT_ARRAYS)
 
 
 def _array(buffers, name: str) -> np.ndarray:
@@ -64,8 +58,8 @@ def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = 
     rollout = buffers.log_probs.shape[1]
     for name in fields + (ROWS_KEY,):
         value = payload.get(name)
-        want = (buffers.slot_rows.dtype, ()) if name == ROWS_KEY else (_array(buffers, name).dtype,
-                                                                       _array(buffers, name).shape[1:])
+        local = buffers.slot_rows if name == ROWS_KEY else _array(buffers, name)
+        want = (local.dtype, local.shape[1:])
         if type(value) is not np.ndarray:
             raise PayloadError(f"slot payload field {name!r} is {'missing' if value is None else type(value).__name__}"
                                f": a plain numpy array is needed")

@@ -132,6 +132,19 @@ class SerialRun:
         self.buffers.release()
 
 
+def receive(head, payloads) -> list:
+    """Each payload written into a free slot of the head's run (as a receiver does): the slots."""
+    from sf_engine.ipc import get_many
+    from sf_engine.slot_transport import unpack_slot
+
+    slots = []
+    while len(slots) < len(payloads):
+        slots += get_many(head.queues.free_slots, 0, max_messages=len(payloads) - len(slots))
+    for slot, payload in zip(slots, payloads):
+        unpack_slot(head.buffers, slot, payload)
+    return slots
+
+
 def compiled_kernels_expected() -> bool:
     """Whether setup.py builds the compiled kernels here (x86-64 with glibc >= 2.35: glibc's vector tanh)."""
     import platform

@@ -7,9 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from conftest import SerialRun, serial_plan
+from conftest import SerialRun, receive, serial_plan
 from sf_engine.messages import Episodes
-from test_sampler_node import _receive
 
 ray = pytest.importorskip("ray")
 
@@ -28,7 +27,7 @@ def test_cartpole_learns_from_two_ray_sampler_actors(tmp_path, shm_dir):
         returns, held = [], []
         for _ in range(500):
             for payloads, messages in ray.get([actor.collect.remote(count // 2) for actor in actors]):
-                head.learner.train_on(_receive(head, payloads[:count]))
+                head.learner.train_on(receive(head, payloads[:count]))
                 returns += [r for m in messages if isinstance(m, Episodes) for r in m.returns]
             weights = publish_weights(0, learner.params.numpy(), learner.version)  # one object for both
             held.append(ray.get([actor.set_weights.remote(weights) for actor in actors]))

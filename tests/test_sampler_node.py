@@ -5,21 +5,9 @@ those slots alone."""
 import numpy as np
 import pytest
 
-from conftest import SerialRun, serial_plan
-from sf_engine.ipc import get_many
+from conftest import SerialRun, receive, serial_plan
 from sf_engine.messages import Episodes
 from sf_engine.sampler_node import SamplerNode
-from sf_engine.slot_transport import unpack_slot
-
-
-def _receive(head, payloads) -> list:
-    """Each payload written into a free slot of the head's run (as a receiver does): the slots."""
-    slots = []
-    while len(slots) < len(payloads):
-        slots += get_many(head.queues.free_slots, 0, max_messages=len(payloads) - len(slots))
-    for slot, payload in zip(slots, payloads):
-        unpack_slot(head.buffers, slot, payload)
-    return slots
 
 
 def test_cartpole_learns_from_a_sampler_nodes_slots_alone(tmp_path, shm_dir):
@@ -35,7 +23,7 @@ def test_cartpole_learns_from_a_sampler_nodes_slots_alone(tmp_path, shm_dir):
             payloads, messages = node.collect(count)
             versions = np.concatenate([p["policy_version"].ravel() for p in payloads])
             assert set(versions.tolist()) <= set(published[-2:]), "a step tagged with a version never sent"
-            head.learner.train_on(_receive(head, payloads[:count]))
+            head.learner.train_on(receive(head, payloads[:count]))
             node.set_weights(0, learner.params.numpy(), learner.version)
             published.append(learner.version)
             assert np.array_equal(node.weights[0].shared.numpy(), learner.params.numpy())

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import SerialRun, serial_plan
-from sf_engine.shared_buffers import SharedBuffers
-from sf_engine.slot_transport import ROWS_KEY, PayloadError, pack_slot, slot_fields, unpack_slot
+from sf_engine.shared_buffers import SharedBuffers, slot_fields
+from sf_engine.slot_transport import ROWS_KEY, PayloadError, pack_slot, unpack_slot
 
 
 def _sampled(tmp_path, shm_dir, env, *flags, holding=()):
