@@ -16,7 +16,7 @@ WAITING = 0.3  # a role waiting longer than this for another one is held up by i
 
 @dataclass
 class Diagnosis:
-    stage: str  # "learning", "inference", "sampling", or "balanced"
+    stage: str  # "learning", "inference", "sampling", "receiving" (sampler nodes), or "balanced"
     message: str
     fractions: dict
 
@@ -31,8 +31,10 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     learner = stage_sec.get("learner", {})
     policy = stage_sec.get("policy_worker", {})
     workers = [v for k, v in stage_sec.items() if k.startswith("rollout_worker")]
+    receiver = stage_sec.get("receiver")
     window = max(window_sec, 1e-9)
-    return {
+    remote = {} if receiver is None else {"receiver_busy": 1.0 - receiver.get("wait_remote", 0.0) / window}
+    return remote | {
         "learner_busy": 1.0 - learner.get("wait_data", 0.0) / window if learner else 0.0,
         "learner_wait_data": learner.get("wait_data", 0.0) / window,
         "inference_busy": 1.0 - policy.get("wait_requests", 0.0) / window if policy else 0.0,
@@ -53,6 +55,15 @@ def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
         return Diagnosis("inference", f"inference-bound: policy worker busy {pct['inference_busy']}, workers wait "
                          f"{pct['workers_wait_actions']} for actions: use a GPU (--device cuda) or a smaller model",
                          f)
+    if "receiver_busy" in f and f["learner_wait_data"] >= WAITING and f["workers_env_step"] < 0.5:
+        if f["receiver_busy"] >= BUSY:
+            return Diagnosis("receiving", f"receiver-bound: the receiver is busy {pct['receiver_busy']} moving "
+                             f"slots from the sampler actors, the learner waits {pct['learner_wait_data']} for data: "
+                             f"raise --num_envs_per_worker (fewer, larger slots) or give the receiver a core of "
+                             f"its own (fewer local --num_workers)", f)
+        return Diagnosis("sampling", f"sampling-bound: the learner waits {pct['learner_wait_data']} for data while "
+                         f"the receiver waits for the sampler actors (busy {pct['receiver_busy']}): add "
+                         f"--num_remote_samplers (or local --num_workers)", f)
     if f["workers_env_step"] >= 0.5 and f["learner_wait_data"] >= WAITING:
         return Diagnosis("sampling", f"sampling-bound: workers step envs {pct['workers_env_step']} of the time, "
                          f"the learner waits {pct['learner_wait_data']} for data: add --num_workers (up to the "

@@ -18,6 +18,7 @@ from typing import Optional
 from sf_engine.config_fields import flag_field as _f
 from sf_engine.config_fields import int_or_auto
 from sf_engine.config_policies import PolicyConfig
+from sf_engine.config_remote import RemoteConfig
 
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.autosize.choose_rollout)
@@ -177,7 +178,7 @@ class TrackingConfig:
 
 
 GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
-          "run": RunConfig, "tracking": TrackingConfig, "policies": PolicyConfig}
+          "run": RunConfig, "tracking": TrackingConfig, "policies": PolicyConfig, "remote": RemoteConfig}
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     policies: PolicyConfig = field(default_factory=PolicyConfig)
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
 
     @property
     def samples_per_slot(self) -> int:
@@ -201,10 +203,13 @@ class Config:
     @property
     def num_slots(self) -> int:
         """Trajectory slots in the pool. Sync: exactly one batch, so no slot is filled by a stale policy.
-        Async: every split fills one while the learner trains on one batch and the next one queues."""
+        Async: every split fills one (a sampler actor's splits: one each for the slots it sends) while
+        the learner trains on one batch and the next one queues."""
         if self.run.mode == "sync":
             return self.slots_per_batch
-        return self.sampler.total_splits + 2 * self.slots_per_batch
+        remote = self.remote.num_remote_samplers
+        remote_splits = remote * self.remote.remote_num_workers * self.sampler.worker_num_splits if remote else 0
+        return self.sampler.total_splits + remote_splits + 2 * self.slots_per_batch
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -215,6 +220,18 @@ class Config:
         return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
 
 
+def _check_sampler_nodes(cfg: Config) -> None:
+    """The remote group's flags, and --num_workers 0 only where sampler nodes sample."""
+    try:
+        cfg.remote.check(cfg.run.mode, cfg.policies.pbt)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    workers = cfg.sampler.num_workers
+    if workers != "auto" and workers < (0 if cfg.remote.num_remote_samplers else 1):
+        raise ConfigError(f"--num_workers must be at least 1 (got {workers}); 0 only with "
+                          f"--num_remote_samplers, where sampler nodes do all the sampling")
+
+
 def check_flags(cfg: Config) -> None:
     """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
     s, lrn, run, model = cfg.sampler, cfg.learner, cfg.run, cfg.model
@@ -223,8 +240,7 @@ def check_flags(cfg: Config) -> None:
                 "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
                 "--hidden_size": model.hidden_size, "--mlp_layers": model.mlp_layers,
                 "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps,
-                "--num_workers": s.num_workers, "--num_envs_per_worker": s.num_envs_per_worker,
-                "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence,
+                "--num_envs_per_worker": s.num_envs_per_worker, "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence,
                 "--num_policies": cfg.policies.num_policies}
     for group in (cfg.env, s, model, lrn, run, cfg.policies):
         for fld in dataclasses.fields(group):
@@ -234,6 +250,7 @@ def check_flags(cfg: Config) -> None:
     for flag, value in positive.items():
         if value != "auto" and value < 1:
             raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    _check_sampler_nodes(cfg)
     for flag, value in {"--ppo_clip_ratio": lrn.ppo_clip_ratio, "--vtrace_rho_bar": lrn.vtrace_rho_bar,
                         "--vtrace_c_bar": lrn.vtrace_c_bar, "--save_every_sec": run.save_every_sec,
                         "--learning_rate": lrn.learning_rate, "--adam_eps": lrn.adam_eps,

@@ -104,3 +104,17 @@ class Fault:
     role: str
     index: int
     traceback: str
+
+
+@dataclass
+class RemoteNodes:
+    """Receiver: every sampler actor's figures since the run started (cumulative), one dict each: its
+    `host`, Ray `node` and `pid` (the latest incarnation's), env steps `stepped` (as it reported them), `placed` in local slots and `dropped` with a lost
+    actor, `slots`, `restarts`, `recovery_sec` (loss to the first slot of its successor, the latest),
+    the lag of its slots at arrival (`lag_sum`, `lag_count`, `lag_max`), and seconds spent `sample_sec`
+    (the actor collecting), `fetch_sec` (moving its slots out of the object store) and `write_sec`
+    (into local slots)."""
+    stages: Stages
+    nodes: list
+    weights_versions_sent: int = 0
+    weights_bytes_sent: int = 0

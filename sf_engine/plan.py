@@ -208,7 +208,12 @@ def log_plan(plan: RunPlan) -> None:
                  cfg.run.experiment, cfg.env.env, cfg.env.env_backend, cfg.run.mode, cfg.run.device,
                  cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.num_slots, cfg.sampler.rollout,
                  cfg.sampler.envs_per_split)
-    idle = cfg.sampler.total_splits - cfg.slots_per_batch % cfg.sampler.total_splits
+    remote = cfg.remote
+    if remote.num_remote_samplers:
+        logging.info("sampler nodes: %d Ray actors (--ray_address %s), each %d rollout workers x %d envs and a "
+                     "policy worker on %d reserved cores", remote.num_remote_samplers, remote.ray_address,
+                     remote.remote_num_workers, cfg.sampler.num_envs_per_worker, remote.remote_cpus_per_sampler)
+    idle = cfg.sampler.total_splits - cfg.slots_per_batch % max(1, cfg.sampler.total_splits)
     if cfg.run.mode == "sync" and idle < cfg.sampler.total_splits:
         logging.info("sync mode: %d of %d env groups wait each round for a slot; a training batch of a multiple "
                      "of %d slots keeps them all busy", idle, cfg.sampler.total_splits, cfg.sampler.total_splits)

@@ -67,6 +67,12 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
                     if figures[key] is not None})
         if train:
             out.update({f"{prefix}train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
+    for node in stats.remote_figures():  # --num_remote_samplers: each sampler actor's own
+        prefix = f"remote_{node['sampler']}/"
+        out.update({prefix + "env_steps_per_sec_10s": node["env_steps_per_sec_10s"], prefix + "restarts": node["restarts"],
+                    prefix + "dropped_env_steps": node["dropped"], prefix + "fetch_sec": node["fetch_sec"]})
+        if node["lag_mean"] is not None:
+            out[prefix + "policy_lag_mean"] = node["lag_mean"]
     if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
         for member, hyper in enumerate(stats.pbt.hyperparameters):
             out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
@@ -110,6 +116,11 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
         line += " | policies " + " ".join(
             f"{f['policy']}:{'-' if f['episode_return_mean'] is None else format(f['episode_return_mean'], '.1f')}"
             f"@v{f['version']}" for f in policies)
+    nodes = stats.remote_figures()
+    if nodes:  # sampler actors: their env steps/s together, lag at arrival, restarts
+        lags = [n["lag_mean"] for n in nodes if n["lag_mean"] is not None]
+        line += (f" | {len(nodes)} sampler actors {sum(n['env_steps_per_sec_10s'] for n in nodes):,.0f} env steps/s, "
+                 f"lag {max(lags) if lags else 0:.1f}, restarts {sum(n['restarts'] for n in nodes)}")
     remaining = [cfg.run.train_for_seconds - elapsed]
     if rate > 0:
         remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
@@ -146,6 +157,9 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         "checkpoint_failures": stats.checkpoint_failures,
         "env_step_books": stats.books.as_dict(stats.env_steps - stats.env_steps_base),
         "policies": _trained_policies(stats, cfg) or None,
+        "remote_samplers": stats.remote_figures() or None,
+        "remote_weights": None if stats.remote is None else {
+            "objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
         "pbt": None if stats.pbt is None else {
             "rounds": stats.pbt.round, "hyperparameters": stats.pbt.hyperparameters,
             "objectives": stats.pbt.objectives,

@@ -142,6 +142,11 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
         finally:
             drain_into(queues.stats, stats.consume)
             stats.books.in_flight_at_stop = buffers.take_rows(slice(None))
+            if buffers.remote_books is not None:  # sampler nodes: what they stepped and never placed here
+                from sf_engine.receiver import remote_books_at_stop
+
+                stats.books.dropped_lost_samplers, remote_in_flight = remote_books_at_stop(buffers.remote_books)
+                stats.books.in_flight_at_stop += remote_in_flight
             signal.signal(signal.SIGTERM, previous_sigterm)
     return exit_code, reason
 

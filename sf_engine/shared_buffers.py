@@ -35,12 +35,15 @@ With a recurrent core (--rnn gru|lstm; H = the model's state_size):
                                           bootstraps GAE from row T
   rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
                                           by the policy worker from one request to the next
-Control arrays: env_steps [num_workers] int64 (each worker writes only its own entry),
+Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
+num_workers + i: the env steps sampler node i reported, written by the receiver),
 param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py), stop [1] int64,
-heartbeat [3 + num_workers] float64 (time.monotonic() of each process's latest loop, see
+heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
 wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
 slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
 int64 (set by the supervisor when a restarted reader needs a policy's shared weights again).
+With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
+reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
 """
 from __future__ import annotations
 
@@ -53,7 +56,8 @@ import numpy as np
 from sf_engine.envs.spec import EnvSpec
 
 _ALIGN = 64
-WEIGHT_READERS = ("policy_worker", "evaluator")  # the roles that read a policy's shared weights
+HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
+WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that read a policy's shared weights
 
 
 def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
@@ -73,6 +77,9 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         layout["policy_id"] = ((slots, rollout + 1, envs), "int16")
         # per worker and policy: episodes finished and the sum of their objectives (PBT's figure)
         layout["policy_episodes"] = ((cfg.sampler.num_workers, policies, 2), "float64")
+    remote = cfg.remote.num_remote_samplers
+    if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
+        layout["remote_books"] = ((remote, 3), "int64")
     return layout | {
         "actions": (step + spec.action.buffer_shape, spec.action.dtype),
         "log_probs": (step, "float32"),
@@ -82,10 +89,10 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "terminated": (step, "bool"),
         "truncated": (step, "bool"),
         "valid": (step, "bool"),
-        "env_steps": ((cfg.sampler.num_workers,), "int64"),
+        "env_steps": ((cfg.sampler.num_workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
         "stop": ((1,), "int64"),
-        "heartbeat": ((3 + cfg.sampler.num_workers,), "float64"),
+        "heartbeat": ((HEARTBEAT_ROLES + cfg.sampler.num_workers,), "float64"),
         "slot_owner": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
         "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
@@ -146,6 +153,7 @@ class SharedBuffers:
         self.episode_start = self.rnn_states = self.rnn_current = None  # recurrent runs only
         self.acting = None  # turn-based multi-agent runs only
         self.policy_id = self.policy_episodes = None  # runs of several policies only
+        self.remote_books = None  # runs with sampler nodes only
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)

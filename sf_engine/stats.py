@@ -64,12 +64,15 @@ class Throughput:
 @dataclass
 class Books:
     """Where the env steps went: sampled = trained + dropped for lag + not trainable (reset steps) +
-    recycled untrained (sampling only) + dropped with a failed worker + in flight at the stop."""
+    recycled untrained (sampling only) + dropped with a failed worker + dropped with a lost sampler
+    actor (--num_remote_samplers) + in flight at the stop (in local slots, or stepped by a sampler
+    actor and not placed here yet)."""
     trained: int = 0
     dropped_lag: int = 0
     not_trainable: int = 0
     recycled_untrained: int = 0
     dropped_faults: int = 0
+    dropped_lost_samplers: int = 0
     in_flight_at_stop: int | None = None
 
     def as_dict(self, sampled: int) -> dict:
@@ -111,6 +114,8 @@ class RunStats:
         self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
         self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
         self.evaluation: msg.Evaluation | None = None
+        self.remote: msg.RemoteNodes | None = None  # --num_remote_samplers: the receiver's latest report
+        self.remote_history: deque = deque()  # (time, env steps each sampler actor stepped), last 60 s
         self.checkpoint_path = None
         self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
         self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
@@ -121,7 +126,7 @@ class RunStats:
         self._handlers = {msg.Episodes: self._episodes, msg.Training: self._training, msg.Inference: self._inference,
                           msg.Evaluation: self._evaluation, msg.CheckpointWritten: self._checkpoint,
                           msg.CheckpointFailed: self._checkpoint_failed, msg.Recycled: self._recycled,
-                          msg.Fault: self._fault, msg.PbtRound: self._pbt}
+                          msg.Fault: self._fault, msg.PbtRound: self._pbt, msg.RemoteNodes: self._remote}
 
     @property
     def env_steps(self) -> int:
@@ -211,6 +216,30 @@ class RunStats:
         if m.round == 0:
             for member, hyper in enumerate(m.hyperparameters):
                 logging.info("PBT: policy %d starts with %s", member, ", ".join(f"{k} {v:.3g}" for k, v in hyper.items()))
+
+    def _remote(self, m: msg.RemoteNodes) -> None:
+        self.remote = m
+        self.stages[m.stages.role] = m.stages
+        now = time.monotonic()
+        self.remote_history.append((now, [node["stepped"] for node in m.nodes]))
+        while now - self.remote_history[0][0] > 60.0:
+            self.remote_history.popleft()
+
+    def remote_figures(self) -> list:
+        """--num_remote_samplers: each sampler actor's figures, with its env steps/s over the last 10 s
+        and its mean lag at arrival."""
+        if self.remote is None:
+            return []
+        now, newest = self.remote_history[-1]
+        oldest = next((h for h in self.remote_history if now - h[0] <= 10.0), self.remote_history[-1])
+        span = now - oldest[0]
+        figures = []
+        for i, node in enumerate(self.remote.nodes):
+            rate = (newest[i] - oldest[1][i]) / span if span > 0 else 0.0
+            lag = node["lag_sum"] / node["lag_count"] if node["lag_count"] else None
+            figures.append({**{k: v for k, v in node.items() if k != "lag_sum"}, "env_steps_per_sec_10s": round(rate, 1),
+                            "lag_mean": lag})
+        return figures
 
     def _checkpoint(self, m: msg.CheckpointWritten) -> None:
         self.checkpoint_path = m.path

@@ -77,8 +77,8 @@ class Supervisor:
         return None
 
     def _recover(self, role: str, index: int, cause: str) -> None:
-        """Restart a failed rollout or policy worker; a failed evaluator is not restarted; a failed
-        learner stops the run."""
+        """Restart a failed rollout worker, policy worker or receiver; a failed evaluator is not
+        restarted; a failed learner stops the run."""
         drain_into(self.queues.stats, self.stats.consume)  # the failed process's traceback, if it sent one
         trace = self.stats.faults.pop((role, index), None)
         where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
@@ -93,7 +93,12 @@ class Supervisor:
             logging.warning("evaluation is off for the rest of this run; training goes on")
             return
         self._count_restart(f"{where} {cause}")
-        if role == "rollout_worker":
+        if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
+            for policy in range(self.cfg.policies.num_acting):
+                SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
+            self._spawn(role, index, self.children[(role, index)].generation + 1)
+            logging.warning("restarted the receiver and its sampler actors")
+        elif role == "rollout_worker":
             self._restart_workers([index])
             self.stats.worker_restarts += 1
             logging.warning("restarted rollout worker %d with fresh envs (%d worker restarts)", index,

@@ -4,10 +4,13 @@ read (and grep) who talks to whom. Queues carry small messages only, never traje
   queue              sender                  receiver                 carries
   policy_requests    rollout workers         policy worker            (worker, token, slot, row)
   actions_ready[w]   policy worker           rollout worker w         tokens: actions written (a ReplyPipe)
-  full_slots         rollout workers         learner                  index of a filled trajectory slot
-  free_slots         learner, supervisor     rollout workers          index of a slot that may be filled
+  full_slots         rollout workers,        learner                  index of a filled trajectory slot
+                     receiver
+  free_slots         learner, supervisor     rollout workers,         index of a slot that may be filled
+                                             receiver
   stats              every role              main process (RunStats)  sf_engine.messages dataclasses
-  weights[reader, p] learner                 policy worker, evaluator policy p's shared weight vector (SharedWeights)
+  weights[reader, p] learner                 policy worker, evaluator, policy p's shared weight vector (SharedWeights)
+                                             receiver
   lifeline           held by the main process  every child           EOF once the main process is gone
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from faster_fifo import Queue
 
 from sf_engine.ipc import LocalChannel, ReplyPipe
-from sf_engine.shared_buffers import WEIGHT_READERS
+from sf_engine.shared_buffers import HEARTBEAT_ROLES, WEIGHT_READERS
 
 _QUEUE_BYTES = 1 << 20
 
@@ -36,12 +39,13 @@ class Role:
     torch_threads: object = None
 
 
-HEARTBEAT_WORKERS = 3  # heartbeat entries before the rollout workers' (see shared_buffers.buffer_layout)
+HEARTBEAT_WORKERS = HEARTBEAT_ROLES  # heartbeat entries before the rollout workers' (shared_buffers.buffer_layout)
 ROLES = {
     "learner": Role("sf_engine.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
     "policy_worker": Role("sf_engine.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
     "evaluator": Role("sf_engine.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
     "rollout_worker": Role("sf_engine.rollout_worker:RolloutWorker", None, 0.1, 0),
+    "receiver": Role("sf_engine.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
 }
 
 
@@ -58,7 +62,10 @@ def heartbeat_index(role: str, index: int = 0) -> int:
 
 def roles_of(cfg) -> list:
     """(role, index) of every process of a run, in start order (the learner publishes the weights first)."""
-    roles = [("learner", 0), ("policy_worker", 0)] + [("rollout_worker", w) for w in range(cfg.sampler.num_workers)]
+    workers = cfg.sampler.num_workers
+    roles = [("learner", 0)] + ([("policy_worker", 0)] if workers else [])
+    roles += [("rollout_worker", w) for w in range(workers)]
+    roles += [("receiver", 0)] if cfg.remote.num_remote_samplers else []
     return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])
 
 

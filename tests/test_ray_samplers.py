@@ -21,18 +21,21 @@ def test_cartpole_learns_from_two_ray_sampler_actors(tmp_path, shm_dir):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         learner, count = head.learner.policies[0], head.cfg.slots_per_batch
-        actors = [remote_sampler_class(num_cpus=1).remote(head.plan, shm_dir) for _ in range(2)]
-        weights = publish_weights(0, learner.params.numpy(), learner.version)
+        actors = [remote_sampler_class(num_cpus=1).remote(head.plan, i, "test", shm_dir) for i in range(2)]
+        weights = publish_weights([(0, learner.params.numpy(), learner.version)])
         assert ray.get([actor.set_weights.remote(weights) for actor in actors]) == [0, 0]
-        returns, held = [], []
+        returns, held, seeds = [], [], []
         for _ in range(500):
-            for payloads, messages in ray.get([actor.collect.remote(count // 2) for actor in actors]):
-                head.learner.train_on(receive(head, payloads[:count]))
-                returns += [r for m in messages if isinstance(m, Episodes) for r in m.returns]
-            weights = publish_weights(0, learner.params.numpy(), learner.version)  # one object for both
+            results = ray.get([actor.collect.remote(count // 2) for actor in actors])
+            seeds.append([r["payloads"][0]["obs.obs"][0].tobytes() for r in results])
+            for result in results:
+                head.learner.train_on(receive(head, result["payloads"][:count]))
+                returns += [r for m in result["messages"] if isinstance(m, Episodes) for r in m.returns]
+            weights = publish_weights([(0, learner.params.numpy(), learner.version)])  # one object for both
             held.append(ray.get([actor.set_weights.remote(weights) for actor in actors]))
             if len(returns) > 20 and np.mean(returns[-20:]) > 150:
                 break
+        assert seeds[0][0] != seeds[0][1], "two actors stepped the same envs (same seeds)"
         assert all(h == [learner_version] * 2 for h, learner_version in zip(held, range(2, 2 * len(held) + 1, 2)))
         assert np.mean(returns[-20:]) > 150, f"no learning from the actors' slots: {np.mean(returns[-20:]):.1f}"
         ray.get([actor.close.remote() for actor in actors])
