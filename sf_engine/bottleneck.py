@@ -33,7 +33,8 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     workers = [v for k, v in stage_sec.items() if k.startswith("rollout_worker")]
     receiver = stage_sec.get("receiver")
     window = max(window_sec, 1e-9)
-    remote = {} if receiver is None else {"receiver_busy": 1.0 - receiver.get("wait_remote", 0.0) / window}
+    remote = {} if receiver is None else {
+        "receiver_busy": 1.0 - (receiver.get("wait_remote", 0.0) + receiver.get("wait_slot", 0.0)) / window}
     return remote | {
         "learner_busy": 1.0 - learner.get("wait_data", 0.0) / window if learner else 0.0,
         "learner_wait_data": learner.get("wait_data", 0.0) / window,

@@ -26,9 +26,8 @@ NODE_SHM_TAG = "sampler_node"  # the actors' shared-memory files: sf_engine_samp
 def node_plan(plan, index: int, reconstructed: bool = False):
     """The plan of sampler actor `index` of the run `plan`: the run's env, model and slot shape, with
     --remote_num_workers rollout workers, no sampler nodes of its own, no evaluator, no core pinning,
-    the node's own device (its GPU where it has one) and env seeds of its own (others again after a
+    acting on the CPU (Ray gives a sampler actor no GPU) and env seeds of its own (others again after a
     restart by Ray). Built on the node, inside the actor."""
-    from sf_engine.device import resolve_device
     from sf_engine.model_shape import state_size
     from sf_engine.shared_buffers import buffer_layout
 
@@ -38,7 +37,7 @@ def node_plan(plan, index: int, reconstructed: bool = False):
         cfg, env=dataclasses.replace(cfg.env, seed=seed),
         sampler=dataclasses.replace(cfg.sampler, num_workers=cfg.remote.remote_num_workers),
         remote=dataclasses.replace(cfg.remote, ray_address=None, num_remote_samplers=0),
-        run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device=resolve_device("auto")))
+        run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device="cpu"))
     return dataclasses.replace(plan, cfg=node_cfg, layout=buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model)),
                                resume_from=None)
 
@@ -72,9 +71,13 @@ class SamplerActor:
     def collect(self, count: int, versions: list | None = None) -> dict:
         """New weights first (when given), then at least `count` full slots: {"payloads", "messages"
         (the roles' stats), "env_steps" (stepped by this actor since it started), "sample_sec",
-        "identity" (host, pid, start time: a new one after a restart)}."""
+        "identity" (host, node, pid, start time: a new one after a restart)}; with no slot and
+        "needs_weights" where it holds no weights yet (started by Ray after they were sent)."""
         if versions is not None:
             self.set_weights(versions)
+        if any(weights.shared is None for weights in self.node.weights):  # started after the weights went out
+            return {"payloads": [], "messages": [], "env_steps": int(self.node.buffers.env_steps.sum()),
+                    "sample_sec": 0.0, "identity": self.identity, "needs_weights": True}
         started = time.perf_counter()
         payloads, messages = self.node.collect(count)
         return {"payloads": payloads, "messages": messages, "env_steps": int(self.node.buffers.env_steps.sum()),

@@ -34,6 +34,9 @@ COLLECTS_IN_FLIGHT = 2  # calls open per actor: it samples the next slots while 
 REPORT_EVERY_SEC = 1.0
 CLOSE_TIMEOUT_SEC = 4.0  # within the supervisor's stop timeout
 RETRY_AFTER_SEC = 1.0  # a lost actor's next call, while Ray starts its successor
+MAX_CONSECUTIVE_FAILURES = 3  # calls in a row raising in one actor: the receiver fails (the supervisor counts it)
+SLOT_POLL_SEC = 0.0005  # how often a backlog with nothing else to do looks for a free slot
+WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)
 STEPPED, PLACED, DROPPED = range(3)  # columns of remote_books
 
 
@@ -56,8 +59,9 @@ class RemoteSampler:
     stepped: int = 0
     returned: int = 0
     weights_sent: object = None  # the weights object sent last (None: the next call carries them)
-    lost_at: float | None = None
+    lost_at: float | None = None  # when a call to it failed, until an incarnation answers again
     retry_at: float = 0.0
+    failures: int = 0  # calls in a row that raised in the actor
     figures: dict = field(default_factory=lambda: {
         "host": None, "node": None, "pid": None, "slots": 0, "restarts": 0, "recovery_sec": None, "lag_sum": 0.0, "lag_count": 0,
         "lag_max": 0, "sample_sec": 0.0, "fetch_sec": 0.0, "write_sec": 0.0, "forwards": 0, "forward_samples": 0})
@@ -75,7 +79,8 @@ class Receiver:
         connect(cfg.remote.ray_address)
         actor_class = remote_sampler_class(num_cpus=cfg.remote.remote_cpus_per_sampler)
         run_key = os.path.basename(ctx.plan.paths.shm_path)[-16:]
-        self.samplers = [RemoteSampler(i, actor_class.options(scheduling_strategy="SPREAD").remote(ctx.plan, i, run_key))
+        self.samplers = [RemoteSampler(i, actor_class.options(scheduling_strategy="SPREAD").remote(ctx.plan, i, run_key),
+                                       stepped_before=int(self.books[i, STEPPED]))  # a predecessor's, after a restart
                          for i in range(cfg.remote.num_remote_samplers)]
         self.slots_per_call = cfg.remote.remote_num_workers * cfg.sampler.worker_num_splits
         self.backlog_limit = max(cfg.slots_per_batch, 2 * len(self.samplers) * self.slots_per_call)
@@ -85,7 +90,7 @@ class Receiver:
         self.held_versions = np.full(len(self.weights), -1, np.int64)
         self.weights_object, self.weights_versions_sent, self.weights_bytes = None, 0, 0
         self.backlog: deque = deque()  # (sampler index, payload) fetched, waiting for a free local slot
-        self.timer = StageTimer("wait_remote", "fetch", "write_slots", "publish_weights")
+        self.timer = StageTimer("wait_remote", "fetch", "wait_slot", "write_slots", "publish_weights")
         self.last_report = time.monotonic()
 
     def describe(self) -> str:
@@ -111,6 +116,7 @@ class Receiver:
             self._call_actors()
         self.timer.lap("publish_weights")
         open_calls = {call: sampler for sampler in self.samplers for call in sampler.calls}
+        took = False
         if open_calls:
             wait = 0 if self.backlog else timeout_sec
             ready, _ = ray.wait(list(open_calls), num_returns=1, timeout=wait, fetch_local=False)
@@ -123,8 +129,9 @@ class Receiver:
                     if call in sampler.calls:  # a loss seen in an earlier call drops the later ones
                         sampler.calls.remove(call)
                         self._take(sampler, call)
+                        took = True
             self.timer.lap("fetch")
-        self._place()
+        self._place(0 if took else timeout_sec)
         self.timer.lap("write_slots")
         if time.monotonic() - self.last_report > REPORT_EVERY_SEC:
             self.report()
@@ -160,33 +167,32 @@ class Receiver:
         return self.weights_object
 
     def _take(self, sampler: RemoteSampler, call) -> None:
-        """One finished call: its slots into the backlog, its stats forwarded; or a lost actor booked."""
+        """One finished call: its slots into the backlog, its stats forwarded; or a failed call noted."""
         import ray
 
         started = time.perf_counter()
         try:
             result = ray.get(call)
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
             if "creation task" in str(exc):  # it cannot even start there: no restart will help
                 raise RuntimeError(f"sampler actor {sampler.index} could not start: {str(exc).strip()}") from None
-            self._lost(sampler, f"died ({type(exc).__name__})")
+            self._call_failed(sampler, f"lost ({type(exc).__name__})")
             return
-        except ray.exceptions.RayTaskError as exc:  # its envs or roles failed: start it over
+        except ray.exceptions.RayTaskError as exc:  # its envs or roles failed: start it over, a few times
+            sampler.failures += 1
+            if sampler.failures > MAX_CONSECUTIVE_FAILURES:
+                raise RuntimeError(f"sampler actor {sampler.index} failed {sampler.failures} times in a row, "
+                                   f"last:\n{str(exc).rstrip()}") from None
             logging.error("sampler actor %d failed:\n%s", sampler.index, str(exc).rstrip())
             ray.kill(sampler.actor, no_restart=False)
-            self._lost(sampler, "failed (restarted by Ray)")
+            self._call_failed(sampler, "failed (Ray starts it again)")
             return
         figures = sampler.figures
         figures["fetch_sec"] += time.perf_counter() - started
-        if sampler.identity is not None and result["identity"] != sampler.identity:
-            self._lost(sampler, "was replaced", count_call=False)  # a restart no call saw
-        if sampler.lost_at is not None:
-            figures["recovery_sec"] = round(time.monotonic() - sampler.lost_at, 2)
-            logging.warning("sampler actor %d back on %s after %.1f s", sampler.index, result["identity"]["host"],
-                            figures["recovery_sec"])
-            sampler.lost_at = None
-        sampler.identity = result["identity"]
-        figures.update({key: sampler.identity[key] for key in ("host", "node", "pid")})
+        self._heard_from(sampler, result["identity"])
+        if result.get("needs_weights"):  # an incarnation that started after the weights went out
+            sampler.weights_sent = None
+        sampler.failures = 0
         sampler.stepped = result["env_steps"]
         self.books[sampler.index, STEPPED] = sampler.stepped_before + sampler.stepped
         self.buffers.env_steps[self.num_local + sampler.index] = self.books[sampler.index, STEPPED]
@@ -196,21 +202,37 @@ class Receiver:
             self.backlog.append((sampler.index, payload))
         self._forward(sampler, result["messages"])
 
-    def _lost(self, sampler: RemoteSampler, how: str, count_call: bool = True) -> None:
-        """The actor's incarnation is gone: what it stepped and did not return is dropped."""
+    def _call_failed(self, sampler: RemoteSampler, how: str) -> None:
+        """A call failed: the actor (or its node, or its results) may be gone. Its other open calls are
+        given up, the next one goes out after RETRY_AFTER_SEC with the weights; the books wait for
+        the reply that says whether the same incarnation answers (see _heard_from)."""
         if sampler.lost_at is None:
+            sampler.lost_at = time.monotonic()
+            logging.warning("sampler actor %d on %s %s; its next call in %g s", sampler.index,
+                            sampler.figures["host"], how, RETRY_AFTER_SEC)
+        sampler.calls, sampler.weights_sent = [], None
+        sampler.retry_at = time.monotonic() + RETRY_AFTER_SEC
+
+    def _heard_from(self, sampler: RemoteSampler, identity: dict) -> None:
+        """A reply from the actor process `identity`. One not heard from before replaced the one before
+        it (if any), whose steps stepped and not returned are dropped."""
+        figures = sampler.figures
+        if identity == sampler.identity:
+            sampler.lost_at = None
+            return
+        if sampler.identity is not None:
             dropped = sampler.stepped - sampler.returned
             self.books[sampler.index, DROPPED] += dropped
             sampler.stepped_before += sampler.stepped
             sampler.stepped = sampler.returned = 0
-            sampler.figures["restarts"] += 1
-            sampler.lost_at = time.monotonic()
-            logging.warning("sampler actor %d on %s %s: %d env steps it had not sent dropped; Ray starts it again",
-                            sampler.index, sampler.figures["host"], how, dropped)
-        sampler.identity, sampler.weights_sent = None, None
-        if count_call:
-            sampler.calls = []  # the calls sent to the lost incarnation fail too
-            sampler.retry_at = time.monotonic() + RETRY_AFTER_SEC
+            figures["restarts"] += 1
+            since = sampler.lost_at if sampler.lost_at is not None else time.monotonic()
+            figures["recovery_sec"] = round(time.monotonic() - since, 2)
+            logging.warning("sampler actor %d back on %s after %.1f s (pid %d); %d env steps its predecessor had "
+                            "not sent dropped", sampler.index, identity["host"], figures["recovery_sec"],
+                            identity["pid"], dropped)
+        sampler.identity, sampler.lost_at = identity, None
+        figures.update({key: identity[key] for key in ("host", "node", "pid")})
 
     def _steps_of(self, payload) -> int:
         try:
@@ -229,29 +251,41 @@ class Receiver:
                 sampler.figures["forwards"] += message.forwards
                 sampler.figures["forward_samples"] += message.samples
 
-    def _place(self) -> None:
-        """Write the backlog's slots into free local slots and hand them to the learner."""
-        if not self.backlog:
+    def _place(self, timeout_sec: float) -> None:
+        """Write the backlog's slots into free local slots and hand them to the learner; polls at most
+        `timeout_sec` for a first free slot (never waits on the shared queue: see ipc)."""
+        deadline = time.monotonic() + timeout_sec
+        while self.backlog:
+            free = get_many(self.queues.free_slots, 0, max_messages=len(self.backlog))
+            if free or time.monotonic() >= deadline:
+                break
+            time.sleep(SLOT_POLL_SEC)
+        else:
             return
-        free = get_many(self.queues.free_slots, 0, max_messages=len(self.backlog))
-        full = []
+        self.timer.lap("wait_slot")
         for slot in free:
-            index, payload = self.backlog.popleft()
-            sampler, started = self.samplers[index], time.perf_counter()
-            try:
-                steps = unpack_slot(self.buffers, slot, payload, int(self.held_versions.max()))
-            except PayloadError as exc:
-                logging.error("sampler actor %d: a slot refused (%s); its env steps are dropped", index, exc)
-                self.books[index, DROPPED] += self._steps_of(payload)
-                self.queues.free_slots.put(slot)
-                continue
-            self._book_lag(sampler, payload)
-            self.books[index, PLACED] += steps
-            sampler.figures["slots"] += 1
-            sampler.figures["write_sec"] += time.perf_counter() - started
-            full.append(slot)
-        if full:
-            self.queues.full_slots.put_many(full)
+            self._write(slot, *self.backlog.popleft())
+
+    def _write(self, slot: int, index: int, payload: dict) -> None:
+        """One payload into free slot `slot`, marked WRITING meanwhile; booked as placed once the learner
+        has its index (a receiver killed in between leaves the supervisor a WRITING slot to free, and
+        its successor books the steps as dropped)."""
+        sampler, started = self.samplers[index], time.perf_counter()
+        self.buffers.slot_owner[slot] = WRITING
+        try:
+            steps = unpack_slot(self.buffers, slot, payload, int(self.held_versions.max()), owner=WRITING)
+        except PayloadError as exc:
+            logging.error("sampler actor %d: a slot refused (%s); its env steps are dropped", index, exc)
+            self.books[index, DROPPED] += self._steps_of(payload)
+            self.buffers.slot_owner[slot] = -1
+            self.queues.free_slots.put(slot)
+            return
+        self.buffers.slot_owner[slot] = -1
+        self.queues.full_slots.put(slot)
+        self.books[index, PLACED] += steps
+        self._book_lag(sampler, payload)
+        sampler.figures["slots"] += 1
+        sampler.figures["write_sec"] += time.perf_counter() - started
 
     def _book_lag(self, sampler: RemoteSampler, payload: dict) -> None:
         """Lag at arrival: the acting policy's version now minus the version that acted, over valid steps."""

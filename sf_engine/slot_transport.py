@@ -39,15 +39,16 @@ def pack_slot(buffers, slot: int) -> dict:
 _FLOATS = ("log_probs", "values", "rewards", "rnn_states")  # a NaN here would poison a whole batch
 
 
-def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = None) -> int:
-    """Write `payload` (pack_slot's, from a run of the same layout) into free local slot `slot` and
-    count its rows as written; returns its env steps. PayloadError, before anything is written, when
+def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = None, owner: int = -1) -> int:
+    """Write `payload` (pack_slot's, from a run of the same layout) into free local slot `slot` (its
+    slot_owner `owner`: -1, or the tag of the receiver writing it) and count its rows as written;
+    returns its env steps. PayloadError, before anything is written, when
     the slot is not a free one, or a field is missing, extra, not a plain numpy array, of another dtype
     or shape, or holds a value training cannot take: a policy version below 0 or above
     `latest_version` (where given), a policy id outside the run's policies, a float that is not finite."""
     if not isinstance(payload, dict):
         raise PayloadError(f"a slot payload is a dict of arrays, not {type(payload).__name__}")
-    if not 0 <= slot < buffers.slot_owner.shape[0] or buffers.slot_owner[slot] != -1:
+    if not 0 <= slot < buffers.slot_owner.shape[0] or buffers.slot_owner[slot] != owner:
         raise PayloadError(f"slot {slot} is not a free slot of this run (0..{buffers.slot_owner.shape[0] - 1}, "
                            f"owned by no worker)")
     fields = slot_fields(buffers.layout)

@@ -94,6 +94,13 @@ class Supervisor:
             return
         self._count_restart(f"{where} {cause}")
         if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
+            from sf_engine.receiver import WRITING
+
+            writing = np.flatnonzero(self.buffers.slot_owner == WRITING)  # its successor books them as dropped
+            self.buffers.take_rows(writing)
+            self.buffers.slot_owner[writing] = -1
+            if len(writing):
+                self.queues.free_slots.put_many(writing.tolist())
             for policy in range(self.cfg.policies.num_acting):
                 SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
             self._spawn(role, index, self.children[(role, index)].generation + 1)

@@ -47,11 +47,17 @@ def test_a_lost_actor_drops_what_it_stepped_and_did_not_send():
 
     receiver = Receiver.__new__(Receiver)  # the books alone: no Ray, no run
     receiver.books = np.zeros((2, 3), np.int64)
-    sampler = RemoteSampler(1, actor=None, calls=["open call"], stepped=5_000, returned=4_096)
+    first, second = {"host": "a", "node": "n", "pid": 1}, {"host": "a", "node": "n", "pid": 2}
+    sampler = RemoteSampler(1, actor=None, calls=["open call"], identity=first, stepped=5_000, returned=4_096)
     receiver.books[1, [STEPPED, PLACED]] = 5_000, 4_096
-    receiver._lost(sampler, "died")
-    receiver._lost(sampler, "died")  # its other open call fails too: counted once
-    assert receiver.books[1, DROPPED] == 904 and sampler.figures["restarts"] == 1 and sampler.calls == []
+    receiver._call_failed(sampler, "lost")
+    receiver._call_failed(sampler, "lost")  # its other open call fails too
+    assert sampler.calls == [] and receiver.books[1, DROPPED] == 0, "booked before knowing the actor is gone"
+    receiver._heard_from(sampler, first)  # the same process answers: nothing lost
+    assert receiver.books[1, DROPPED] == 0 and sampler.figures["restarts"] == 0
+    receiver._call_failed(sampler, "lost")
+    receiver._heard_from(sampler, second)  # a new process: its predecessor's unsent steps are dropped
+    assert receiver.books[1, DROPPED] == 904 and sampler.figures["restarts"] == 1
     assert (sampler.stepped_before, sampler.stepped, sampler.returned) == (5_000, 0, 0)
     assert remote_books_at_stop(receiver.books) == (904, 0)
 
