@@ -24,7 +24,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from perf.common import REPO, run_train  # noqa: E402
+from perf.common import REPO, median_windows, run_train  # noqa: E402
 
 
 def _read(path: str):
@@ -97,8 +97,7 @@ def main() -> None:
                   "policy_lag_max": learn["policy_lag_max"], "actors": _actors(learn),
                   "weights": learn["remote_weights"], "unaccounted": learn["env_step_books"]["unaccounted"]},
         "receive": {"env_steps_per_sec": receive["env_steps_per_sec"],
-                    "env_steps_per_sec_windows_median": sorted(receive["env_steps_per_sec_windows"])[
-                        len(receive["env_steps_per_sec_windows"]) // 2] if receive["env_steps_per_sec_windows"] else None,
+                    "env_steps_per_sec_windows_median": median_windows([receive]),
                     "receiver_busy": round(busy, 3), "receiver_stage_sec": receiver, "actors": _actors(receive),
                     "unaccounted": receive["env_step_books"]["unaccounted"]},
         "kill": kill,
