@@ -1,11 +1,11 @@
 # `make train`: create .venv, install, train the default (CartPole-v1) until solved.
-# `make test`:  create/update .venv, run the tests.
+# `make test`:  create/update .venv, run the linter (`make lint` alone), then the tests.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test install clean
+.PHONY: train test lint install clean
 
 install: $(STAMP)
 
@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml setup.py sf_engine/csrc/recurrent_loops.cpp sf_engine/c
 train: $(STAMP)
 	$(BIN)/python train.py --stop_at_return 475 $(ARGS)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest tests -q $(ARGS)
 
 clean:
-	rm -rf $(VENV) train_dir *.egg-info build sf_engine/_recurrent_loops*.so sf_engine/_cpu_kernels*.so
+	rm -rf $(VENV) train_dir *.egg-info build sf_engine/model/_recurrent_loops*.so sf_engine/model/_cpu_kernels*.so

@@ -25,7 +25,7 @@ def compiled_extensions() -> dict:
     vector_tanh = platform.machine() == "x86_64" and glibc >= (2, 35)  # glibc's libmvec has tanh
     flags = ["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}", f"-DSF_VECTOR_TANH={int(vector_tanh)}"]
     link = ["-lmvec"] if vector_tanh else []
-    extensions = [CppExtension(f"sf_engine.{name}", [f"sf_engine/csrc/{source}"], extra_compile_args=flags,
+    extensions = [CppExtension(f"sf_engine.model.{name}", [f"sf_engine/csrc/{source}"], extra_compile_args=flags,
                                extra_link_args=link, optional=True)
                   for name, source in (("_recurrent_loops", "recurrent_loops.cpp"), ("_cpu_kernels", "cpu_kernels.cpp"))]
     return {"ext_modules": extensions, "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}

@@ -3,6 +3,6 @@
 import sys
 
 if __name__ == "__main__":
-    from sf_engine.runner import main
+    from sf_engine.run.runner import main
 
     sys.exit(main())

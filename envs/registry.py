@@ -47,7 +47,7 @@ class EnvError(ValueError):
 
 def register_env(name: str, make_env: Callable) -> None:
     """Register `make_env()` -> gymnasium.Env under `name`, usable as `--env name`. Call it before the
-    engine's entry point (sf_engine.runner.main, or build_plan and run) in the script that starts training."""
+    engine's entry point (sf_engine.run.runner.main, or build_plan and run) in the script that starts training."""
     _REGISTRY[name] = make_env
 
 

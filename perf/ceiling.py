@@ -25,8 +25,8 @@ def main() -> None:
     import torch
 
     from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
-    from sf_engine.model import ActorCritic, obs_tensors
-    from sf_engine.plan import build_plan
+    from sf_engine.model.actor_critic import ActorCritic, obs_tensors
+    from sf_engine.run.plan import build_plan
 
     torch.set_num_threads(1)
     plan = build_plan(["--env", args.env, "--mode", "serial", "--restart"])  # --restart: reads no experiment

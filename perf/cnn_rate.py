@@ -42,8 +42,8 @@ def main() -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from sf_engine.device import cpu_has_native_bf16, keep_freed_memory
-    from sf_engine.cnn import ImpalaCNN, NatureCNN
+    from sf_engine.runtime.device import cpu_has_native_bf16, keep_freed_memory
+    from sf_engine.model.cnn import ImpalaCNN, NatureCNN
 
     keep_freed_memory()
     torch.set_num_threads(args.threads)

@@ -47,10 +47,10 @@ def fill(buffers, spec, rng) -> None:
 
 
 def build(flags: list, shm_dir: str):
-    from sf_engine.plan import build_plan
-    from sf_engine.process import RoleContext, set_torch_threads
-    from sf_engine.shared_buffers import SharedBuffers
-    from sf_engine.wiring import make_queues
+    from sf_engine.run.plan import build_plan
+    from sf_engine.runtime.role import RoleContext, set_torch_threads
+    from sf_engine.runtime.shared_buffers import SharedBuffers
+    from sf_engine.runtime.wiring import make_queues
 
     train_dir = tempfile.mkdtemp(prefix="sf_engine_learner_step_")  # checked by the plan, never written
     os.rmdir(train_dir)
@@ -59,7 +59,7 @@ def build(flags: list, shm_dir: str):
     buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
     queues = make_queues(plan.cfg.sampler.num_workers, None, None)
     set_torch_threads("learner", plan.cfg)
-    from sf_engine.learner import Learner
+    from sf_engine.roles.learner import Learner
 
     learner = Learner(RoleContext(plan, "learner", 0, buffers, queues))
     return plan, buffers, queues, learner
@@ -72,8 +72,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="Ops listed from the profile.")
     args, extra = parser.parse_known_args()
     flags = [x for x in extra if x != "--"]
-    from sf_engine.ipc import get_many
-    from sf_engine.process import StageTimer
+    from sf_engine.runtime.ipc import get_many
+    from sf_engine.runtime.role import StageTimer
 
     plan, buffers, queues, learner = build(flags, "/dev/shm")
     try:

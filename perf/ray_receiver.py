@@ -4,7 +4,7 @@ memory (needs `pip install ray`).
   python perf/ray_receiver.py --env CartPole-v1 --senders 2 --seconds 20
 Builds the run plan of `train.py --env ENV` (its slot layout: rollout x envs per split, every field a
 learner reads), starts a local Ray instance with --senders actors, each holding one packed slot of that
-layout (sf_engine.slot_transport.pack_slot) that it hands out again and again, as a sampler node hands
+layout (sf_engine.scaleout.slot_transport.pack_slot) that it hands out again and again, as a sampler node hands
 out the slots its workers fill. The receiver, in this process, keeps --in_flight requests open per
 sender, and for each slot that arrives fetches it from the object store and writes it into a local
 slot (unpack_slot, with its checks), cycling over the run's slots. Sampling is left out on purpose:
@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sf_engine.plan import build_plan  # noqa: E402
-from sf_engine.shared_buffers import SharedBuffers, shm_path  # noqa: E402
-from sf_engine.slot_transport import pack_slot, unpack_slot  # noqa: E402
+from sf_engine.run.plan import build_plan  # noqa: E402
+from sf_engine.runtime.shared_buffers import SharedBuffers, shm_path  # noqa: E402
+from sf_engine.scaleout.slot_transport import pack_slot, unpack_slot  # noqa: E402
 
 
 def _payload(layout: dict, shm_dir: str) -> dict:
@@ -110,8 +110,8 @@ def main() -> None:
 
 def _weights_bytes(plan) -> int:
     """Bytes of one policy version as the learner publishes it (its flat float32 state vector)."""
-    from sf_engine.model import ActorCritic
-    from sf_engine.weights import flatten_state
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.runtime.weights import flatten_state
 
     return int(flatten_state(ActorCritic(plan.spec, plan.cfg.model)).numel()) * 4
 

@@ -26,7 +26,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sf_engine import recurrent  # noqa: E402
+from sf_engine.model import recurrent  # noqa: E402
 
 STEPS, BATCH, FEATURES, SIZE = 32, 32, 64, 64
 

@@ -48,8 +48,8 @@ def main_error(main, argv, capsys) -> str:
 
 
 def train_error(args, train_dir, capsys) -> str:
-    """train.py's promised failure (sf_engine.runner.main, as train.py calls it), with `train_dir`."""
-    from sf_engine.runner import main
+    """train.py's promised failure (sf_engine.run.runner.main, as train.py calls it), with `train_dir`."""
+    from sf_engine.run.runner import main
 
     # a budget of one step first, so that input wrongly accepted ends the run at once (the args win)
     return main_error(main, ["--train_dir", str(train_dir), "--train_for_env_steps", "1"] + list(args), capsys)
@@ -84,7 +84,7 @@ TINY = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "4", 
 
 def serial_plan(tmp_path, shm_dir, env, *flags):
     """The plan of a tiny serial run of `env` (flags after TINY win)."""
-    from sf_engine.plan import build_plan
+    from sf_engine.run.plan import build_plan
 
     argv = ["--env", env, "--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "family"]
     return build_plan(argv + TINY + list(flags))
@@ -94,9 +94,9 @@ class SerialRun:
     """The roles of a plan, built as serial mode builds them and stepped by hand."""
 
     def __init__(self, plan, tmp_path):
-        from sf_engine.serial import SerialRoles
-        from sf_engine.shared_buffers import SharedBuffers
-        from sf_engine.wiring import make_queues
+        from sf_engine.run.serial import SerialRoles
+        from sf_engine.runtime.shared_buffers import SharedBuffers
+        from sf_engine.runtime.wiring import make_queues
 
         self.plan, self.cfg = plan, plan.cfg
         self.buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
@@ -108,7 +108,7 @@ class SerialRun:
         self.worker = self.workers[0]
 
     def full_slots(self, count: int) -> list:
-        from sf_engine.ipc import get_many
+        from sf_engine.runtime.ipc import get_many
 
         slots = []
         for _ in range(1000):
@@ -122,7 +122,7 @@ class SerialRun:
 
     def messages(self, kind) -> list:
         """The stats messages of type `kind` waiting in the stats queue (the others are dropped)."""
-        from sf_engine.ipc import drain
+        from sf_engine.runtime.ipc import drain
 
         return [m for m in drain(self.queues.stats) if isinstance(m, kind)]
 
@@ -134,8 +134,8 @@ class SerialRun:
 
 def receive(head, payloads) -> list:
     """Each payload written into a free slot of the head's run (as a receiver does): the slots."""
-    from sf_engine.ipc import get_many
-    from sf_engine.slot_transport import unpack_slot
+    from sf_engine.runtime.ipc import get_many
+    from sf_engine.scaleout.slot_transport import unpack_slot
 
     slots = []
     while len(slots) < len(payloads):

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import read_json, train_error
-from sf_engine.config import ModelConfig
+from sf_engine.config.groups import ModelConfig
 from sf_engine.envs import probe_env_spec
-from sf_engine.model import ActorCritic
-from sf_engine.model_shape import resolve_model_config
-from sf_engine.plan import build_plan
-from sf_engine.runner import run
+from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.shape import resolve_model_config
+from sf_engine.run.plan import build_plan
+from sf_engine.run.runner import run
 
 
 def _masked_batch(batch: int, seed: int = 0) -> dict:
@@ -105,7 +105,8 @@ def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
     """The learner's ways through masked logits: the compiled PPO loss against torch's ops (a row with no
     legal action is left unmasked, so both stay finite and equal), and a recurrent model's sequence
     re-run against its acting steps."""
-    from sf_engine import ops, ppo
+    from sf_engine.model import kernels
+    from sf_engine.algo import ppo_math as ppo
 
     spec = probe_env_spec("toy_envs:MaskedChoiceEnv", "auto")
     model = ActorCritic(spec, resolve_model_config(ModelConfig(), spec))
@@ -117,7 +118,7 @@ def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
     actions = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
     args = (logits, torch.randn(64), actions, torch.randn(64) - 1.5, torch.randn(64), torch.randn(64), 0.2, 0.5, 0.01)
     torch_way = ppo.discrete_loss_and_grads(*args, kernels=False)
-    if ops.KERNELS is not None:
+    if kernels.KERNELS is not None:
         for ours, reference in zip(ppo.discrete_loss_and_grads(*args, kernels=True), torch_way):
             torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     assert all(torch.isfinite(t).all() for t in torch_way)

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from sf_engine.autosize import Costs, choose_envs_per_split, choose_num_workers
-from sf_engine.config import check_resolved
-from sf_engine.plan import build_plan
+from sf_engine.run.autosize import Costs, choose_envs_per_split, choose_num_workers
+from sf_engine.config.groups import check_resolved
+from sf_engine.run.plan import build_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def test_serial_mode_needs_no_measurement():
 
 
 def test_auto_sizing_builds_no_more_envs_than_memory_allows():
-    from sf_engine.autosize import fit_memory
+    from sf_engine.run.autosize import fit_memory
 
     heavy = Costs(1e-4, 1e-4, 1e-6, 1e-6, env_bytes=100 * 2**20)  # 100 MiB per env
     allowed = [1, 2, 4, 8, 16, 32, 64]
@@ -88,7 +88,7 @@ def test_cpu_affinity_auto_gives_a_cpu_learner_its_own_core_when_there_is_one_to
 def test_pinned_learner_and_sampler_share_no_core():
     import subprocess
 
-    code = ("import os, sys; from sf_engine.plan import build_plan; from sf_engine.process import pin_to_cores; "
+    code = ("import os, sys; from sf_engine.run.plan import build_plan; from sf_engine.runtime.role import pin_to_cores; "
             "cfg = build_plan(['--restart', '--cpu_affinity', 'learner', '--num_workers', '1', "
             "'--num_envs_per_worker', '8']).cfg; pin_to_cores(sys.argv[1], cfg); print(sorted(os.sched_getaffinity(0)))")
     cores = {role: subprocess.run([sys.executable, "-c", code, role], capture_output=True, text=True, check=True,
@@ -100,7 +100,7 @@ def test_pinned_learner_and_sampler_share_no_core():
 
 
 def test_rollout_auto_halves_only_for_an_env_too_cheap_to_fill_a_split():
-    from sf_engine.autosize import choose_rollout
+    from sf_engine.run.autosize import choose_rollout
 
     cartpole, pong = Costs(0.55e-6, 0.55e-6, 1e-6, 3e-6), Costs(280e-6, 280e-6, 150e-6, 1e-3)
     assert choose_rollout(cartpole, 4096) == 16  # 128 envs of 32 steps step in 0.07 ms: splits of 256 instead

@@ -1,7 +1,7 @@
 """The bottleneck report on synthetic stage figures names the right stage and knob."""
 import pytest
 
-from sf_engine.bottleneck import diagnose, stage_fractions, subtract
+from sf_engine.stats.bottleneck import diagnose, stage_fractions, subtract
 
 
 def figures(learner=(0.0, 0.0), inference=0.0, workers=(0.0, 0.0, 0.0)):

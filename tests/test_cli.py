@@ -5,7 +5,7 @@ import os
 import pytest
 
 from conftest import files_of, read_json, run_train, train_error
-from sf_engine.device import cuda_device_count
+from sf_engine.runtime.device import cuda_device_count
 
 
 @pytest.mark.e2e
@@ -52,9 +52,9 @@ def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, c
 
 @pytest.mark.e2e
 def test_bf16_without_native_bf16_is_one_line(tmp_path, monkeypatch, capsys):
-    import sf_engine.plan
+    import sf_engine.run.plan
 
-    monkeypatch.setattr(sf_engine.plan, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(sf_engine.run.plan, "cpu_has_native_bf16", lambda: False)
     line = train_error(["--bf16", "--device", "cpu", "--mode", "serial"], tmp_path, capsys)
     assert "--bf16" in line and "avx512_bf16" in line
     assert os.listdir(tmp_path) == []
@@ -66,8 +66,8 @@ def test_bad_flag_value_is_rejected_by_the_parser(tmp_path):
 
 
 def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     base = ["--experiment", "resume", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
@@ -83,8 +83,8 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
 
 
 def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_dir, capsys):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     base = ["--experiment", "kept", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
@@ -108,8 +108,8 @@ def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_
 
 
 def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_dir, capsys):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     first = ["--experiment", "first", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
              "--num_envs_per_worker", "8", "--batch_size", "256", "--hidden_size", "32", "--gamma", "0.97",
@@ -133,7 +133,9 @@ def test_console_scripts_are_installed_and_sf_engine_is_the_only_top_level_name(
     import sys
     from importlib.metadata import entry_points
 
-    from sf_engine import replay, runner
+    from sf_engine.play import enjoy as replay
+
+    from sf_engine.run import runner
 
     scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
     assert scripts["sf-train"].load() is runner.main and scripts["sf-enjoy"].load() is replay.main

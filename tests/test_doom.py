@@ -11,7 +11,7 @@ import pytest
 from conftest import SerialRun, read_json, serial_plan, train_error
 from test_reliability import alive, no_leftover_runs  # noqa: F401  (a failed test leaves no run behind)
 from sf_engine.envs import EnvError, make_batch_env, probe_env_spec
-from sf_engine.runner import run
+from sf_engine.run.runner import run
 
 
 @pytest.mark.parametrize("env_id, actions", [("doom_basic", 4), ("VizdoomBasic-v1", 4),
@@ -82,7 +82,7 @@ class _Recording:
 
 def test_doom_images_arrive_bit_exact_on_the_learner(tmp_path, shm_dir, monkeypatch):
     """Every 72x128 frame in the learner's batch is one the envs returned, byte for byte."""
-    import sf_engine.rollout_worker as rollout_worker
+    import sf_engine.roles.rollout_worker as rollout_worker
 
     returned = []
     make = rollout_worker.make_batch_env
@@ -159,7 +159,7 @@ def test_doom_replay_video_shows_the_full_screen(tmp_path, shm_dir, capsys):
     """enjoy.py on a Doom experiment: the video holds the 160x120 screen, not the 128x72 network input."""
     import imageio.v3 as iio
 
-    from sf_engine import replay
+    from sf_engine.play import enjoy as replay
 
     assert run(serial_plan(tmp_path, shm_dir, "doom_basic", "--train_for_env_steps", "64")) == 0
     video = tmp_path / "doom.mp4"

@@ -44,7 +44,7 @@ def test_evaluation_logs_and_keeps_the_best_checkpoint(trained):
 
 
 def test_a_resumed_run_keeps_the_earlier_best(trained):
-    from sf_engine.checkpoint import load_checkpoint
+    from sf_engine.runtime.checkpoint import load_checkpoint
 
     best = trained / "cartpole" / "checkpoints" / "best.pt"
     before = load_checkpoint(best)["eval_return"]
@@ -77,7 +77,7 @@ def test_enjoy_prints_episodes_and_a_summary_line(trained, checkpoint):
 def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, capsys):
     import imageio.v3 as iio
 
-    from sf_engine import replay as enjoy_script  # in this process: the video is what this test is about
+    from sf_engine.play import enjoy as enjoy_script  # in this process: the video is what this test is about
 
     video = tmp_path / "run.mp4"
     assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
@@ -96,15 +96,15 @@ def test_video_decodes_to_every_frame_at_the_render_size(trained, tmp_path, caps
 
 
 def enjoy_error(capsys, *args) -> str:
-    """enjoy.py's promised failure (sf_engine.replay.main, as enjoy.py calls it)."""
-    from sf_engine.replay import main
+    """enjoy.py's promised failure (sf_engine.play.enjoy.main, as enjoy.py calls it)."""
+    from sf_engine.play.enjoy import main
 
     return main_error(main, args, capsys)
 
 
 def test_checkpoint_of_another_env_is_refused(trained, tmp_path, capsys):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     assert run(build_plan(["--experiment", "acrobot", "--env", "Acrobot-v1", "--train_for_env_steps", "5000",
                            "--train_dir", str(tmp_path)] + SERIAL)) == 0
@@ -145,7 +145,7 @@ def test_bad_replay_flags_are_one_line_before_anything_is_loaded(tmp_path, capsy
 
 
 def test_episodes_are_cut_at_max_episode_steps(trained, capsys):
-    from sf_engine import replay as enjoy_script
+    from sf_engine.play import enjoy as enjoy_script
 
     assert enjoy_script.main(["--train_dir", str(trained), "--experiment", "cartpole", "--num_episodes", "2",
                               "--max_episode_steps", "30", "--deterministic"]) == 0

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import REPO, SerialRun, read_json, serial_plan, train_error
 from sf_engine.envs import make_batch_env, probe_env_spec
-from sf_engine.messages import Episodes
-from sf_engine.runner import run
+from sf_engine.stats.messages import Episodes
+from sf_engine.run.runner import run
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,7 +186,7 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
 
         if __name__ == "__main__":
             register_env("MyToy-v0", make_toy)
-            from sf_engine.runner import main
+            from sf_engine.run.runner import main
             sys.exit(main(sys.argv[1:]))
     """))
     import subprocess
@@ -246,13 +246,13 @@ def test_without_envpool_auto_plays_gymnasium_and_envpool_is_one_line_with_the_i
 
     serial = ["--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "8",
               "--batch_size", "256", "--train_for_env_steps", "2000"]
-    result = without_envpool("runner", "--experiment", "gym", *serial)
+    result = without_envpool("run.runner", "--experiment", "gym", *serial)
     assert result.returncode == 0, result.stderr
     assert read_json(tmp_path / "gym" / "config.json")["env"]["env_backend"] == "gymnasium"
-    line = one_line_error(without_envpool("runner", "--experiment", "pool", "--env_backend", "envpool", *serial))
+    line = one_line_error(without_envpool("run.runner", "--experiment", "pool", "--env_backend", "envpool", *serial))
     assert "pip install envpool" in line and not (tmp_path / "pool").exists()
     assert run(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--experiment", "pool", "--env_backend", "envpool",
                            "--train_for_env_steps", "2000")) == 0
     assert read_json(tmp_path / "pool" / "config.json")["env"]["env_backend"] == "envpool"
-    line = one_line_error(without_envpool("replay", "--experiment", "pool", "--num_episodes", "1"))
+    line = one_line_error(without_envpool("play.enjoy", "--experiment", "pool", "--num_episodes", "1"))
     assert "pip install envpool" in line

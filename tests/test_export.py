@@ -41,8 +41,8 @@ def _record(train_dir, experiment, steps=60, num_envs=8):
     """Observations [T, B, 4] of CartPole played by the experiment's own policy (greedy, the engine's
     acting path), and its actions [T, B]."""
     from sf_engine.envs import make_batch_env
-    from sf_engine.episodes import act
-    from sf_engine.replay import load_experiment, load_policy, resolve_checkpoint
+    from sf_engine.play.episodes import act
+    from sf_engine.play.enjoy import load_experiment, load_policy, resolve_checkpoint
 
     cfg, spec, exp_dir = load_experiment(str(train_dir), experiment)
     model = load_policy(cfg, spec, resolve_checkpoint(exp_dir, experiment, "latest"), "cpu")
@@ -60,13 +60,13 @@ def _record(train_dir, experiment, steps=60, num_envs=8):
 @pytest.mark.e2e
 @pytest.mark.parametrize("model_flags", [[], ["--rnn", "gru"]], ids=["mlp", "gru"])
 def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp_path, shm_dir, model_flags):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     assert run(build_plan(["--train_dir", str(tmp_path), "--experiment", "trained", "--mode", "serial",
                            "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "64",
                            "--batch_size", "1024", "--train_for_env_steps", "100000"] + model_flags)) == 0
-    result = subprocess.run([sys.executable, "-m", "sf_engine.export", "--train_dir", str(tmp_path),
+    result = subprocess.run([sys.executable, "-m", "sf_engine.play.export", "--train_dir", str(tmp_path),
                              "--experiment", "trained"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     export_dir = tmp_path / "trained" / "export"
@@ -84,9 +84,9 @@ def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp
 
 
 def _synthetic(spec, **model_flags):
-    from sf_engine.config import ModelConfig
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.config.groups import ModelConfig
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     torch.manual_seed(0)
     model = ActorCritic(spec, resolve_model_config(ModelConfig(**model_flags), spec)).eval()
@@ -101,7 +101,7 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
     import onnxruntime
 
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.export import export
+    from sf_engine.play.export import export
 
     if kind == "dict_images_multi_discrete":
         spec = EnvSpec((("image", (7, 7, 3), "uint8"), ("position", (5,), "float32")),
@@ -140,7 +140,7 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
 def test_export_of_a_missing_experiment_or_without_onnx_is_one_line(tmp_path, capsys, monkeypatch):
     import importlib.util
 
-    from sf_engine.export import main
+    from sf_engine.play.export import main
 
     line = main_error(main, ["--train_dir", str(tmp_path), "--experiment", "nothing"], capsys)
     assert "no experiment" in line and "--experiment" in line

@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("pettingzoo")
 
 from conftest import REPO, read_json, run_train, train_error  # noqa: E402
-from sf_engine import ppo  # noqa: E402
+from sf_engine.algo import ppo_math as ppo  # noqa: E402
 from sf_engine.envs import make_batch_env, probe_env_spec  # noqa: E402
-from sf_engine.plan import build_plan  # noqa: E402
-from sf_engine.runner import run  # noqa: E402
+from sf_engine.run.plan import build_plan  # noqa: E402
+from sf_engine.run.runner import run  # noqa: E402
 
 RELAY, VANISHING = "toy_multiagent:relay_game", "toy_multiagent:vanishing"
 
@@ -171,7 +171,7 @@ def test_the_connect_four_heuristic_wins_when_it_can_and_blocks_when_it_must():
 
 def test_an_opponent_that_cannot_play_is_one_line(tmp_path, capsys):
     from conftest import main_error
-    from sf_engine.replay import main
+    from sf_engine.play.enjoy import main
 
     plan = build_plan(["--env", RELAY, "--train_dir", str(tmp_path), "--experiment", "relay", "--mode", "serial",
                        "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "8", "--batch_size", "64",
@@ -205,10 +205,10 @@ def test_an_agent_that_leaves_while_waiting_is_done_once_then_absent():
 def test_replay_counts_an_agent_that_left_early_only_while_it_played():
     """episodes.play on DropoutGame (enjoy.py without --opponent): 'c' is counted for the one step it is
     in each game, a and b for all six (three moves each), game after game."""
-    from sf_engine.config import ModelConfig
-    from sf_engine.episodes import play
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.config.groups import ModelConfig
+    from sf_engine.play.episodes import play
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     spec = probe_env_spec("toy_multiagent:dropout_game", "auto")
     env = make_batch_env("toy_multiagent:dropout_game", "auto", 3, seed=0, spec=spec, training=False)

@@ -11,20 +11,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sf_engine import ops
-from sf_engine.ops import FlatAdam, Tanh
-from sf_engine.weights import flatten_state
+from sf_engine.model import kernels
+from sf_engine.model.kernels import FlatAdam, Tanh
+from sf_engine.runtime.weights import flatten_state
 
-needs_kernels = pytest.mark.skipif(ops.KERNELS is None, reason="the compiled CPU kernels are not built")
+needs_kernels = pytest.mark.skipif(kernels.KERNELS is None, reason="the compiled CPU kernels are not built")
 
 
 def test_the_compiled_kernels_are_built_where_setup_py_builds_them():
     """Fail if they are missing where setup.py builds them with glibc's vector tanh (x86-64, glibc >= 2.35)."""
     from conftest import compiled_kernels_expected
 
-    if ops.KERNELS is None and not compiled_kernels_expected():
+    if kernels.KERNELS is None and not compiled_kernels_expected():
         pytest.skip("the compiled kernels are built only on x86-64 with glibc >= 2.35")
-    assert ops.KERNELS is not None, "the compiled CPU kernels are not built: pip install --no-build-isolation -e ."
+    assert kernels.KERNELS is not None, "the compiled CPU kernels are not built: pip install --no-build-isolation -e ."
 
 
 @needs_kernels
@@ -38,24 +38,24 @@ def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activatio
     activations = (activation, activation, "identity")
     params = [p for linear in linears for p in linear.parameters()]
     x = (torch.randn(batch, 5) * 2).requires_grad_()
-    compiled = ops.mlp(x, linears, activations, kernels=True)
+    compiled = kernels.mlp(x, linears, activations, kernels=True)
     assert type(compiled.grad_fn).__name__ == "_CompiledMLPBackward"  # the kernels ran
-    reference = ops.mlp(x, linears, activations, kernels=False)
+    reference = kernels.mlp(x, linears, activations, kernels=False)
     torch.testing.assert_close(compiled, reference)
     grad = torch.randn_like(compiled)
     for got, expected in zip(torch.autograd.grad(compiled, [x] + params, grad),
                              torch.autograd.grad(reference, [x] + params, grad)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     with torch.inference_mode():  # as the policy worker acts: the forward only, nothing kept
-        torch.testing.assert_close(ops.mlp(x.detach(), linears, activations), reference.detach())
+        torch.testing.assert_close(kernels.mlp(x.detach(), linears, activations), reference.detach())
 
 
 def test_actor_critic_stacks_match_its_modules():
-    """Separate MLP encoders over one vector: each encoder and its head run as one MLP (ops.mlp)."""
+    """Separate MLP encoders over one vector: each encoder and its head run as one MLP (kernels.mlp)."""
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
-    from sf_engine.plan import build_plan
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
+    from sf_engine.run.plan import build_plan
 
     cfg = build_plan(["--mode", "serial", "--restart", "--num_workers", "1", "--num_envs_per_worker", "8"]).cfg
     spec = EnvSpec(obs=(("obs", (4,), "float32"),), action=ActionSpec("discrete", nvec=(3,)), family="classic")
@@ -73,11 +73,11 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
     """The learner's step for separate MLP stacks with categorical actions (CartPole's model): compiled
     forward, loss and backward into the optimizer's flat gradient, against autograd through forward()
     and ppo.DiscretePPOLoss (its torch ops)."""
-    from sf_engine import ppo
+    from sf_engine.algo import ppo_math as ppo
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
-    from sf_engine.plan import build_plan
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
+    from sf_engine.run.plan import build_plan
 
     cfg = build_plan(["--mode", "serial", "--restart", "--num_workers", "1", "--num_envs_per_worker", "8",
                       "--normalize_input", "true", "--normalize_returns", "true"]).cfg
@@ -107,16 +107,16 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
 def test_mlp_runs_torch_ops_where_the_kernels_do_not():
     linears = [nn.Linear(4, 8)]
     x = torch.randn(3, 4)
-    assert not ops.use_kernels(x.double()) and not ops.use_kernels(torch.zeros(0, 4))
+    assert not kernels.use_kernels(x.double()) and not kernels.use_kernels(torch.zeros(0, 4))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # --bf16: autocast's own matrix products
-        assert not ops.use_kernels(x)
+        assert not kernels.use_kernels(x)
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.linear = linears[0]
 
         def forward(self, x):
-            return ops.mlp(x, [self.linear], ("tanh",))
+            return kernels.mlp(x, [self.linear], ("tanh",))
 
     traced = torch.jit.trace(Net(), x)  # export traces torch ops
     assert "aten::linear" in str(traced.graph) and "sf_engine_cpu" not in str(traced.graph)
@@ -206,7 +206,7 @@ def test_an_optimizer_state_saved_per_tensor_resumes_in_the_flat_one():
 _REFAULTS = """
 import resource, sys, torch
 sys.path.insert(0, {repo!r})
-from sf_engine.device import keep_freed_memory
+from sf_engine.runtime.device import keep_freed_memory
 kept = {keep} and keep_freed_memory()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -239,10 +239,10 @@ def test_freed_large_tensors_are_reused_without_new_page_faults():
 def test_images_are_normalized_per_pixel_with_normalize_input():
     """--normalize_input on images: the learner's statistics are per pixel and channel of x / 255, and the
     encoder's input is (x / 255 - mean) / std, clipped to 5, in the [B, C, H, W] layout the CNN takes."""
-    from sf_engine.config import ModelConfig
+    from sf_engine.config.groups import ModelConfig
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     spec = EnvSpec((("screen", (12, 16, 3), "uint8"),), ActionSpec("discrete", nvec=(3,)), family="image")
     model = ActorCritic(spec, resolve_model_config(ModelConfig(normalize_input=True), spec))
@@ -263,10 +263,10 @@ def test_images_are_normalized_per_pixel_with_normalize_input():
 def test_unit_weight_init_is_orthogonal_with_gain_one_everywhere():
     """--weight_init unit (the Doom family's, Sample Factory's): every conv and linear layer, the heads
     included, orthogonal with gain 1 and zero bias; 'ppo' keeps the 0.01 policy head."""
-    from sf_engine.config import ModelConfig
+    from sf_engine.config.groups import ModelConfig
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     spec = EnvSpec((("screen", (72, 128, 3), "uint8"),), ActionSpec("discrete", nvec=(4,)), family="doom")
     unit = ActorCritic(spec, resolve_model_config(ModelConfig(encoder="convnet_simple", weight_init="unit"), spec))
@@ -284,12 +284,12 @@ def test_unit_weight_init_is_orthogonal_with_gain_one_everywhere():
 @needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
-    """ops.ELU (the compiled pass, in place) on a channels-last convolution's output against F.elu: values
+    """kernels.ELU (the compiled pass, in place) on a channels-last convolution's output against F.elu: values
     (bfloat16 rounded as torch rounds), the input's gradient, and NaN, infinities and zeros."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last).to(dtype)
     x = (torch.randn(4, 3, 9, 11) * 3).to(dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
-    out, ref = ops.ELU()(conv(x)), F.elu(conv(x))
+    out, ref = kernels.ELU()(conv(x)), F.elu(conv(x))
     atol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(out, ref, rtol=atol, atol=atol)
     assert out.is_contiguous(memory_format=torch.channels_last)
@@ -298,12 +298,12 @@ def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
     grad_ref, = torch.autograd.grad((ref * weights).sum(), x)
     torch.testing.assert_close(grad, grad_ref, rtol=atol * 10, atol=atol * 10)
     y = conv(x)
-    assert ops.ELU()(y).data_ptr() == y.data_ptr()  # the kernel ran (in place), under autograd too
+    assert kernels.ELU()(y).data_ptr() == y.data_ptr()  # the kernel ran (in place), under autograd too
     with torch.inference_mode():
         y = conv(x)
-        assert ops.ELU()(y).data_ptr() == y.data_ptr()
+        assert kernels.ELU()(y).data_ptr() == y.data_ptr()
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, 50.0, -50.0, -1e-3], dtype=dtype)
-    torch.testing.assert_close(ops.elu_(special.clone()), F.elu(special), equal_nan=True, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kernels.elu_(special.clone()), F.elu(special), equal_nan=True, rtol=1e-5, atol=1e-6)
 
 
 @needs_kernels
@@ -312,10 +312,10 @@ def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
 def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch):
     """The compiled one-pass image preparation gives the encoder the input torch's ops give it: float32
     the same, bfloat16 one rounding of the float32 value (torch's ops round after every step)."""
-    from sf_engine.config import ModelConfig
+    from sf_engine.config.groups import ModelConfig
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     spec = EnvSpec((("screen", (12, 16, 3), "uint8"),), ActionSpec("discrete", nvec=(3,)), family="image")
     model = ActorCritic(spec, resolve_model_config(ModelConfig(normalize_input=normalize), spec))
@@ -323,10 +323,10 @@ def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch
     frames = torch.randint(0, 256, (16, 12, 16, 3), dtype=torch.uint8)
     if normalize:
         model.update_normalizers({"screen": frames[:8] // 2}, torch.zeros(8))  # some values clip at 5 std
-    assert ops.image_affine(frames, None, None, bf16) is not None  # the kernel runs here
+    assert kernels.image_affine(frames, None, None, bf16) is not None  # the kernel runs here
     compiled = model.actor_encoder.prepare("screen", frames, bf16)
     assert model.actor_encoder.prepare("screen", frames[:0], bf16).shape == (0, 3, 12, 16)
-    monkeypatch.setattr(ops, "KERNELS", None)
+    monkeypatch.setattr(kernels, "KERNELS", None)
     reference = model.actor_encoder.prepare("screen", frames, False)
     assert compiled.shape == reference.shape == (16, 3, 12, 16)
     assert compiled.dtype == (torch.bfloat16 if bf16 else torch.float32)
@@ -336,17 +336,17 @@ def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch
         torch.testing.assert_close(compiled, reference, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not __import__("sf_engine.device", fromlist=["x"]).cpu_has_native_bf16(),
+@pytest.mark.skipif(not __import__("sf_engine.runtime.device", fromlist=["x"]).cpu_has_native_bf16(),
                     reason="--bf16 needs a CPU with native bfloat16")
 def test_bf16_acting_runs_copies_refreshed_with_the_weights():
     """--bf16 acting (the policy worker): bfloat16 copies of the encoder's and the GRU's weights, kept out
     of the state dict; outputs within bfloat16's precision of the float32 model's, and after the weights
     change in place (a load), the next forward follows them (no stale copy); with gradients (the
     learner) autocast runs as before."""
-    from sf_engine.config import ModelConfig
+    from sf_engine.config.groups import ModelConfig
     from sf_engine.envs import ActionSpec, EnvSpec
-    from sf_engine.model import ActorCritic
-    from sf_engine.model_shape import resolve_model_config
+    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.shape import resolve_model_config
 
     spec = EnvSpec((("screen", (72, 128, 3), "uint8"),), ActionSpec("discrete", nvec=(4,)), family="doom")
     mcfg = resolve_model_config(ModelConfig(encoder="convnet_simple", rnn="gru", rnn_size=64, weight_init="unit"), spec)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import SerialRun, read_json, run_train, serial_plan, train_error
-from sf_engine.model import obs_tensors
-from sf_engine.plan import build_plan
-from sf_engine.runner import run
+from sf_engine.model.actor_critic import obs_tensors
+from sf_engine.run.plan import build_plan
+from sf_engine.run.runner import run
 
 
 def _recorded_training(learner) -> list:
@@ -128,8 +128,8 @@ def test_several_policies_train_in_processes(tmp_path, shm_dir):
         assert all(p[key] > 0 for p in policies), policies
     for key in ("learner_share", "inference_share"):
         assert sum(p[key] for p in policies) == pytest.approx(1.0) and all(0.1 < p[key] < 0.9 for p in policies)
-    from sf_engine.checkpoint import load_checkpoint
-    from sf_engine.replay import load_experiment, load_policy
+    from sf_engine.runtime.checkpoint import load_checkpoint
+    from sf_engine.play.enjoy import load_experiment, load_policy
 
     cfg, spec, _ = load_experiment(str(tmp_path), "two")  # enjoy.py --policy 1 of the population's checkpoint
     path = sorted((tmp_path / "two" / "checkpoints").glob("*.pt"))[-1]
@@ -143,7 +143,7 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
     """A PBT round with three members whose objectives are set by hand: the worst takes the best's weights
     (normalizer statistics included) and optimizer state, its hyperparameters are the best's mutated
     within their ranges, and what it acted with its old weights is no longer trained on."""
-    from sf_engine.pbt import RANGES
+    from sf_engine.roles.population import RANGES
 
     plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--num_policies", "3", "--pbt", "--normalize_input", "true",
                        "--pbt_mutation_rate", "1.0", "--pbt_replace_fraction", "0.34", "--num_envs_per_worker", "16",
@@ -212,7 +212,7 @@ def test_a_resumed_population_keeps_its_hyperparameters(tmp_path, shm_dir):
     assert saved[0] != saved[1]
     harness = SerialRun(build_plan(args + ["--train_for_env_steps", "4000"]), tmp_path)
     try:
-        from sf_engine.pbt import hyperparameters
+        from sf_engine.roles.population import hyperparameters
 
         assert [hyperparameters(m.lcfg) for m in harness.learner.policies] == saved
     finally:

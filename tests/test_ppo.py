@@ -3,9 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from sf_engine import ops, ppo
+from sf_engine.model import kernels
+
+from sf_engine.algo import ppo_math as ppo
 from sf_engine.envs import ActionSpec
-from sf_engine.distributions import ActionDistribution
+from sf_engine.model.distributions import ActionDistribution
 
 
 def random_rollout(seed, num_steps=17, num_traj=9):
@@ -130,12 +132,12 @@ def test_ppo_losses_hand_computed():
 
 
 @pytest.mark.parametrize("entropy_coeff", [0.0, 0.01])
-@pytest.mark.parametrize("kernels", [True, False])
-def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, kernels):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, compiled):
     """The hand-written loss node (the compiled kernel, and the torch ops that run without it) against
     autograd through log_softmax and ppo_losses: the loss, the stats and the gradients, with ratios
     inside and outside the clip range, ties (ratio 1) and zero advantages."""
-    if kernels and ops.KERNELS is None:
+    if compiled and kernels.KERNELS is None:
         pytest.skip("the compiled CPU kernels are not built")
     torch.manual_seed(0)
     logits = (torch.randn(512, 5) * 2).requires_grad_()
@@ -147,7 +149,7 @@ def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, 
     advantages, returns = torch.randn(512), torch.randn(512)
     advantages[64:96] = 0.0
     loss, stats = ppo.DiscretePPOLoss.apply(logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff,
-                                            kernels)
+                                            compiled)
     fused_grads = torch.autograd.grad(loss, [logits, values])
     reference_log_pi = torch.log_softmax(logits, -1)
     entropy = -(reference_log_pi.exp() * reference_log_pi).sum(-1)

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import SerialRun, receive, serial_plan
-from sf_engine.messages import Episodes
+from sf_engine.stats.messages import Episodes
 
 ray = pytest.importorskip("ray")
 
 
 @pytest.mark.e2e  # starts a Ray instance (its processes) and trains to a return
 def test_cartpole_learns_from_two_ray_sampler_actors(tmp_path, shm_dir):
-    from sf_engine.ray_samplers import publish_weights, remote_sampler_class
+    from sf_engine.scaleout.ray_samplers import publish_weights, remote_sampler_class
 
     head = SerialRun(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--seed", "3"), tmp_path)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

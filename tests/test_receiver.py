@@ -1,4 +1,4 @@
-"""Sampler nodes inside a run (--ray_address, --num_remote_samplers; sf_engine.receiver): the flags are
+"""Sampler nodes inside a run (--ray_address, --num_remote_samplers; sf_engine.scaleout.receiver): the flags are
 checked before anything on disk changes, a run without them never imports Ray, CartPole learns from
 the sampler actors of a two-node Ray cluster alone, and a killed actor is restarted by Ray while
 training goes on, with the env-step books balanced and nothing left running or in shared memory."""
@@ -34,7 +34,7 @@ def test_bad_remote_flags_are_one_line_and_touch_nothing(tmp_path, capsys, flags
 
 
 def test_a_run_without_ray_address_never_imports_ray(tmp_path, shm_dir):
-    code = ("import json, sys; from sf_engine.runner import main; "
+    code = ("import json, sys; from sf_engine.run.runner import main; "
             f"code = main(['--mode', 'serial', '--train_for_env_steps', '3000', '--train_dir', {str(tmp_path)!r}, "
             f"'--shm_dir', {shm_dir!r}, '--num_envs_per_worker', '8']); "
             "print(json.dumps({'code': code, 'ray': 'ray' in sys.modules}))")
@@ -43,7 +43,7 @@ def test_a_run_without_ray_address_never_imports_ray(tmp_path, shm_dir):
 
 
 def test_a_lost_actor_drops_what_it_stepped_and_did_not_send():
-    from sf_engine.receiver import DROPPED, PLACED, STEPPED, Receiver, RemoteSampler, remote_books_at_stop
+    from sf_engine.scaleout.receiver import DROPPED, PLACED, STEPPED, Receiver, RemoteSampler, remote_books_at_stop
 
     receiver = Receiver.__new__(Receiver)  # the books alone: no Ray, no run
     receiver.books = np.zeros((2, 3), np.int64)

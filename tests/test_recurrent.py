@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import REPO, SerialRun, compiled_kernels_expected, read_json, run_train, serial_plan
-from sf_engine import ppo
+from sf_engine.algo import ppo_math as ppo
 from sf_engine.envs import make_batch_env, probe_env_spec
-from sf_engine.model import ActorCritic
-from sf_engine.plan import build_plan
-from sf_engine.recurrent import run_sequence
+from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.run.plan import build_plan
+from sf_engine.model.recurrent import run_sequence
 
 
 def recurrent_model(rnn, actor_critic="shared"):
@@ -183,7 +183,7 @@ def _require_compiled_loops(recurrent) -> None:
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 def test_an_acting_step_matches_the_training_sequences_step(kind):
     """Acting (no gradients) takes torch's fused cell; it gives the sequence loops' state for one step."""
-    from sf_engine.recurrent import RecurrentCore
+    from sf_engine.model.recurrent import RecurrentCore
 
     torch.manual_seed(2)
     core = RecurrentCore(kind, 7, 16)
@@ -198,10 +198,10 @@ def test_an_acting_step_matches_the_training_sequences_step(kind):
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
 @pytest.mark.parametrize("loops", ["native", "torch"])
 def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops, monkeypatch):
-    """sf_engine.recurrent's forward and backward (the compiled loops, and the torch loops that CUDA,
+    """sf_engine.model.recurrent's forward and backward (the compiled loops, and the torch loops that CUDA,
     other dtypes and builds without the compiled loops run) give nn.GRU's / nn.LSTM's outputs and
     gradients, resets included, in double precision; the autograd node passes gradcheck with each."""
-    from sf_engine import recurrent
+    from sf_engine.model import recurrent
     if loops == "native":
         _require_compiled_loops(recurrent)
     else:  # as where the compiled loops are not built
@@ -239,7 +239,7 @@ def test_the_compiled_loops_are_built_and_taken():
     """`make` builds the compiled loops (setup.py); CPU float32/float64 take them, other dtypes the
     torch loops. In float32, on a learner-sized minibatch, they give nn.GRU's / nn.LSTM's outputs and
     gradients."""
-    from sf_engine import recurrent
+    from sf_engine.model import recurrent
     _require_compiled_loops(recurrent)
     assert [recurrent.loops_for(torch.zeros(1, dtype=dtype)) for dtype in
             (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "torch", "torch"]

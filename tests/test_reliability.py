@@ -177,7 +177,7 @@ def test_sigint_and_sigterm_stop_cleanly_within_10_s(tmp_path, shm_dir, sig, cod
     assert proc.returncode == code, out
     assert not alive(children)
     assert os.listdir(shm_dir) == []
-    from sf_engine.checkpoint import latest_checkpoint, load_checkpoint
+    from sf_engine.runtime.checkpoint import latest_checkpoint, load_checkpoint
 
     state = load_checkpoint(latest_checkpoint(os.path.join(exp, "checkpoints")))
     assert state["env_steps"] > 0 and "model" in state
@@ -200,7 +200,7 @@ def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(
         time.sleep(0.2)
     assert not alive(children)
     assert len(os.listdir(shm_dir)) == 1  # the dead runner could not remove its segment
-    from sf_engine.checkpoint import env_steps_of, latest_checkpoint
+    from sf_engine.runtime.checkpoint import env_steps_of, latest_checkpoint
 
     resumed_at = env_steps_of(latest_checkpoint(os.path.join(exp, "checkpoints")))
     result = run_train(args + ["--experiment", "crash", "--train_for_env_steps", str(resumed_at + 50_000)], tmp_path)
@@ -211,8 +211,8 @@ def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(
 
 @pytest.mark.e2e
 def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, shm_dir, capsys):
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     base = ["--experiment", "corrupt", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
@@ -231,7 +231,7 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp
 
 
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    from sf_engine import checkpoint
+    from sf_engine.runtime import checkpoint
 
     path = str(tmp_path / "checkpoint.pt")
     checkpoint.save_state_atomic(path, {"version": 1})
@@ -248,9 +248,9 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monkeypatch):
     from conftest import SerialRun
-    from sf_engine import learner as learner_module
-    from sf_engine.messages import CheckpointFailed
-    from sf_engine.plan import build_plan
+    from sf_engine.roles import learner as learner_module
+    from sf_engine.stats.messages import CheckpointFailed
+    from sf_engine.run.plan import build_plan
 
     plan = build_plan(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256",
                        "--train_dir", str(tmp_path)])
@@ -288,9 +288,9 @@ class _RunsCode:
 
 
 def test_a_checkpoint_carrying_a_pickled_callable_is_refused_and_nothing_runs(tmp_path, shm_dir, capsys):
-    from sf_engine import checkpoint
-    from sf_engine.plan import build_plan
-    from sf_engine.runner import run
+    from sf_engine.runtime import checkpoint
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
 
     base = ["--experiment", "foreign", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
             "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
@@ -306,7 +306,7 @@ def test_a_checkpoint_carrying_a_pickled_callable_is_refused_and_nothing_runs(tm
     capsys.readouterr()
     plan = build_plan(base + ["--train_for_env_steps", "6000"])  # resume skips it for the one before
     assert plan.resume_from == good and any("refused" in note for note in plan.notes)
-    from sf_engine import replay as enjoy_script
+    from sf_engine.play import enjoy as enjoy_script
 
     assert enjoy_script.main(["--train_dir", str(tmp_path), "--experiment", "foreign", "--checkpoint", evil]) == 2
     assert "refused" in capsys.readouterr().err

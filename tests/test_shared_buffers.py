@@ -7,9 +7,9 @@ import pytest
 
 from conftest import SerialRun
 from sf_engine.envs import ActionSpec, EnvSpec
-from sf_engine.ipc import get_many
-from sf_engine.plan import build_plan
-from sf_engine.shared_buffers import SharedBuffers, buffer_layout
+from sf_engine.runtime.ipc import get_many
+from sf_engine.run.plan import build_plan
+from sf_engine.runtime.shared_buffers import SharedBuffers, buffer_layout
 
 
 def small_plan(tmp_path):
@@ -75,7 +75,7 @@ def test_no_slot_is_handed_out_twice(tmp_path):
 
 
 def test_the_segment_is_created_exclusively_never_through_a_link(tmp_path):
-    from sf_engine.shared_buffers import shm_path
+    from sf_engine.runtime.shared_buffers import shm_path
 
     layout = {"stop": ((1,), "int64"), "slot_owner": ((4,), "int64")}
     names = {os.path.basename(shm_path(str(tmp_path), "/x/train_dir/exp")) for _ in range(3)}
@@ -104,7 +104,7 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
 
     import psutil
 
-    from sf_engine.experiment import _identity, _remove_leftovers
+    from sf_engine.run.experiment import _identity, _remove_leftovers
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -1,4 +1,4 @@
-"""Whole slots moved between two shared memories (sf_engine.slot_transport): a slot sampled by a real
+"""Whole slots moved between two shared memories (sf_engine.scaleout.slot_transport): a slot sampled by a real
 rollout worker and policy worker arrives bit-exact in another run's free slot (observations, versions,
 rewards, and the recurrent, turn-based and several-policy fields where a run has them), and a payload
 that does not fit is refused before anything is written."""
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import SerialRun, serial_plan
-from sf_engine.shared_buffers import SharedBuffers, slot_fields
-from sf_engine.slot_transport import ROWS_KEY, PayloadError, pack_slot, unpack_slot
+from sf_engine.runtime.shared_buffers import SharedBuffers, slot_fields
+from sf_engine.scaleout.slot_transport import ROWS_KEY, PayloadError, pack_slot, unpack_slot
 
 
 def _sampled(tmp_path, shm_dir, env, *flags, holding=()):

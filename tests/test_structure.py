@@ -1,5 +1,5 @@
-"""The code's shape: files and functions of a readable size, no import cycles, and the layering the
-design asks for (envs never imports sf_engine; the model and envs know nothing of the shared buffers)."""
+"""The code's shape: subpackages by role whose layers hold, files and functions of a readable size, no
+import cycles, every family default a flag."""
 import ast
 import glob
 import os
@@ -10,28 +10,46 @@ from conftest import REPO
 
 PACKAGES = {"sf_engine": "sf_engine", "envs": "sf_engine.envs"}  # folder -> the package it installs as
 ENVS = "sf_engine.envs"
+# what each subpackage may import of sf_engine besides itself: the layers, lowest first. A layer never
+# imports one above it: the runtime knows no role and nothing of a run; the model and the algorithms know
+# nothing of the runtime or the roles; the envs know nothing else of sf_engine.
+MAY_IMPORT = {
+    "envs": set(),
+    "config": {"envs"},
+    "stats": {"config"},
+    "model": {"config", "envs"},
+    "algo": {"model", "config", "envs"},
+    "runtime": {"algo", "model", "stats", "config", "envs"},
+    "play": {"runtime", "algo", "model", "stats", "config", "envs"},
+    "roles": {"play", "runtime", "algo", "model", "stats", "config", "envs"},
+    "scaleout": {"roles", "runtime", "algo", "model", "stats", "config", "envs"},
+    "run": {"scaleout", "roles", "play", "runtime", "algo", "model", "stats", "config", "envs"},
+}
+TOP_LEVEL = {"sf_engine", "sf_engine.export"}  # the package itself and `python -m sf_engine.export`
 
 
 def _modules() -> dict:
-    """module name -> parsed source of every module of the two packages."""
+    """module name -> (source, whether it is a package) of every module of sf_engine (its subpackages
+    included) and of envs/."""
     out = {}
     for folder, package in PACKAGES.items():
-        for path in glob.glob(os.path.join(REPO, folder, "*.py")):
-            name = f"{package}.{os.path.basename(path)[:-3]}".removesuffix(".__init__")
+        for path in glob.glob(os.path.join(REPO, folder, "**", "*.py"), recursive=True):
+            relative = os.path.relpath(path, os.path.join(REPO, folder))[:-3].replace(os.sep, ".")
+            name = f"{package}.{relative}".removesuffix(".__init__")
             with open(path) as f:
-                out[name] = f.read()
+                out[name] = (f.read(), path.endswith("__init__.py"))
     return out
 
 
 def _imports(modules: dict) -> dict:
     """module -> the modules of the two packages it imports (at the top or inside a function)."""
     graph = {}
-    for name, source in modules.items():
+    for name, (source, is_package) in modules.items():
         targets = set()
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.ImportFrom):
-                package = name if name in PACKAGES.values() else name.rpartition(".")[0]
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+                parts = (name if is_package else name.rpartition(".")[0]).split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
                 module = ".".join(part for part in (base, node.module) if part)
                 targets |= {module} | {f"{module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
@@ -40,12 +58,27 @@ def _imports(modules: dict) -> dict:
     return graph
 
 
+def _room(module: str) -> str | None:
+    """The subpackage (layer) a module lives in: 'envs', 'config', ..., or None at the top."""
+    if module.startswith(ENVS):
+        return "envs"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or module in {f"sf_engine.{room}" for room in MAY_IMPORT} else None
+
+
 def test_files_and_functions_stay_small():
-    for name, source in _modules().items():
+    for name, (source, _) in _modules().items():
         assert source.count("\n") <= 400, f"{name}: {source.count(chr(10))} lines"
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 assert node.end_lineno - node.lineno < 60, f"{name}.{node.name}: over 60 lines"
+
+
+def test_every_module_lives_in_a_subpackage_of_its_role():
+    modules = _modules()
+    rooms = {_room(name) for name in modules} - {None}
+    assert rooms == set(MAY_IMPORT), f"subpackages {sorted(rooms)}, the layers name {sorted(MAY_IMPORT)}"
+    assert {name for name in modules if _room(name) is None} == TOP_LEVEL
 
 
 def test_no_import_cycles_and_the_layers_hold():
@@ -58,16 +91,18 @@ def test_no_import_cycles_and_the_layers_hold():
     assert not cycles, f"import cycles through {cycles}"
     envs = [m for m in graph if m.startswith(ENVS)]
     assert len(envs) >= 4 and graph[ENVS] >= {f"{ENVS}.registry", f"{ENVS}.spec"}, "the envs imports were not read"
-    assert not [(m, t) for m in envs for t in graph[m] if not t.startswith(ENVS)]
-    for name in ["sf_engine.model"] + envs:
-        assert "sf_engine.shared_buffers" not in graph[name], name
+    assert graph["sf_engine.roles.learner"], "the roles' imports were not read"
+    crossings = sorted((name, target) for name, targets in graph.items() for target in targets
+                       if _room(name) and _room(target) and _room(target) != _room(name)
+                       and _room(target) not in MAY_IMPORT[_room(name)])
+    assert not crossings, f"imports against the layers: {crossings}"
 
 
 def test_the_main_process_needs_no_torch_when_nothing_is_measured(tmp_path):
     """Start-up is part of the user's wait: with the sampler's size and the device given, building the
     plan and loading the main process's modules import no torch (the forkserver preloads it for the
     children; --device auto imports it only where the CUDA driver sees a GPU, to ask torch too)."""
-    code = ("import sys; from sf_engine import runner, supervisor, serial; from sf_engine.plan import build_plan; "
+    code = ("import sys; from sf_engine.run import runner, serial, supervisor; from sf_engine.run.plan import build_plan; "
             "build_plan(['--num_workers', '1', '--num_envs_per_worker', '8', '--device', 'cpu', "
             f"'--train_dir', {str(tmp_path)!r}]); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")

@@ -9,9 +9,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO, read_json, run_train
-from sf_engine.device import cpu_has_native_bf16
-from sf_engine.plan import build_plan
-from sf_engine.runner import run
+from sf_engine.runtime.device import cpu_has_native_bf16
+from sf_engine.run.plan import build_plan
+from sf_engine.run.runner import run
 
 pytestmark = pytest.mark.e2e
 

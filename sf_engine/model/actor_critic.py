@@ -1,0 +1,371 @@
+"""Encoders, recurrent cores, actor-critic heads, action distributions and normalizers.
+
+Runs in the policy worker (inference) and the learner (training). Observations arrive as a dict
+key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled here, on the device).
+Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [B].
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from sf_engine.model.distributions import ActionDistribution
+from sf_engine.envs.spec import ACTION_MASK_KEY, is_image
+from sf_engine.model import kernels
+from sf_engine.model.cnn import cnn_for
+from sf_engine.model.cnn import init_layer as _init
+from sf_engine.model.kernels import Tanh, mlp
+from sf_engine.model.recurrent import RecurrentCore
+
+_ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
+MASKED_LOGIT = -1e9  # an illegal action's logit: probability 0 in float32, its log-probability still finite
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean/variance (Chan et al. parallel merge). Buffers, so they travel with the weights."""
+
+    def __init__(self, shape: tuple):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.full((), 1e-4))
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor) -> None:
+        """Merge the statistics of `batch` [N, *shape] (learner only)."""
+        batch = batch.float()
+        n = batch.shape[0]
+        batch_mean = batch.mean(0)
+        batch_var = (batch - batch_mean).square_().mean(0)  # two passes: a third of torch's var(0) on images
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
+
+    def image_affine(self):
+        """(scale, shift) with raw * scale + shift = (raw / 255 - mean) / std, statistics kept in [0, 1]."""
+        inv_std = torch.rsqrt(self.var + 1e-5)
+        return inv_std / 255.0, -self.mean * inv_std
+
+
+class MLP(nn.Module):
+    """`layers` linear layers of `hidden_size` units, each followed by the activation, run by kernels.mlp (one
+    compiled forward and backward on the CPU) rather than module by module: a module call costs several
+    us of Python, a large part of acting on a small batch. The parameters keep the nn.Sequential names
+    (net.0.weight, ...)."""
+
+    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str):
+        super().__init__()
+        modules, size = [], in_size
+        for _ in range(layers):
+            modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), _ACTIVATIONS[activation]()]
+            size = hidden_size
+        self.net = nn.Sequential(*modules)
+        self.linears = [module for module in modules if isinstance(module, nn.Linear)]
+        self.activations = (activation,) * layers
+        self.out_size = size
+
+    def forward(self, x):
+        return mlp(x, self.linears, self.activations)
+
+
+def _channels_first(shape: tuple) -> bool:
+    """Images come as [C, H, W] (EnvPool) or [H, W, C] (most Gymnasium envs, C in 1..4)."""
+    return not (shape[-1] <= 4 < shape[0])
+
+
+class Encoder(nn.Module):
+    """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
+
+    def __init__(self, spec, mcfg):
+        super().__init__()
+        self.keys, self.image_keys, self.hwc_keys = [], set(), set()
+        self.nets = nn.ModuleDict()
+        self.normalizers = nn.ModuleDict()
+        for key, shape, dtype in spec.obs:
+            if key == ACTION_MASK_KEY:  # not seen by the network: it masks the policy's logits (ActorCritic)
+                continue
+            self.keys.append(key)
+            if is_image(shape, dtype) and mcfg.encoder != "mlp":
+                self.image_keys.add(key)
+                if not _channels_first(shape):
+                    self.hwc_keys.add(key)
+                    shape = (shape[2], shape[0], shape[1])
+                self.nets[key] = cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
+                if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
+                    self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
+            else:
+                self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
+                if mcfg.normalize_input and dtype != "uint8":
+                    self.normalizers[key] = RunningMeanStd((int(math.prod(shape)),))
+        self.out_size = sum(net.out_size for net in self.nets.values())
+
+    @property
+    def single_mlp(self):
+        """(key, MLP) when the encoder is one MLP over one vector observation, else None."""
+        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP):
+            return self.keys[0], self.nets[self.keys[0]]
+        return None
+
+    def prepare(self, key: str, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
+        """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
+        --bf16's autocast or if `bf16`), vectors flattened and normalized."""
+        if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
+            rows = x if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+            bf16 = bf16 or torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
+            scale, shift = self.normalizers[key].image_affine() if key in self.normalizers else (None, None)
+            fused = kernels.image_affine(rows, scale, shift, bf16)  # the compiled kernel's one pass, on the CPU
+            if fused is not None:
+                return fused.permute(0, 3, 1, 2)
+            # converted as contiguous [B, H, W, C] rows (torch's CPU conversion of a channels-last view
+            # takes its slow strided path), then seen as [B, C, H, W] in channels-last
+            rows = rows.to(torch.bfloat16 if bf16 else torch.float32)
+            if scale is not None:  # (x / 255 - mean) / std in two passes, clipped to 5 std
+                return rows.mul_(scale.to(rows.dtype)).add_(shift.to(rows.dtype)).clamp_(-5.0, 5.0).permute(0, 3, 1, 2)
+            return rows.div_(255.0).permute(0, 3, 1, 2)
+        if x.dtype == torch.uint8:
+            return x.reshape(x.shape[0], -1).float().div_(255.0)
+        x = x.reshape(x.shape[0], -1).float()
+        return self.normalizers[key].normalize(x) if key in self.normalizers else x
+
+    def forward(self, obs: dict, bf16_nets: nn.ModuleDict = None) -> torch.Tensor:
+        """Features [B, out_size]; with `bf16_nets` (bfloat16_nets()) its image networks run in bfloat16."""
+        nets = self.nets if bf16_nets is None else bf16_nets
+        bf16 = bf16_nets is not None
+        if len(self.keys) == 1:
+            key = self.keys[0]
+            return nets[key](self.prepare(key, obs[key], bf16))
+        return torch.cat([nets[key](self.prepare(key, obs[key], bf16 and key in self.image_keys))
+                          for key in self.keys], dim=1)
+
+    def bfloat16_nets(self, copies: nn.ModuleDict = None) -> nn.ModuleDict:
+        """The networks with bfloat16 copies of the image networks (the others as they are): made, or
+        `copies` refreshed from the current weights."""
+        if copies is None:
+            return nn.ModuleDict({key: copy.deepcopy(net).to(torch.bfloat16) if key in self.image_keys else net
+                                  for key, net in self.nets.items()})
+        with torch.no_grad():
+            for key in self.image_keys:
+                for target, source in zip(copies[key].parameters(), self.nets[key].parameters()):
+                    target.copy_(source)
+        return copies
+
+
+class ActorCritic(nn.Module):
+    """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two); with
+    --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
+
+    def __init__(self, spec, mcfg, bf16: bool = False):
+        """`mcfg`: a ModelConfig resolved by model_shape.resolve_model_config (no 'auto'). `bf16`: the
+        encoders run under bfloat16 autocast (--bf16); the cores, heads and losses stay float32."""
+        super().__init__()
+        self.bf16 = bf16
+        if "auto" in (mcfg.encoder, mcfg.actor_critic, mcfg.rnn_size):
+            raise ValueError("ActorCritic needs a resolved ModelConfig: see sf_engine.model.shape")
+        self.distribution = ActionDistribution(spec.action)
+        self.masked = spec.action_mask  # obs[ACTION_MASK_KEY] says which actions are legal (see legal())
+        self.actor_encoder = Encoder(spec, mcfg)
+        self.critic_encoder = Encoder(spec, mcfg) if mcfg.actor_critic == "separate" else None
+        size = self.actor_encoder.out_size
+        self.actor_core = self.critic_core = None
+        if mcfg.rnn != "none":
+            self.actor_core = RecurrentCore(mcfg.rnn, size, mcfg.rnn_size)
+            if self.critic_encoder is not None:
+                self.critic_core = RecurrentCore(mcfg.rnn, size, mcfg.rnn_size)
+            size = self.actor_core.out_size
+        self.state_size = sum(core.state_size for core in (self.actor_core, self.critic_core) if core is not None)
+        self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
+        self.value_head = _init(nn.Linear(size, 1), 1.0)
+        if mcfg.weight_init == "unit":  # Sample Factory's: orthogonal with gain 1 everywhere, heads included
+            for layer in self.modules():
+                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                    _init(layer, 1.0)
+        self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
+        self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
+        # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
+        self._bf16_acting, self._bf16_sources, self._bf16_version = None, [], 0
+        # separate MLP encoders over one vector observation (CartPole's): each encoder and its head
+        # run as one MLP (one compiled call on the CPU, see kernels.mlp); else None
+        self._stacks = None
+        if not self.recurrent and self.critic_encoder is not None and self.actor_encoder.single_mlp:
+            self._stacks = tuple((encoder, encoder.single_mlp[1].linears + [head],
+                                  encoder.single_mlp[1].activations + ("identity",))
+                                 for encoder, head in ((self.actor_encoder, self.policy_head),
+                                                       (self.critic_encoder, self.value_head)))
+
+    @property
+    def recurrent(self) -> bool:
+        return self.actor_core is not None
+
+    def initial_state(self, batch: int, device="cpu"):
+        """The state of `batch` envs at an episode's start: zeros [batch, state_size], None without a core."""
+        return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
+
+    def refresh_bf16_acting(self) -> None:
+        """--bf16 acting (the policy worker, after each weight reload): bfloat16 copies of the image
+        networks' and the cores' weights, which forward() without gradients then runs in bfloat16
+        without autocast (which casts every weight again on every call: a tenth of a Doom forward);
+        the cores' state stays float32 between steps. Models without images act under autocast. Once
+        made, a forward that finds the weights changed in place since (a load, an optimizer step)
+        refreshes the copies first."""
+        if self.bf16 and self.actor_encoder.image_keys:
+            encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None]
+            cores = [c for c in (self.actor_core, self.critic_core) if c is not None]
+            nets, weights = self._bf16_acting or ([None] * len(encoders), [None] * len(cores))
+            self._bf16_acting = ([encoder.bfloat16_nets(copies) for encoder, copies in zip(encoders, nets)],
+                                 [core.bfloat16_weights(copies) for core, copies in zip(cores, weights)])
+            self._bf16_sources = ([p for e in encoders for key in e.image_keys for p in e.nets[key].parameters()]
+                                  + [w for core in cores for w in core.weights])
+            self._bf16_version = sum(p._version for p in self._bf16_sources)
+
+    def _acting_bf16(self):
+        """(encoder networks, core weights) in bfloat16 when acting under --bf16 (see refresh_bf16_acting)."""
+        if self._bf16_acting is None or torch.is_grad_enabled():
+            return None
+        if sum(p._version for p in self._bf16_sources) != self._bf16_version:  # changed since: no stale copy
+            self.refresh_bf16_acting()
+        return self._bf16_acting
+
+    def _features(self, obs: dict, acting=None):
+        """(actor features, critic features); `acting`: _acting_bf16()'s bfloat16 copies, or None."""
+        if acting is not None:
+            features = self.actor_encoder(obs, acting[0][0])
+            critic = features if self.critic_encoder is None else self.critic_encoder(obs, acting[0][1])
+            return features.float(), critic.float()
+        if not self.bf16:
+            features = self.actor_encoder(obs)
+            return features, (features if self.critic_encoder is None else self.critic_encoder(obs))
+        with torch.autocast(next(iter(obs.values())).device.type, dtype=torch.bfloat16):
+            features = self.actor_encoder(obs)
+            critic = features if self.critic_encoder is None else self.critic_encoder(obs)
+        return features.float(), critic.float()
+
+    def _cores(self, features, critic_features, state, acting=None):
+        """One step of the core(s): (actor out, critic out, new state); `acting` as in _features."""
+        actor_weights, critic_weights = (acting[1] + [None])[:2] if acting is not None else (None, None)
+        if self.critic_core is None:
+            out, new_state = self.actor_core.step(features, state, actor_weights)
+            return out, out, new_state
+        actor_state, critic_state = state.split(self.actor_core.state_size, dim=-1)
+        out, new_actor = self.actor_core.step(features, actor_state, actor_weights)
+        critic_out, new_critic = self.critic_core.step(critic_features, critic_state, critic_weights)
+        return out, critic_out, torch.cat([new_actor, new_critic], dim=-1)
+
+    def forward(self, obs: dict, state=None):
+        """Distribution parameters [B, P] and normalized values [B]; with a core also the new state
+        (`state`: [B, state_size], already zeroed where an episode starts)."""
+        if self._stacks is not None and not self.bf16:
+            params, values = (mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
+                              for encoder, linears, activations in self._stacks)
+            return self.legal(params, obs), values.squeeze(-1)
+        acting = self._acting_bf16()
+        features, critic_features = self._features(obs, acting)
+        if not self.recurrent:
+            return self.legal(self.policy_head(features), obs), self.value_head(critic_features).squeeze(-1)
+        out, critic_out, new_state = self._cores(features, critic_features, state, acting)
+        return self.legal(self.policy_head(out), obs), self.value_head(critic_out).squeeze(-1), new_state
+
+    def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
+        """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask
+        (obs[ACTION_MASK_KEY], 0 = illegal): they are never sampled, and the log-probs and entropies
+        cover the legal actions only. A (sub-)action with no legal value at all is left unmasked: a
+        categorical of only -1e9 logits has no meaning, and float32 cannot normalize it."""
+        if not self.masked:
+            return params
+        illegal = obs[ACTION_MASK_KEY].reshape(params.shape) == 0
+        none_legal = torch.cat([part.all(-1, keepdim=True).expand_as(part)
+                                for part in illegal.split(self.distribution.nvec, dim=-1)], dim=-1)
+        return params.masked_fill(illegal & ~none_legal, MASKED_LOGIT)
+
+    def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
+        """The core re-run over sequences, as the policy worker ran it step by step. obs: key ->
+        [R * B, ...] time-major; state [B, state_size] before the first step; episode_start [R, B] (the
+        state is zeroed before those steps). Returns params [R * B, P], normalized values [R * B] and
+        the actor core's outputs [R, B, rnn_size] (its hidden state after each step)."""
+        num_steps, batch = episode_start.shape
+        features, critic_features = self._features(obs)
+        actor_state = state if self.critic_core is None else state[:, :self.actor_core.state_size]
+        out = self.actor_core.sequence(features.view(num_steps, batch, -1), actor_state, episode_start)
+        critic_out = out
+        if self.critic_core is not None:
+            critic_out = self.critic_core.sequence(critic_features.view(num_steps, batch, -1),
+                                                   state[:, self.actor_core.state_size:], episode_start)
+        params = self.legal(self.policy_head(out.reshape(num_steps * batch, -1)), obs)
+        values = self.value_head(critic_out.reshape(num_steps * batch, -1)).squeeze(-1)
+        return params, values, out
+
+    def direct_gradients(self, obs: dict) -> bool:
+        """Whether loss_gradients runs for `obs`: the separate MLP stacks (see _stacks), categorical
+        actions, the compiled kernels on CPU float32, no bf16."""
+        return (self._stacks is not None and self.distribution.kind == "discrete" and not self.bf16
+                and not self.masked and kernels.use_kernels(next(iter(obs.values()))))
+
+    def loss_gradients(self, obs: dict, loss_and_grads):
+        """A training step's forward and backward without autograd, where direct_gradients(obs): both stacks'
+        forward (compiled), loss_and_grads(logits [B, n], normalized values [B]) -> (stats, d loss / d
+        logits, d loss / d values), and both stacks' backward adding into each parameter's .grad. The
+        gradients of autograd through forward() and the same loss (tests/test_ops.py). Returns stats."""
+        inputs = [encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]) for encoder, _, _ in self._stacks]
+        outputs = [kernels.mlp_outputs(x, linears, activations) for x, (_, linears, activations) in zip(inputs, self._stacks)]
+        stats, grad_logits, grad_values = loss_and_grads(outputs[0][-1], outputs[1][-1].squeeze(-1))
+        for x, out, grad, (_, linears, activations) in zip(inputs, outputs, (grad_logits, grad_values.unsqueeze(1)),
+                                                           self._stacks):
+            kernels.mlp_backward_into(grad, x, out, linears, activations)
+        return stats
+
+    def values(self, obs: dict) -> torch.Tensor:
+        """Feed-forward models only (a recurrent model's values come from forward with a state, or
+        forward_sequence)."""
+        if self._stacks is not None and not self.bf16:
+            encoder, linears, activations = self._stacks[1]
+            return mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations).squeeze(-1)
+        encoder = self.critic_encoder or self.actor_encoder
+        return self.value_head(encoder(obs)).squeeze(-1)
+
+    def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return values if rn is None else values * torch.sqrt(rn.var + 1e-8) + rn.mean
+
+    def normalize_returns(self, returns: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return returns if rn is None else (returns - rn.mean) / torch.sqrt(rn.var + 1e-8)
+
+    def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
+        """Learner only: merge a batch's observation and return statistics (valid samples only)."""
+        for key, normalizer in self.actor_encoder.normalizers.items():
+            if key in self.actor_encoder.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
+                normalizer.update(obs[key][::4].float().div_(255.0))
+            else:
+                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+        if self.critic_encoder is not None:
+            for key, normalizer in self.critic_encoder.normalizers.items():
+                normalizer.load_state_dict(self.actor_encoder.normalizers[key].state_dict())
+        if self.return_normalizer is not None:
+            self.return_normalizer.update(returns)
+
+    def outputs(self, obs: dict, state=None):
+        """(params, normalized values, new state): forward's outputs with or without a core (the new
+        state is None without one)."""
+        return self(obs, state) if self.recurrent else (*self(obs), None)
+
+    def sample(self, obs: dict, state=None):
+        """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
+        a core; `state` [B, state_size] already zeroed where an episode starts)."""
+        params, values, new_state = self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
+        actions, log_probs = self.distribution.sample(params, self.log_std)
+        return actions, log_probs, self.denormalize_values(values), new_state
+
+    def log_prob_entropy(self, params, actions):
+        return self.distribution.log_prob_entropy(params, actions, self.log_std)
+
+
+def obs_tensors(obs: dict, device="cpu") -> dict:
+    """A batched env's observations (key -> numpy [B, ...]) as tensors on `device`, dtypes kept."""
+    return {key: torch.as_tensor(value, device=device) for key, value in obs.items()}

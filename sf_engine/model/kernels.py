@@ -1,0 +1,286 @@
+"""CPU costs of acting with and training a small network, cut (perf/learner_step.py measures them):
+
+- `mlp`: an MLP (linear layers, each followed by tanh, ReLU or nothing) as one compiled forward and
+  one compiled backward (sf_engine/csrc/cpu_kernels.cpp, built by setup.py) on CPU float32, instead of
+  an op and an autograd node per layer and activation; elsewhere (CUDA, other dtypes, autocast,
+  tracing for export, torch.compile, or without the build) the same layers as torch ops.
+- `Tanh`: torch's CPU tanh is not vectorized (about 2.6 ns per float32 on one core, the same with
+  every ATEN_CPU_CAPABILITY), NumPy's is (about 0.4 ns); on the CPU the forward runs NumPy's and the
+  backward torch's tanh_backward. Elsewhere (CUDA, other dtypes, tracing for export, torch.compile)
+  it is torch.tanh.
+- `ELU`: torch's CPU ELU computes a scalar expm1 per element; on the CPU (float32, bfloat16) it runs
+  the compiled kernel's vector pass in place, about 2.5x faster (the backward is torch's).
+- `image_affine`: uint8 images to a network's input (normalized, float32 or bfloat16) in one
+  compiled pass instead of torch's four.
+- `FlatAdam`: the parameters are already views into one flat vector (weights.flatten_state, for
+  publishing); their gradients are made views into one flat gradient too, so gradient clipping is one
+  norm and one multiply, and Adam one fused kernel over one tensor, instead of a handful of kernels
+  per parameter tensor.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+_KERNELS_VERSION = 3  # cpu_kernels.cpp's version(): a build of another version is not used
+ACTIVATIONS = ("identity", "tanh", "relu")  # the kernels' activation codes are these indices
+
+
+def _load_kernels():
+    """The compiled CPU kernels as torch ops, or None when they were not built, do not load (built for
+    another torch), are of another version (rebuild: `make`) or have only a scalar tanh."""
+    spec = importlib.util.find_spec("sf_engine.model._cpu_kernels")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        torch.ops.load_library(spec.origin)
+        ops = torch.ops.sf_engine_cpu
+        return ops if ops.version() == _KERNELS_VERSION and ops.vector_tanh() else None
+    except (OSError, RuntimeError, AttributeError):
+        return None
+
+
+KERNELS = _load_kernels()
+
+
+class _CompiledMLP(torch.autograd.Function):
+    """The MLP as one autograd node: the forward keeps every layer's output, which the backward reads."""
+
+    @staticmethod
+    def forward(ctx, x, activations, *params):
+        num_layers = len(params) // 2
+        weights, biases = list(params[:num_layers]), list(params[num_layers:])
+        outputs = KERNELS.mlp_forward(x, weights, biases, activations, True)
+        ctx.save_for_backward(x, *outputs, *weights)
+        ctx.num_layers, ctx.activations = num_layers, activations
+        return outputs[-1]
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved, num_layers = ctx.saved_tensors, ctx.num_layers
+        x, outputs, weights = saved[0], list(saved[1:1 + num_layers]), list(saved[1 + num_layers:])
+        grads = KERNELS.mlp_backward(grad, x, outputs, weights, ctx.activations, ctx.needs_input_grad[0])
+        return (grads[0] if ctx.needs_input_grad[0] else None, None, *grads[1:])
+
+
+def use_kernels(x: torch.Tensor) -> bool:
+    """Whether `mlp` runs the compiled kernels on x."""
+    return (KERNELS is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+            and x.shape[0] > 0 and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling())
+
+
+def _layers(linears: list, activations: tuple) -> tuple:
+    return ([linear.weight for linear in linears], [linear.bias for linear in linears],
+            [ACTIVATIONS.index(name) for name in activations])
+
+
+def mlp_outputs(x: torch.Tensor, linears: list, activations: tuple) -> list:
+    """Every layer's output of mlp(x) (the last is the MLP's), by the compiled kernels, without autograd:
+    what mlp_backward_into needs."""
+    return KERNELS.mlp_forward(x, *_layers(linears, activations), True)
+
+
+def mlp_backward_into(grad: torch.Tensor, x: torch.Tensor, outputs: list, linears: list, activations: tuple) -> None:
+    """The backward of mlp_outputs(x) for the gradient `grad` of its output: each parameter's gradient
+    added into its .grad (the optimizer's flat gradient: no autograd node, no temporary gradients)."""
+    weights, biases, codes = _layers(linears, activations)
+    KERNELS.mlp_backward_into(grad, x, outputs, weights, codes, [w.grad for w in weights], [b.grad for b in biases])
+
+
+def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None) -> torch.Tensor:
+    """x [B, I] through each nn.Linear of `linears` followed by its activation (a name of ACTIVATIONS).
+    `kernels` forces the compiled kernels (True) or torch ops (False); None: the kernels where they run."""
+    if kernels if kernels is not None else use_kernels(x):
+        weights = [linear.weight.contiguous() for linear in linears]
+        biases = [linear.bias.contiguous() for linear in linears]
+        codes = [ACTIVATIONS.index(name) for name in activations]
+        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights + biases)):
+            return _CompiledMLP.apply(x, codes, *weights, *biases)
+        return KERNELS.mlp_forward(x, weights, biases, codes, False)[0]
+    for linear, name in zip(linears, activations):
+        x = F.linear(x, linear.weight, linear.bias)
+        x = tanh(x) if name == "tanh" else torch.relu(x) if name == "relu" else x
+    return x
+
+
+class _NumpyTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.from_numpy(np.tanh(x.detach().numpy()))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return torch.ops.aten.tanh_backward(grad, y)
+
+
+def tanh(x: torch.Tensor) -> torch.Tensor:
+    if (x.device.type == "cpu" and x.dtype in _NUMPY_DTYPES and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling()):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _NumpyTanh.apply(x)
+        return torch.from_numpy(np.tanh(x.detach().numpy()))  # acting: no autograd node to build
+    return torch.tanh(x)
+
+
+class Tanh(nn.Module):
+    """nn.Tanh, with NumPy's vectorized tanh on the CPU (see above)."""
+
+    def forward(self, x):
+        return tanh(x)
+
+
+class _KernelELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        KERNELS.elu_(x)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, = ctx.saved_tensors
+        return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
+
+
+def elu_(x: torch.Tensor) -> torch.Tensor:
+    """ELU (alpha 1) of x, in place where the compiled kernel runs (a contiguous or channels-last CPU
+    float32 or bfloat16 tensor that is not a view, nor a leaf that needs a gradient), else torch's F.elu."""
+    dense = x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
+    if (KERNELS is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not dense
+            or x._base is not None or (x.is_leaf and x.requires_grad)
+            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return F.elu(x)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _KernelELU.apply(x)
+    return KERNELS.elu_(x)
+
+
+def image_affine(rows: torch.Tensor, scale, shift, bf16: bool):
+    """uint8 images [B, H, W, C] -> (x / 255 - mean) / std clipped to 5 std (`scale`, `shift` [H, W, C]
+    from a normalizer's image_affine), or x / 255 (None, None), in float32 or (`bf16`) bfloat16, by
+    the compiled kernel in one pass; None where it does not run (not the CPU, tracing, compiling)."""
+    if (KERNELS is None or rows.device.type != "cpu" or rows.dtype != torch.uint8 or rows.shape[0] == 0
+            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return None
+    if scale is None:
+        return KERNELS.image_affine(rows, *_unit_affine(rows[0].numel()), 0.0, 1.0, bf16)
+    return KERNELS.image_affine(rows, scale, shift, -5.0, 5.0, bf16)
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_affine(pixels: int) -> tuple:
+    """(scale, shift) of x / 255 for images of `pixels` values (normal tensors, even when first asked
+    for under inference mode)."""
+    with torch.inference_mode(False):
+        return torch.full((pixels,), 1.0 / 255.0), torch.zeros(pixels)
+
+
+class ELU(nn.Module):
+    """nn.ELU with the compiled kernel on the CPU (see above). In place on its input: only after a layer
+    whose output nothing else reads (a convolution's, a linear layer's)."""
+
+    def forward(self, x):
+        return elu_(x)
+
+
+def _channels_last(tensor: torch.Tensor) -> bool:
+    return tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) and not tensor.is_contiguous()
+
+
+def flat_layout(tensor: torch.Tensor, like: torch.Tensor = None) -> torch.Tensor:
+    """`tensor` as a 1-D tensor in the order a flat vector holds it: a channels-last 4-D tensor (or
+    one shaped like the channels-last `like`) as [O, H, W, I]."""
+    if _channels_last(tensor if like is None else like):
+        return tensor.permute(0, 2, 3, 1).reshape(-1)
+    return tensor.reshape(-1)
+
+
+def view_like(chunk: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """`chunk` (1-D, tensor.numel() long) as a tensor of `tensor`'s shape and memory layout (the
+    inverse of flat_layout)."""
+    if _channels_last(tensor):
+        out_c, in_c, height, width = tensor.shape
+        return chunk.view(out_c, height, width, in_c).permute(0, 3, 1, 2)
+    return chunk.view_as(tensor)
+
+
+class FlatAdam:
+    """Adam over the parameters of `model`, which must be views into the flat vector `flat` in the
+    order of model.parameters(), first (weights.flatten_state lays them out so). zero_grad,
+    clip_grad_norm and step each touch one flat tensor."""
+
+    def __init__(self, model: nn.Module, flat: torch.Tensor, lr: float, eps: float):
+        self._model_params = params = list(model.parameters())
+        size = sum(p.numel() for p in params)
+        self.param = nn.Parameter(flat[:size], requires_grad=True)  # shares flat's storage
+        self.grad = torch.zeros_like(self.param)
+        offset = 0
+        for p in params:
+            if p.data_ptr() != flat[offset:].data_ptr():
+                raise ValueError("FlatAdam: the parameters are not laid out in the flat vector in order")
+            p.grad = view_like(self.grad[offset:offset + p.numel()], p)  # autograd accumulates into it
+            offset += p.numel()
+        self.param.grad = self.grad
+        fused = flat.device.type in ("cpu", "cuda")
+        self.optimizer = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=fused)
+
+    @property
+    def param_groups(self) -> list:
+        return self.optimizer.param_groups  # load_state_dict replaces the list
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Scale the gradient to norm <= max_norm (torch.nn.utils.clip_grad_norm_'s rule; 0: no
+        clipping); returns the norm before."""
+        norm = torch.linalg.vector_norm(self.grad)
+        if max_norm > 0:
+            self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
+
+    def step(self) -> None:
+        """torch's fused Adam kernel on the flat vector, called directly where torch has it (Optimizer.step's
+        own Python around the same kernel costs about 25 us per call, 2% of a CartPole minibatch); the
+        state lives in the torch optimizer, so state_dict and load_state_dict are torch's."""
+        group = self.optimizer.param_groups[0]
+        if not hasattr(torch, "_fused_adam_") or group["amsgrad"] or group["maximize"] or group["weight_decay"]:
+            self.optimizer.step()
+            return
+        state = self.optimizer.state[self.param]
+        if not state:  # as torch's Adam initializes it (a float32 step on the parameter's device for fused)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=self.param.device)
+            state["exp_avg"] = torch.zeros_like(self.param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(self.param, memory_format=torch.preserve_format)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        with torch.no_grad():
+            torch._fused_adam_([self.param], [self.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [],
+                               [state["step"]], amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
+                               weight_decay=0.0, eps=group["eps"], maximize=False)
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """A flat optimizer state, or one saved per parameter tensor (older checkpoints): merged."""
+        per_tensor = state.get("state", {})
+        if len(state.get("param_groups", [{}])[0].get("params", [])) > 1 and per_tensor:
+            merged = {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                merged[key] = torch.cat([flat_layout(per_tensor[i][key], p) for i, p in enumerate(self._model_params)])
+            merged["step"] = torch.as_tensor(per_tensor[0]["step"], dtype=torch.float32).clone()
+            group = {**state["param_groups"][0], "params": [0]}
+            state = {"state": {0: merged}, "param_groups": [group]}
+        self.optimizer.load_state_dict(state)

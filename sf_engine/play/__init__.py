@@ -1,0 +1,1 @@
+"""Using a trained policy: enjoy.py (loading, video, matches against an opponent) and export."""

@@ -1,0 +1,142 @@
+"""Two-player games against an opponent: `enjoy.py --opponent` and the evaluator's win rate against a
+random player (train.py --eval_every_sec on a two-player PettingZoo env).
+
+The trained policy plays one seat, the opponent the other, the seats swapping from one game to the
+next, so that both are played equally. Opponents (`make_opponent`):
+  random           a uniformly random legal action (the observation's action mask, where it has one);
+  MODULE:FUNCTION  FUNCTION(observation) -> action, called with the env's own observation of its seat
+                   (as PettingZoo gives it: for classic games the dict with 'observation' and
+                   'action_mask');
+  a checkpoint     another policy trained on the same env (its file is loaded as data, never run).
+A game is won when the policy's return is above the opponent's, drawn when equal, lost when below.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+
+from sf_engine.envs.masks import random_actions
+from sf_engine.play.episodes import act
+from sf_engine.model.actor_critic import obs_tensors
+
+
+class OpponentError(ValueError):
+    """A --opponent the engine cannot play against: one line naming it and the fix."""
+
+
+class Opponent:
+    """actions(env, rows, obs) -> the opponent's actions [len(rows)] for those rows of `env` (a
+    MultiAgentBatchEnv) whose agents it plays; `obs` is the batch's observation arrays."""
+
+    def __init__(self, name: str, spec, choose):
+        self.name, self.spec, self._choose = name, spec, choose
+
+    def actions(self, env, rows: np.ndarray, obs: dict) -> np.ndarray:
+        return self._choose(env, rows, obs)
+
+
+def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0) -> Opponent:
+    """The opponent a --opponent value names (see the module's docstring), or OpponentError.
+    `load_policy(path)`: the policy of a checkpoint file (or an error to report), for that kind."""
+    if text == "random":
+        rng = np.random.default_rng(seed)
+        return Opponent("random", spec, lambda env, rows, obs: random_actions(spec, obs, rng, rows))
+    if ":" in text and not text.endswith((".pt", ".pth")):
+        function = _import_function(text)
+        start = int(spec.action.start[0]) if spec.action.kind == "discrete" and spec.action.start else 0
+
+        def call(env, rows, obs):  # the env's own action values, back to the policy's 0..n-1
+            return np.array([np.asarray(function(env.raw_observation(int(row)))) - start for row in rows])
+        return Opponent(text, spec, call)
+    return _checkpoint_opponent(text, spec, load_policy, device)
+
+
+def _import_function(text: str):
+    module_name, _, name = text.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        function = getattr(module, name)
+    except (ImportError, AttributeError) as exc:
+        raise OpponentError(f"--opponent {text}: cannot import it ({exc}); give random, MODULE:FUNCTION or a "
+                            f"checkpoint file") from None
+    if not callable(function):
+        raise OpponentError(f"--opponent {text}: {name} is not a function of an observation")
+    return function
+
+
+def _checkpoint_opponent(path: str, spec, load_policy, device) -> Opponent:
+    import os
+
+    if not os.path.isfile(path) or load_policy is None:
+        raise OpponentError(f"--opponent {path}: no such file; give random, MODULE:FUNCTION or a checkpoint file")
+    try:
+        policy = load_policy(path)
+    except Exception as exc:  # the loader's own error, as one line
+        raise OpponentError(f"--opponent {exc}") from None
+    if policy.recurrent:
+        raise OpponentError(f"--opponent {path}: a recurrent policy cannot be an opponent yet (it would play "
+                            f"without its memory); give a feed-forward one, random or MODULE:FUNCTION")
+
+    def choose(env, rows, obs):
+        with torch.inference_mode():
+            actions, _ = act(policy, obs_tensors({k: v[rows] for k, v in obs.items()}, device), None, True)
+        return actions.cpu().numpy()
+    return Opponent(os.path.basename(path), spec, choose)
+
+
+def play_matches(policy, env, opponent: Opponent, num_games: int, deterministic: bool = True, device="cpu",
+                 max_steps: int = 100_000, should_stop=lambda: False) -> dict:
+    """Play `num_games` whole games of a two-player `env` (a MultiAgentBatchEnv of G games) between
+    `policy` (feed-forward or recurrent) and `opponent`. Game k is planned before any is played: the
+    policy takes seat k mod 2, in env game k mod G, so the seats are played equally whatever the games'
+    lengths, and every planned game counts. Returns {games, wins, draws, losses, win_rate, draw_rate,
+    loss_rate, return_mean, return_std, length_mean, games_per_seat}."""
+    num_agents, slots = env.num_agents, env.num_games
+    obs = env.reset()
+    game = np.arange(slots)  # the planned game each env game plays (>= num_games: none, idle)
+    returns = np.zeros(env.num_envs)
+    lengths = np.zeros(slots, np.int64)
+    resetting = np.zeros(slots, bool)
+    state = policy.initial_state(env.num_envs, device)
+    seats = np.tile(np.arange(num_agents), slots)
+    results, steps = {}, 0
+    while len(results) < num_games and steps < max_steps and not should_stop():
+        ours = (game % num_agents).repeat(num_agents) == seats
+        with torch.inference_mode():
+            actions, state = act(policy, obs_tensors(obs, device), state, deterministic)
+        actions = actions.cpu().numpy().copy()
+        theirs = np.flatnonzero(~ours & env.acting)
+        if len(theirs):
+            actions[theirs] = opponent.actions(env, theirs, obs)
+        result = env.step(actions)
+        returns += result.rewards * ~resetting.repeat(num_agents)
+        lengths += ~resetting
+        over = env.game_over
+        for slot in np.flatnonzero(over):
+            rows = slice(slot * num_agents, (slot + 1) * num_agents)
+            seat = game[slot] % num_agents
+            if game[slot] < num_games:
+                mine, others = returns[rows][seat], np.delete(returns[rows], seat)
+                results[int(game[slot])] = (seat, mine, np.sign(mine - others.max()), lengths[slot])
+            returns[rows], lengths[slot] = 0.0, 0
+            game[slot] += slots
+        if state is not None:  # a new game starts the policy's state over
+            state = state * torch.as_tensor(~(over | resetting).repeat(num_agents), device=state.device).unsqueeze(-1)
+        resetting, obs = over, result.obs
+        steps += 1
+    return summarize([results[k] for k in sorted(results)], num_agents)
+
+
+def summarize(results: list, num_agents: int) -> dict:
+    """The figures of [(seat, return, outcome sign, length)] games."""
+    outcome = np.array([r[2] for r in results]) if results else np.zeros(0)
+    games = max(len(results), 1)
+    returns = np.array([r[1] for r in results]) if results else np.zeros(1)
+    return {"games": len(results), "wins": int((outcome > 0).sum()), "draws": int((outcome == 0).sum()),
+            "losses": int((outcome < 0).sum()), "win_rate": float((outcome > 0).sum() / games),
+            "draw_rate": float((outcome == 0).sum() / games), "loss_rate": float((outcome < 0).sum() / games),
+            "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+            "length_mean": float(np.mean([r[3] for r in results])) if results else 0.0,
+            "games_per_seat": [int(sum(1 for r in results if r[0] == s)) for s in range(num_agents)]}

@@ -1,0 +1,1 @@
+"""One class per process role: rollout worker, policy worker, learner, evaluator (and the learner's population)."""

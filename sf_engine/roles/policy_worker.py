@@ -1,0 +1,155 @@
+"""Policy worker: batches every pending inference request into one forward pass.
+
+Runs in the policy-worker process (or the runner in serial mode) on the run's device. Per request
+(worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
+actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
+token back to the worker.
+Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights).
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from sf_engine.runtime.ipc import get_many
+from sf_engine.stats.messages import Inference
+from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.runtime.role import StageTimer
+from sf_engine.runtime.weights import flatten_state
+
+STATS_EVERY_SEC = 1.0
+
+
+class PolicyWorker:
+    def __init__(self, ctx):
+        cfg = ctx.cfg
+        self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
+        self.device = torch.device(cfg.run.device)
+        self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
+        self.rollout = cfg.sampler.rollout
+        self.num_policies = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
+        self.models = [ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device)
+                       for _ in range(self.num_policies)]
+        for model in self.models:
+            model.requires_grad_(False)
+        self.params = [flatten_state(model) for model in self.models]
+        self.weights = [ctx.weights(policy) for policy in range(self.num_policies)]
+        self.versions = np.full(self.num_policies, -1, np.int64)
+        self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
+        self.num_forwards, self.num_samples = 0, 0
+        self.policy_sec: dict = defaultdict(float)  # several policies: policy -> seconds of its forwards
+        self.last_stats_time = time.monotonic()
+
+    @property
+    def model(self):
+        return self.models[0]
+
+    def describe(self) -> str:
+        return f"{self.num_policies} model(s) built on {self.device}"
+
+    def step(self, timeout_sec: float) -> None:
+        """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
+        self.timer.start()
+        self.ctx.beat()
+        connected = all(weights.connect("policy_worker", timeout_sec) for weights in self.weights)
+        self.timer.lap("wait_requests")
+        if not connected:
+            return
+        requests = get_many(self.queues.policy_requests, timeout_sec)
+        self.timer.lap("wait_requests")
+        if requests:
+            for policy, weights in enumerate(self.weights):
+                if weights.version != self.versions[policy]:
+                    self.versions[policy] = weights.read_into(self.params[policy])
+                    self.models[policy].refresh_bf16_acting()
+                    self.timer.lap("weight_reload")
+            self._serve(requests)
+        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+            self.send_stats()
+
+    def finish(self) -> None:
+        self.send_stats()
+
+    def close(self) -> None:
+        pass
+
+    def _serve(self, requests: list) -> None:
+        buf, n = self.buffers, len(requests)
+        # one fancy-indexed read and one write per array, whatever the number of requests
+        slots = np.fromiter((r[2] for r in requests), np.int64, n)
+        rows = np.fromiter((r[3] for r in requests), np.int64, n)
+        obs = {}
+        for key, array in buf.obs.items():
+            batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
+            obs[key] = torch.from_numpy(batch).to(self.device)
+        state = None
+        if self.model.recurrent:  # each env's carried state, zeroed where its episode starts
+            workers = np.fromiter((r[0] for r in requests), np.int64, n)
+            splits = np.fromiter((r[1] for r in requests), np.int64, n) % self.num_splits
+            carried = buf.rnn_current[workers, splits]
+            carried[buf.episode_start[slots, rows]] = 0.0
+            buf.rnn_states[slots, rows] = carried
+            state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
+        self.timer.lap("gather")
+        policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
+        actions, log_probs, values, new_state = self._forward(obs, state, policies)
+        self.timer.lap("forward")
+        if new_state is not None:
+            new_state = new_state.reshape(carried.shape)
+            buf.rnn_current[workers, splits] = new_state
+            last = rows == self.rollout - 1  # the state the bootstrap row would be acted from
+            if last.any():
+                buf.rnn_states[slots[last], self.rollout] = new_state[last]
+        per_request = (n, self.envs_per_split)
+        buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
+        buf.log_probs[slots, rows] = log_probs.reshape(per_request)
+        buf.values[slots, rows] = values.reshape(per_request)
+        buf.policy_version[slots, rows] = (self.versions[0] if policies is None
+                                           else self.versions[policies].reshape(per_request))
+        replies = defaultdict(list)
+        for worker, token, _, _ in requests:
+            replies[worker].append(token)
+        for worker, tokens in replies.items():
+            self.queues.actions_ready[worker].send(tokens)
+        self.num_forwards += 1
+        self.num_samples += len(actions)
+        self.timer.lap("write_results")
+
+    def _forward(self, obs: dict, state, policies):
+        """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
+        policy (`policies` [rows], None: policy 0 for all): one forward per policy present."""
+        with torch.inference_mode():
+            present = [0] if policies is None else np.unique(policies)
+            if len(present) == 1:
+                started = time.perf_counter()
+                out = self.models[int(present[0])].sample(obs, state)
+                out = tuple(None if x is None else x.cpu().numpy() for x in out)
+                if policies is not None:
+                    policy = int(present[0])
+                    self.policy_sec[policy] += time.perf_counter() - started
+                return out
+            results = None
+            for policy in present:
+                started = time.perf_counter()
+                rows = np.flatnonzero(policies == policy)
+                index = torch.from_numpy(rows).to(self.device)
+                out = self.models[int(policy)].sample({k: v.index_select(0, index) for k, v in obs.items()},
+                                                      None if state is None else state.index_select(0, index))
+                out = [None if x is None else x.cpu().numpy() for x in out]
+                if results is None:
+                    results = [None if x is None else np.empty((len(policies),) + x.shape[1:], x.dtype) for x in out]
+                for result, part in zip(results, out):
+                    if result is not None:
+                        result[rows] = part
+                self.policy_sec[int(policy)] += time.perf_counter() - started
+            return tuple(results)
+
+    def send_stats(self) -> None:
+        self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples,
+                                dict(self.policy_sec)))
+        self.num_forwards = self.num_samples = 0
+        self.policy_sec.clear()
+        self.last_stats_time = time.monotonic()

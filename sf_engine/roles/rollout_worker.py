@@ -1,0 +1,239 @@
+"""Rollout worker: owns num_envs_per_worker envs in worker_num_splits groups and fills trajectory slots.
+
+Runs in a rollout-worker process (one CPU core, no torch), or in the runner in serial mode. While one
+split waits for its actions from the policy worker, the worker steps the other (double buffering).
+A split's cycle: write obs at [slot, row] -> request actions -> step envs with actions[slot, row] ->
+write rewards/dones at row and obs at row + 1 -> ... -> at row == rollout hand the slot to the learner
+and take a free one.
+
+A restarted worker (same index, next `generation`) gets fresh envs with new seeds. Requests and replies
+carry a token `generation x splits + split`, so replies meant for a dead predecessor are ignored.
+The worker marks the slots it fills in `slot_owner` and counts their rows in `slot_rows`, so the runner
+can take back a dead worker's half-written slots.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+
+from sf_engine.envs import make_batch_env
+from sf_engine.runtime.ipc import get_many
+from sf_engine.stats.messages import Episodes
+from sf_engine.runtime.role import StageTimer
+
+STATS_EVERY_SEC = 0.5
+SLOT_POLL_SEC = 0.0005  # how often a worker with nothing else to do looks for a free slot
+
+
+class RolloutWorker:
+    def __init__(self, ctx):
+        """Makes and resets the envs (`ctx.generation` > 0: a restarted worker, with new seeds), then
+        queues each split for a free slot."""
+        cfg, worker_idx, generation = ctx.cfg, ctx.index, ctx.generation
+        self.ctx, self.idx, self.buffers, self.queues, self.generation = ctx, worker_idx, ctx.buffers, ctx.queues, generation
+        self.replies = self.queues.actions_ready[worker_idx]
+        s = cfg.sampler
+        self.rollout, self.num_splits, self.envs_per_split = s.rollout, s.worker_num_splits, s.envs_per_split
+        # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
+        first_seed = (cfg.env.seed * 1_000_003 + worker_idx * s.num_envs_per_worker
+                      + generation * s.num_workers * s.num_envs_per_worker)
+        self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
+                                    seed=first_seed + split * self.envs_per_split, spec=ctx.plan.spec)
+                     for split in range(self.num_splits)]
+        self.slot = [-1] * self.num_splits
+        self.row = [0] * self.num_splits
+        # a split between two slots keeps its current obs here until a free slot arrives
+        self.pending_obs: list = [None] * self.num_splits
+        self.pending_valid: list = [None] * self.num_splits
+        self.pending_first: list = [None] * self.num_splits  # recurrent runs: obs that start an episode
+        self.pending_acting: list = [None] * self.num_splits  # turn-based runs: whose turn it is
+        self.waiting_for_slot: list[int] = []
+        self.num_awaiting_actions = 0
+        self.episode_return = np.zeros((self.num_splits, self.envs_per_split), np.float64)
+        self.episode_length = np.zeros((self.num_splits, self.envs_per_split), np.int64)
+        self.finished_returns: list = []
+        self.finished_lengths: list = []
+        self.finished_extra: dict = {}  # name -> values of the env's own episode stats
+        self.finished_policies: list = []  # the policy that played each finished episode
+        # --num_policies > 1: the policy playing each row's episode, drawn when the episode starts (or
+        # fixed per agent by --agent_policies)
+        pcfg = cfg.policies
+        self.num_policies, self.num_acting, self.pool_share = pcfg.num_policies, pcfg.num_acting, pcfg.pool_share
+        self.num_agents = ctx.plan.spec.num_agents
+        self.row_policy = np.zeros((self.num_splits, self.envs_per_split), np.int16)
+        mapping = cfg.policies.agent_mapping(ctx.plan.spec.agents) if self.num_policies > 1 else None
+        self.fixed_policy = None if mapping is None else np.resize(np.asarray(mapping, np.int16), self.envs_per_split)
+        self.rng = np.random.default_rng([cfg.env.seed % 2**63, worker_idx, generation])  # any integer --seed
+        self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
+        self.last_stats_time = time.monotonic()
+        try:
+            self._reset()
+        except BaseException:  # the caller gets no worker to close: close the envs here
+            with contextlib.suppress(Exception):  # an env that failed may fail to close too
+                self.close()
+            raise
+
+    def describe(self) -> str:
+        return f"{len(self.envs) * self.envs_per_split} envs reset (generation {self.generation})"
+
+    def _reset(self) -> None:
+        """Reset every env and queue each split for a free slot."""
+        for split, env in enumerate(self.envs):
+            self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
+            alive = getattr(env, "alive", None)  # multi-agent: rows of agents absent from their game
+            self.pending_valid[split] = np.ones(self.envs_per_split, bool) if alive is None else alive.copy()
+            acting = getattr(env, "acting", None)  # turn-based multi-agent: whose turn it is
+            self.pending_acting[split] = None if acting is None else acting.copy()
+            self.pending_first[split] = np.ones(self.envs_per_split, bool)
+            self._assign_policies(split, np.ones(self.envs_per_split, bool))
+            self.waiting_for_slot.append(split)
+        self._take_free_slots()
+
+    def _assign_policies(self, split: int, rows: np.ndarray) -> None:
+        """The policies that play the next episode of `rows` (a mask) of `split`: trained ones at random
+        or fixed per agent; with an opponent pool, some seats go to its snapshots (never every seat of
+        a game)."""
+        if self.num_acting == 1 or not rows.any():
+            return
+        chosen = (self.fixed_policy.copy() if self.fixed_policy is not None
+                  else self.rng.integers(0, self.num_policies, self.envs_per_split).astype(np.int16))
+        snapshots = np.flatnonzero(self.buffers.param_seq[self.num_policies:] > 0) + self.num_policies
+        if len(snapshots):
+            pooled = rows & (self.rng.random(self.envs_per_split) < self.pool_share)
+            games = pooled.reshape(-1, self.num_agents)
+            full = np.flatnonzero(games.all(1))  # every seat of a game pooled: one seat goes back
+            games[full, self.rng.integers(0, self.num_agents, len(full))] = False
+            chosen[pooled] = self.rng.choice(snapshots, int(pooled.sum()))
+        self.row_policy[split, rows] = chosen[rows]
+
+    def step(self, timeout_sec: float) -> None:
+        """One unit of work: take free slots for waiting splits, then advance every split whose actions
+        are ready. Blocks at most `timeout_sec` (0 in serial mode). Free slots are polled, never waited
+        for on the shared queue (see ipc: a killed waiter would break it for everybody)."""
+        start = self.timer.start()
+        self.ctx.beat()
+        if self.waiting_for_slot:
+            self._take_free_slots()
+            if self.num_awaiting_actions == 0:
+                deadline = start + timeout_sec
+                while self.waiting_for_slot and self.num_awaiting_actions == 0 and time.monotonic() < deadline:
+                    time.sleep(SLOT_POLL_SEC)
+                    self._take_free_slots()
+            self.timer.lap("wait_slot")
+        if self.num_awaiting_actions:
+            ready = self.replies.receive(timeout_sec)
+            self.timer.lap("wait_actions")
+            for token in ready:
+                generation, split = divmod(token, self.num_splits)
+                if generation == self.generation:  # else: the reply to a dead predecessor's request
+                    self.num_awaiting_actions -= 1
+                    self._advance(split)
+        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+            self.send_stats()
+
+    def _take_free_slots(self) -> None:
+        for slot in get_many(self.queues.free_slots, 0, max_messages=len(self.waiting_for_slot)):
+            split = self.waiting_for_slot.pop(0)
+            self.slot[split], self.row[split] = slot, 0
+            self.buffers.slot_owner[slot] = self.idx
+            self.buffers.slot_rows[slot] = 0
+            for key, value in self.pending_obs[split].items():
+                self.buffers.obs[key][slot, 0] = value
+            self.buffers.valid[slot, 0] = self.pending_valid[split]
+            if self.buffers.episode_start is not None:
+                self.buffers.episode_start[slot, 0] = self.pending_first[split]
+            if self.buffers.acting is not None:
+                self.buffers.acting[slot, 0] = self.pending_acting[split]
+            if self.buffers.policy_id is not None:
+                self.buffers.policy_id[slot, 0] = self.row_policy[split]
+            self._request_actions(split)
+
+    def _request_actions(self, split: int) -> None:
+        self.num_awaiting_actions += 1
+        token = self.generation * self.num_splits + split
+        self.queues.policy_requests.put((self.idx, token, self.slot[split], self.row[split]))
+
+    def _advance(self, split: int) -> None:
+        """Step split's envs with the actions the policy worker wrote, record the transition."""
+        buf, slot, row = self.buffers, self.slot[split], self.row[split]
+        self.timer.start()
+        result = self.envs[split].step(buf.actions[slot, row])
+        self.timer.lap("env_step")
+        self._record(split, slot, row, result)
+        self.timer.lap("write_slot")
+
+    def _record(self, split: int, slot: int, row: int, result) -> None:
+        """Write the transition into the slot; request the next actions or hand the full slot over."""
+        buf = self.buffers
+        buf.rewards[slot, row] = result.rewards
+        buf.terminated[slot, row] = result.terminated
+        buf.truncated[slot, row] = result.truncated
+        done = np.logical_or(result.terminated, result.truncated)
+        self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row], result.objective)
+        if result.extra_stats:
+            for name, values in result.extra_stats.items():
+                self.finished_extra.setdefault(name, []).extend(values)
+        row += 1
+        buf.env_steps[self.idx] += self.envs_per_split  # counted with the row that holds the step
+        buf.slot_rows[slot] = row
+        for key, value in result.obs.items():
+            buf.obs[key][slot, row] = value
+        first = ~buf.valid[slot, row - 1]  # the step just taken was a reset step: a new episode begins
+        if buf.episode_start is not None:
+            buf.episode_start[slot, row] = first
+        next_valid = ~done if result.alive is None else ~done & result.alive  # after an end: the reset step
+        if buf.policy_id is not None:  # a row changes hands where its new episode's first obs is (the
+            self._assign_policies(split, first)  # reset step and its value stay with the old policy)
+            buf.policy_id[slot, row] = self.row_policy[split]
+        if row < self.rollout:
+            buf.valid[slot, row] = next_valid
+            if buf.acting is not None:
+                buf.acting[slot, row] = result.acting
+            self.row[split] = row
+            self._request_actions(split)
+            return
+        buf.slot_owner[slot] = -1
+        self.queues.full_slots.put(slot)
+        self.slot[split] = -1
+        self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
+        self.pending_valid[split] = next_valid
+        self.pending_first[split] = first
+        self.pending_acting[split] = result.acting
+        self.waiting_for_slot.append(split)
+        self._take_free_slots()
+
+    def _track_episodes(self, split: int, score_rewards, episode_over, valid, objectives=None) -> None:
+        """Returns of whole episodes as the user scores them (true game score on Atari)."""
+        self.episode_return[split] += score_rewards * valid
+        self.episode_length[split] += valid
+        if episode_over.any():
+            ended = np.flatnonzero(episode_over)
+            self.finished_returns.extend(self.episode_return[split, ended].tolist())
+            self.finished_lengths.extend(self.episode_length[split, ended].tolist())
+            self.finished_policies.extend(self.row_policy[split, ended].tolist())
+            if self.buffers.policy_episodes is not None:  # PBT's objective per policy
+                objective = self.episode_return[split, ended] if objectives is None else np.where(
+                    np.isnan(objectives[ended]), self.episode_return[split, ended], objectives[ended])
+                np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 0), 1.0)
+                np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 1), objective)
+            self.episode_return[split, ended] = 0.0
+            self.episode_length[split, ended] = 0
+
+    def send_stats(self) -> None:
+        """Episodes finished since the last call (the last 100 of them in full) and stage times."""
+        self.ctx.send(Episodes(self.timer.report(self.ctx.name), len(self.finished_returns),
+                               self.finished_returns[-100:], self.finished_lengths[-100:],
+                               {name: values[-100:] for name, values in self.finished_extra.items()},
+                               self.finished_policies[-100:] if self.num_policies > 1 else []))
+        self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
+        self.finished_policies = []
+        self.last_stats_time = time.monotonic()
+
+    def finish(self) -> None:
+        self.send_stats()
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

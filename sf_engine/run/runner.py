@@ -1,0 +1,165 @@
+"""The main process of a training run: the command line becomes a run plan (sf_engine.run.plan), the
+experiment directory is opened (sf_engine.run.experiment), the shared buffers and queues are made, and the
+roles run (sf_engine.run.supervisor for async and sync, sf_engine.run.serial in one process) until a budget or a
+stop; the stats are aggregated (sf_engine.stats.run_stats) and written (sf_engine.stats.report) meanwhile.
+
+In async and sync modes every role is a child process started through a forkserver that preloads
+torch and the env libraries once, while the main process builds the plan (start-up is part of the
+user's wait).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import signal
+import sys
+import time
+
+from sf_engine.config.groups import ConfigError, make_config, parse_flags
+from sf_engine.envs import EnvError
+from sf_engine.envs.registry import may_use_envpool
+from sf_engine.run.experiment import Experiment
+from sf_engine.runtime.ipc import drain_into, make_lifeline
+from sf_engine.run.plan import RunPlan, build_plan, log_plan, saved_config
+from sf_engine.stats.report import Reporter
+from sf_engine.runtime.shared_buffers import SharedBuffers
+from sf_engine.stats.run_stats import RunStats
+from sf_engine.run.supervisor import ChildFailed, Supervisor
+from sf_engine.stats.tracking import WandbRun
+from sf_engine.runtime.wiring import make_queues
+
+MONITOR_EVERY_SEC = 0.25
+
+
+def start_forkserver(env: str, env_backend: str):
+    """Start the forkserver now so its preloading (torch, envpool) overlaps building the plan.
+    torch._dynamo is what torch.optim imports on first use: preloaded once here, not in every child."""
+    ctx = multiprocessing.get_context("forkserver")
+    modules = ["envpool"] if may_use_envpool(env, env_backend) else []
+    ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.roles.rollout_worker",
+                                          "sf_engine.roles.policy_worker", "sf_engine.roles.learner", "sf_engine.roles.evaluator"])
+    multiprocessing.forkserver.ensure_running()
+    return ctx
+
+
+class Terminated(Exception):
+    """SIGTERM reached the main process: stop cleanly as at the end of a budget."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _stop_reason(cfg, stats: RunStats, start_time: float):
+    if stats.env_steps >= cfg.run.train_for_env_steps:
+        return f"env-step budget reached ({stats.env_steps:,} >= {cfg.run.train_for_env_steps:,})"
+    if time.monotonic() - start_time >= cfg.run.train_for_seconds:
+        return f"time budget reached ({cfg.run.train_for_seconds:g} s)"
+    target = cfg.run.stop_at_return
+    if target is not None and len(stats.returns) == stats.returns.maxlen and stats.return_mean >= target:
+        return f"mean return of the last 100 episodes {stats.return_mean:.1f} >= {target:g}"
+    return None
+
+
+def run(plan: RunPlan, mp_context=None) -> int:
+    """Run the plan until a budget is reached; returns the exit code (130 after Ctrl-C, 1 after a
+    failure the run cannot go on from). `mp_context`: the started forkserver (async and sync modes;
+    started here when not given). Whatever happens, the shared memory is released, the last summary
+    written and the experiment unlocked."""
+    cfg, serial = plan.cfg, plan.cfg.run.mode == "serial"
+    if not serial and mp_context is None:
+        mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
+    experiment = Experiment(plan)
+    experiment.lock()
+    tracker, summary, exit_code = None, None, 1
+    try:
+        tracker = WandbRun.start(plan)  # before anything in the experiment changes: W&B may refuse
+        experiment.prepare()
+        log_plan(plan)
+        experiment.write_processes([])  # the shared-memory file's name first, for the next start if this one dies
+        buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
+        try:
+            # the write end stays open in this process while it lives: children see EOF once it is gone
+            lifeline = (None, None) if serial else make_lifeline(mp_context)
+            queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context, lifeline[0],
+                                 cfg.policies.num_acting)
+            queues.free_slots.put_many(list(range(cfg.num_slots)))
+            stats = RunStats(plan.env_steps_base, buffers.env_steps)
+            reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)
+            try:
+                exit_code, reason = _train(plan, experiment, mp_context, buffers, queues, stats, reporter)
+            finally:
+                summary = reporter.close()
+        finally:
+            buffers.release()
+    finally:
+        if tracker is not None:
+            tracker.finish(summary, exit_code)
+        experiment.close()
+    logging.info("stopped: %s", reason)
+    brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "role_wall_seconds",
+                                                            "env_steps_per_sec_windows", "bottleneck_report",
+                                                            "env_step_books")}
+    logging.info("summary: %s", json.dumps(brief))
+    return exit_code
+
+
+def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunStats, reporter: Reporter):
+    """The roles run until a stop; returns (exit code, the reason of the stop). Every role has stopped
+    (and the env steps in flight are counted) when it returns or raises."""
+    cfg, start_time = plan.cfg, time.monotonic()
+    exit_code, reason, roles = 0, None, None
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        if cfg.run.mode == "serial":
+            from sf_engine.run.serial import SerialRoles
+
+            roles = SerialRoles(plan, buffers, queues)
+        else:
+            roles = Supervisor(plan, experiment, mp_context, buffers, queues, stats)
+        roles.start()
+        while reason is None:
+            if cfg.run.mode != "serial":
+                time.sleep(MONITOR_EVERY_SEC)
+            roles.step()
+            drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
+            reporter.tick()
+            reason = _stop_reason(cfg, stats, start_time)
+    except KeyboardInterrupt:
+        exit_code, reason = 130, "interrupted (Ctrl-C)"
+    except Terminated:
+        reason = "terminated (SIGTERM)"
+    except ChildFailed as exc:
+        exit_code, reason = 1, str(exc)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below runs to its end
+        stats.stop()
+        try:
+            if roles is not None:
+                roles.shutdown()
+        finally:
+            drain_into(queues.stats, stats.consume)
+            stats.books.in_flight_at_stop = buffers.take_rows(slice(None))
+            if buffers.remote_books is not None:  # sampler nodes: what they stepped and never placed here
+                from sf_engine.scaleout.receiver import remote_books_at_stop
+
+                stats.books.dropped_lost_samplers, remote_in_flight = remote_books_at_stop(buffers.remote_books)
+                stats.books.in_flight_at_stop += remote_in_flight
+            signal.signal(signal.SIGTERM, previous_sigterm)
+    return exit_code, reason
+
+
+def main(argv=None) -> int:
+    """Entry point of train.py: flags -> run plan -> training. Bad input prints one line and returns 2.
+    Envs registered with sf_engine.envs.register_env before this call can be used."""
+    try:
+        given = parse_flags(argv)
+        saved = saved_config(given)
+        first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
+        mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
+        return run(build_plan(argv, given, saved), mp_context)
+    except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,191 @@
+"""The supervisor of async and sync runs: starts one process per role (sf_engine.runtime.wiring.roles_of), watches
+their heartbeats, restarts failed workers (recycling the trajectory slots they were filling), and stops
+everything at the end. Runs in the main process; serial mode (sf_engine.run.serial) needs none of this.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from sf_engine.runtime.checkpoint import latest_valid_checkpoint
+from sf_engine.envs import reap_orphaned_processes
+from sf_engine.runtime.ipc import drain_into
+from sf_engine.runtime.role import run_role
+from sf_engine.runtime.weights import SharedWeights
+from sf_engine.runtime.wiring import heartbeat_index, new_policy_requests, roles_of
+
+STOP_TIMEOUT_SEC = 9.0  # every child stops within this (the learner saves first), or is killed
+STARTUP_GRACE_SEC = 120.0  # a process that has not beaten yet is stuck only after this (or the timeout)
+RESTART_WINDOW_SEC = 300.0  # --max_worker_restarts counts restarts within this window
+
+
+class ChildFailed(RuntimeError):
+    """A child process failed in a way the run cannot go on from."""
+
+
+@dataclass
+class Child:
+    process: object
+    started: float
+    generation: int
+
+
+class Supervisor:
+    def __init__(self, plan, experiment, mp_context, buffers, queues, stats):
+        self.plan, self.cfg, self.experiment, self.ctx = plan, plan.cfg, experiment, mp_context
+        self.buffers, self.queues, self.stats = buffers, queues, stats
+        self.children: dict = {}  # (role, index) -> Child
+        self.restart_times: deque = deque()
+
+    def start(self) -> None:
+        for role, index in roles_of(self.cfg):
+            self._spawn(role, index)
+        self._write_processes()
+
+    def step(self) -> None:
+        """Replace the children that died or are stuck (a failed learner stops the run: ChildFailed)."""
+        for (role, index), child in list(self.children.items()):
+            cause = self._failure(role, index, child)
+            if cause:
+                self._recover(role, index, cause)
+                return  # a recovery may replace other children too: look again at the new set next time
+
+    def _spawn(self, role: str, index: int = 0, generation: int = 0) -> None:
+        self.buffers.heartbeat[heartbeat_index(role, index)] = 0.0  # not beaten yet
+        process = self.ctx.Process(target=run_role, args=(role, index, generation, self.plan, self.queues),
+                                   name=f"{role}_{index}", daemon=True)
+        process.start()
+        self.children[(role, index)] = Child(process, time.monotonic(), generation)
+
+    def _failure(self, role: str, index: int, child: Child):
+        """Why this child must be replaced (died, or stuck past --stuck_timeout_sec), or None."""
+        code = child.process.exitcode
+        if code is not None:
+            return f"died ({_describe_exit(code)})"
+        now, beat = time.monotonic(), float(self.buffers.heartbeat[heartbeat_index(role, index)])
+        timeout = self.cfg.run.stuck_timeout_sec
+        if beat > 0 and now - beat > timeout:
+            return f"stuck (no heartbeat for {now - beat:.0f} s > --stuck_timeout_sec {timeout:g})"
+        if beat == 0 and now - child.started > max(timeout, STARTUP_GRACE_SEC):
+            return f"stuck while starting ({now - child.started:.0f} s)"
+        return None
+
+    def _recover(self, role: str, index: int, cause: str) -> None:
+        """Restart a failed rollout worker, policy worker or receiver; a failed evaluator is not
+        restarted; a failed learner stops the run."""
+        drain_into(self.queues.stats, self.stats.consume)  # the failed process's traceback, if it sent one
+        trace = self.stats.faults.pop((role, index), None)
+        where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
+        logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
+        self._kill(role, index)
+        if role == "learner":
+            last, _ = latest_valid_checkpoint(self.plan.paths.checkpoint_dir)
+            raise ChildFailed(f"the learner {cause}; the last good checkpoint is {last or 'none yet'}: run the "
+                              f"same command again to resume from it (details in {self.plan.paths.log_path})")
+        if role == "evaluator":
+            del self.children[(role, index)]
+            logging.warning("evaluation is off for the rest of this run; training goes on")
+            return
+        self._count_restart(f"{where} {cause}")
+        if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
+            from sf_engine.scaleout.receiver import WRITING
+
+            writing = np.flatnonzero(self.buffers.slot_owner == WRITING)  # its successor books them as dropped
+            self.buffers.take_rows(writing)
+            self.buffers.slot_owner[writing] = -1
+            if len(writing):
+                self.queues.free_slots.put_many(writing.tolist())
+            for policy in range(self.cfg.policies.num_acting):
+                SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
+            self._spawn(role, index, self.children[(role, index)].generation + 1)
+            logging.warning("restarted the receiver and its sampler actors")
+        elif role == "rollout_worker":
+            self._restart_workers([index])
+            self.stats.worker_restarts += 1
+            logging.warning("restarted rollout worker %d with fresh envs (%d worker restarts)", index,
+                            self.stats.worker_restarts)
+        else:  # policy worker: its pending requests are gone, so every rollout worker starts over too
+            workers = [w for r, w in self.children if r == "rollout_worker"]
+            for w in workers:
+                self._kill("rollout_worker", w)
+            # the dead policy worker may have broken its queue (see ipc): the new processes get a new one
+            self.queues = dataclasses.replace(self.queues, policy_requests=new_policy_requests())
+            for policy in range(self.cfg.policies.num_acting):
+                SharedWeights(self.buffers, self.queues.weights, policy).want("policy_worker")
+            self._spawn(role, index)
+            self._restart_workers(workers)
+            self.stats.policy_worker_restarts += 1
+            logging.warning("restarted the policy worker (weights from the shared copy) and the rollout workers")
+        self._write_processes()
+
+    def _count_restart(self, what: str) -> None:
+        now = time.monotonic()
+        self.restart_times.append(now)
+        while now - self.restart_times[0] > RESTART_WINDOW_SEC:
+            self.restart_times.popleft()
+        if len(self.restart_times) > self.cfg.run.max_worker_restarts:
+            raise ChildFailed(f"{len(self.restart_times)} worker failures within {RESTART_WINDOW_SEC:.0f} s (last: "
+                              f"{what}); fix the env or raise --max_worker_restarts")
+
+    def _restart_workers(self, workers: list) -> None:
+        """Rollout workers start over with fresh envs and new seeds; the slots their dead predecessors
+        were filling go back to the free pool and their env steps are dropped (counted), so no
+        half-filled trajectory is trained on."""
+        owner = self.buffers.slot_owner
+        slots = np.flatnonzero(np.isin(owner, workers))
+        self.stats.books.dropped_faults += self.buffers.take_rows(slots)
+        owner[slots] = -1
+        if len(slots):
+            self.queues.free_slots.put_many(slots.tolist())
+        for line in reap_orphaned_processes():  # what the dead workers' envs ran outside them
+            logging.info(line)
+        for w in workers:
+            self._spawn("rollout_worker", w, self.children[("rollout_worker", w)].generation + 1)
+
+    def _kill(self, role: str, index: int) -> None:
+        process = self.children[(role, index)].process
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=5.0)
+
+    def _write_processes(self) -> None:
+        self.experiment.write_processes([(role, index, child.process.pid) for (role, index), child
+                                         in self.children.items() if child.process.is_alive()])
+
+    def shutdown(self) -> None:
+        """Stop every child within STOP_TIMEOUT_SEC (the learner saves a checkpoint first) and kill what
+        does not stop. A second Ctrl-C kills the children at once (checkpoints are written atomically,
+        so none is corrupted)."""
+        self.buffers.stop[0] = 1
+        try:
+            deadline = time.monotonic() + STOP_TIMEOUT_SEC
+            for child in self.children.values():
+                child.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            logging.info("second Ctrl-C: stopping every process now")
+        finally:
+            for (role, index), child in self.children.items():
+                if child.process.is_alive():
+                    logging.warning("%s %d did not stop in time: killed", role, index)
+                    child.process.kill()
+                    child.process.join(timeout=5.0)
+            if self.children:
+                self.children = {}
+                self._write_processes()
+            for line in reap_orphaned_processes():  # the envs' own processes of workers killed just now
+                logging.info(line)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,156 @@
+"""What every role shares: its context (plan, shared buffers, queues, heartbeat, stats), its stage timer,
+and the one process entry that runs any role class in a child process.
+
+A role is a plain class built as `Role(ctx)` with `describe()` (its one-line ready message),
+`step(timeout_sec)` (one unit of work, blocking at most that long), `finish()` (a clean stop: the
+learner's last checkpoint, the last stats) and `close()` (release envs); sf_engine.runtime.wiring.ROLES says
+the rest of what the plumbing needs to know of it. `run_role` is the process target of every role; serial mode
+(sf_engine.run.serial) builds the same classes from the same plan and steps them in one process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+from sf_engine.stats import messages
+from sf_engine.runtime.ipc import ParentWatch
+from sf_engine.runtime.shared_buffers import SharedBuffers
+from sf_engine.runtime.wiring import ROLES, heartbeat_index, role_class
+
+
+class StageTimer:
+    """Seconds per stage of one process's loop, adding up to its wall time since the first `start()`:
+    `start()` opens a lap, `lap(stage)` books the time since the last mark to `stage`."""
+
+    def __init__(self, *stages: str):
+        self.stage_sec = dict.fromkeys(stages, 0.0)
+        self.first = None
+        self._mark = 0.0
+
+    def start(self) -> float:
+        self._mark = time.monotonic()
+        if self.first is None:
+            self.first = self._mark
+        return self._mark
+
+    def lap(self, stage: str) -> float:
+        now = time.monotonic()
+        self.stage_sec[stage] += now - self._mark
+        self._mark = now
+        return now
+
+    def report(self, role: str) -> messages.Stages:
+        return messages.Stages(role, dict(self.stage_sec), time.monotonic() - (self.first or time.monotonic()))
+
+
+@dataclass
+class RoleContext:
+    """What a role is built from: the run plan, its place (role, index, generation of a restarted
+    worker), the shared buffers and the queues."""
+    plan: object  # sf_engine.run.plan.RunPlan
+    role: str
+    index: int
+    buffers: SharedBuffers
+    queues: object  # sf_engine.runtime.wiring.Queues
+    generation: int = 0
+
+    @property
+    def cfg(self):
+        return self.plan.cfg
+
+    @property
+    def name(self) -> str:
+        """'learner', 'policy_worker', 'rollout_worker_3', ..."""
+        return f"{self.role}_{self.index}" if self.role == "rollout_worker" else self.role
+
+    def beat(self) -> None:
+        """A sign of life (the supervisor restarts a process whose heartbeat stops)."""
+        self.buffers.heartbeat[heartbeat_index(self.role, self.index)] = time.monotonic()
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.buffers.stop[0])
+
+    def send(self, message) -> None:
+        """A stats message to the main process; dropped (never blocks) if it is far behind."""
+        try:
+            self.queues.stats.put(message, block=False)
+        except queue.Full:
+            pass
+
+    def weights(self, policy: int = 0):
+        """Policy `policy`'s shared weights, seen from this process."""
+        from sf_engine.runtime.weights import SharedWeights
+
+        return SharedWeights(self.buffers, self.queues.weights, policy)
+
+
+def _init_child(role: str, index: int, log_path: str) -> None:
+    """The main process alone handles Ctrl-C; logs go to the run's file."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logging.basicConfig(filename=log_path, level=logging.INFO,
+                        format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s")
+
+
+def set_torch_threads(role: str, cfg) -> None:
+    """Torch threads of the process that runs `role`, and its allocator told to keep freed memory
+    (sf_engine.runtime.device.keep_freed_memory); nothing for a role without torch."""
+    threads = ROLES[role].torch_threads
+    if threads is not None:
+        import torch
+
+        from sf_engine.runtime.device import keep_freed_memory
+
+        torch.set_num_threads(threads(cfg))
+        keep_freed_memory()
+
+
+def pin_to_cores(role: str, cfg) -> None:
+    """--cpu_affinity learner: the learner runs on the last --learner_threads of the usable cores, every
+    other process on the rest, so that the sampler's processes never preempt the learner (and never
+    evict its working set from the core's caches) while it trains."""
+    if cfg.run.cpu_affinity != "learner":
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    threads = cfg.learner.learner_threads
+    if len(cores) > threads:
+        os.sched_setaffinity(0, cores[-threads:] if role == "learner" else cores[:-threads])
+
+
+def run_role(role: str, index: int, generation: int, plan, queues) -> None:
+    """Process target of every role: set-up, then `step` until the run stops or the main process is
+    gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
+    once there, with the env id) and the process exits with 1."""
+    from sf_engine.envs import register_env
+
+    _init_child(role, index, plan.paths.log_path)
+    for name, make_env in plan.registered_envs.items():
+        register_env(name, make_env)
+    set_torch_threads(role, plan.cfg)
+    pin_to_cores(role, plan.cfg)
+    buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
+    ctx = RoleContext(plan, role, index, buffers, queues, generation)
+    ctx.beat()
+    watch, instance, timeout = ParentWatch(queues.lifeline), None, ROLES[role].step_timeout_sec
+    try:
+        instance = role_class(role)(ctx)
+        logging.info("ready: %s", instance.describe())
+        while not ctx.stopping and watch.parent_alive():
+            instance.step(timeout)
+        instance.finish()
+    except Exception:
+        ctx.send(messages.Fault(role, index, traceback.format_exc()))
+        sys.exit(1)
+    finally:
+        if instance is not None:
+            try:
+                instance.close()
+            except Exception:  # an env that failed may fail to close too; the process ends anyway
+                pass

@@ -1,0 +1,186 @@
+"""Shared-memory trajectory slots and control counters: allocated once by the runner, attached by name.
+
+All arrays of a run live in one file in a tmpfs (`--shm_dir`, /dev/shm by default) with a new random
+name per run (see shm_path), mapped by every process as numpy views (rollout workers never import
+torch). The main process creates it (exclusively, mode 0600) and finally unlinks it; a file left by a
+killed run of the same experiment is removed by the next start (sf_engine.run.experiment).
+
+Slot field shapes (S = slots, T = rollout, E = envs per split):
+  obs.<key>      [S, T+1, E, *shape]      one array per observation key, in the env's dtype (uint8 images
+                                          stay uint8); row T is the bootstrap observation
+  actions        [S, T, E, *action_shape] int64 (discrete) or float32 (continuous, unclipped sample)
+  log_probs      [S, T, E]                float32 behaviour log-probability of the action
+  values         [S, T, E]                float32 behaviour value estimate
+  policy_version [S, T, E]                int64 version of the policy that acted
+  rewards        [S, T, E]                float32
+  terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
+  truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
+  valid          [S, T, E]                bool, False on the reset step that follows an episode end, and
+                                          on the rows of agents absent from their game (multi-agent envs)
+With --num_policies > 1 or an opponent pool (P = trained policies + pool snapshots):
+  policy_id      [S, T+1, E]              int16, the policy that plays the row's episode (and acts at
+                                          this step; row T: the one that would act next)
+  policy_episodes [W, P, 2]               float64, per rollout worker and acting policy: episodes finished
+                                          and the sum of their objectives (return, or the env's
+                                          true_objective), written by that worker only (PBT reads them)
+With a turn-based multi-agent env (PettingZoo AEC):
+  acting         [S, T, E]                bool, it is the row's agent's turn: only these steps train the
+                                          policy (a waiting agent's steps train its value only)
+With a recurrent core (--rnn gru|lstm; H = the model's state_size):
+  episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
+                                          hidden state is zeroed before acting on it (and in training)
+  rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
+                                          that zeroing; row T: the state after the last action, before
+                                          row T's zeroing); the learner re-runs the core from it and
+                                          bootstraps GAE from row T
+  rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
+                                          by the policy worker from one request to the next
+Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
+num_workers + i: the env steps sampler node i reported, written by the receiver),
+param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py), stop [1] int64,
+heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
+wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
+slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
+int64 (set by the supervisor when a restarted reader needs a policy's shared weights again).
+With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
+reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+
+import numpy as np
+
+from sf_engine.envs.spec import EnvSpec
+
+_ALIGN = 64
+HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
+WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that read a policy's shared weights
+
+
+def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
+    """name -> (shape, dtype) of every shared array of a run whose config `cfg` is resolved (no 'auto');
+    `state`: floats of recurrent state per env (0 without a core, see model_shape.state_size)."""
+    slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
+    step = (slots, rollout, envs)
+    layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
+    if state:
+        layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
+                   "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
+                   "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32")}
+    if spec.turn_based:
+        layout["acting"] = (step, "bool")
+    policies = cfg.policies.num_acting  # the trained ones, then the opponent pool's snapshots
+    if policies > 1:
+        layout["policy_id"] = ((slots, rollout + 1, envs), "int16")
+        # per worker and policy: episodes finished and the sum of their objectives (PBT's figure)
+        layout["policy_episodes"] = ((cfg.sampler.num_workers, policies, 2), "float64")
+    remote = cfg.remote.num_remote_samplers
+    if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
+        layout["remote_books"] = ((remote, 3), "int64")
+    return layout | {
+        "actions": (step + spec.action.buffer_shape, spec.action.dtype),
+        "log_probs": (step, "float32"),
+        "values": (step, "float32"),
+        "policy_version": (step, "int64"),
+        "rewards": (step, "float32"),
+        "terminated": (step, "bool"),
+        "truncated": (step, "bool"),
+        "valid": (step, "bool"),
+        "env_steps": ((cfg.sampler.num_workers + remote,), "int64"),
+        "param_seq": ((policies,), "int64"),
+        "stop": ((1,), "int64"),
+        "heartbeat": ((HEARTBEAT_ROLES + cfg.sampler.num_workers,), "float64"),
+        "slot_owner": ((slots,), "int64"),
+        "slot_rows": ((slots,), "int64"),
+        "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
+    }
+
+
+# the arrays of buffer_layout that hold one slot's trajectory besides the observations, where a run has them
+_SLOT_ARRAYS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated",
+                "valid", "acting", "policy_id", "episode_start", "rnn_states")
+
+
+def slot_fields(layout: dict) -> tuple:
+    """Names (as in `layout`) of the arrays that hold one slot's trajectory, in layout order."""
+    return tuple(name for name in layout if name.startswith("obs.") or name in _SLOT_ARRAYS)
+
+
+def _offsets(layout: dict) -> tuple[dict, int]:
+    offsets, total = {}, 0
+    for name, (shape, dtype) in layout.items():
+        offsets[name] = total
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        total += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return offsets, max(total, _ALIGN)
+
+
+def required_bytes(layout: dict) -> int:
+    return _offsets(layout)[1]
+
+
+SHM_PREFIX = "sf_engine_"
+
+
+def shm_path(shm_dir: str, experiment_dir: str) -> str:
+    """A new, unpredictable name per run (the experiment's name, then 16 random hex digits): nobody can
+    prepare a file or link under it. processes.json records it, so the next start of the experiment
+    removes what a killed run left."""
+    key = os.path.basename(os.path.abspath(experiment_dir))[:64]
+    return os.path.join(shm_dir, f"{SHM_PREFIX}{key}_{secrets.token_hex(8)}")
+
+
+class SharedBuffers:
+    """Numpy views of every shared array of a run; `create` in the runner, `attach` in children."""
+
+    def __init__(self, path: str, layout: dict, create: bool):
+        self.path, self.layout = path, layout
+        offsets, total = _offsets(layout)
+        # created exclusively, never through a link: a file that is already there is not ours
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, total)
+            self._mmap = mmap.mmap(fd, total)
+        finally:
+            os.close(fd)
+        self.owner = create
+        self.obs = {}
+        self.episode_start = self.rnn_states = self.rnn_current = None  # recurrent runs only
+        self.acting = None  # turn-based multi-agent runs only
+        self.policy_id = self.policy_episodes = None  # runs of several policies only
+        self.remote_books = None  # runs with sampler nodes only
+        for name, (shape, dtype) in layout.items():
+            count = int(np.prod(shape))
+            array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
+            if name.startswith("obs."):
+                self.obs[name[4:]] = array
+            else:
+                setattr(self, name, array)
+
+    @classmethod
+    def create(cls, path: str, layout: dict) -> "SharedBuffers":
+        buffers = cls(path, layout, create=True)
+        buffers.slot_owner[:] = -1
+        return buffers
+
+    def take_rows(self, slots) -> int:
+        """The env steps held in `slots` (rows written x envs per split), which leave the books of steps
+        not trained yet: their row counts are reset."""
+        steps = int(self.slot_rows[slots].sum()) * self.log_probs.shape[2]
+        self.slot_rows[slots] = 0
+        return steps
+
+    @classmethod
+    def attach(cls, path: str, layout: dict) -> "SharedBuffers":
+        return cls(path, layout, create=False)
+
+    def release(self) -> None:
+        """Unlink the backing file (creator only). Views stay valid until the process exits."""
+        if self.owner and os.path.exists(self.path):
+            os.unlink(self.path)
+            self.owner = False

@@ -1,0 +1,102 @@
+"""Every queue of a run with its sender and receiver, and the roles that run in processes: one place to
+read (and grep) who talks to whom. Queues carry small messages only, never trajectory data.
+
+  queue              sender                  receiver                 carries
+  policy_requests    rollout workers         policy worker            (worker, token, slot, row)
+  actions_ready[w]   policy worker           rollout worker w         tokens: actions written (a ReplyPipe)
+  full_slots         rollout workers,        learner                  index of a filled trajectory slot
+                     receiver
+  free_slots         learner, supervisor     rollout workers,         index of a slot that may be filled
+                                             receiver
+  stats              every role              main process (RunStats)  sf_engine.stats.messages dataclasses
+  weights[reader, p] learner                 policy worker, evaluator, policy p's shared weight vector (SharedWeights)
+                                             receiver
+  lifeline           held by the main process  every child           EOF once the main process is gone
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from faster_fifo import Queue
+
+from sf_engine.runtime.ipc import LocalChannel, ReplyPipe
+from sf_engine.runtime.shared_buffers import HEARTBEAT_ROLES, WEIGHT_READERS
+
+_QUEUE_BYTES = 1 << 20
+
+@dataclass(frozen=True)
+class Role:
+    """What the plumbing needs to know of a role. `cls`: "module:Class", imported in the process that
+    runs it (rollout workers never import torch) and built from a RoleContext; `heartbeat`: its entry in
+    the shared heartbeat array (rollout worker w: HEARTBEAT_WORKERS + w); `step_timeout_sec`: how long
+    one `step` may wait in a process; `serial_order`: its turn in serial mode's round (a request made in
+    a round is served in it); `torch_threads(cfg)`: torch threads of its process (None: no torch)."""
+    cls: str
+    heartbeat: int | None
+    step_timeout_sec: float
+    serial_order: int
+    torch_threads: object = None
+
+
+HEARTBEAT_WORKERS = HEARTBEAT_ROLES  # heartbeat entries before the rollout workers' (shared_buffers.buffer_layout)
+ROLES = {
+    "learner": Role("sf_engine.roles.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
+    "policy_worker": Role("sf_engine.roles.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
+    "evaluator": Role("sf_engine.roles.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
+    "rollout_worker": Role("sf_engine.roles.rollout_worker:RolloutWorker", None, 0.1, 0),
+    "receiver": Role("sf_engine.scaleout.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
+}
+
+
+def role_class(role: str):
+    module, _, name = ROLES[role].cls.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def heartbeat_index(role: str, index: int = 0) -> int:
+    """Entry of `role` (rollout worker `index`) in the shared heartbeat array."""
+    slot = ROLES[role].heartbeat
+    return HEARTBEAT_WORKERS + index if slot is None else slot
+
+
+def roles_of(cfg) -> list:
+    """(role, index) of every process of a run, in start order (the learner publishes the weights first)."""
+    workers = cfg.sampler.num_workers
+    roles = [("learner", 0)] + ([("policy_worker", 0)] if workers else [])
+    roles += [("rollout_worker", w) for w in range(workers)]
+    roles += [("receiver", 0)] if cfg.remote.num_remote_samplers else []
+    return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])
+
+
+def weight_readers(cfg) -> tuple:
+    """The roles of a run that read the shared weights (the learner sends each the shared vector)."""
+    return tuple(role for role, _ in roles_of(cfg) if role in WEIGHT_READERS)
+
+
+@dataclass
+class Queues:
+    policy_requests: Queue
+    actions_ready: list
+    full_slots: Queue
+    free_slots: Queue
+    stats: Queue
+    weights: dict  # (reader role, policy) -> channel of that policy's shared weight vector
+    lifeline: object = None  # read end of a pipe only the main process can write to
+
+
+def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1) -> Queues:
+    """`mp_context` None means serial mode (no child processes)."""
+    def weight_channel():
+        return LocalChannel() if mp_context is None else mp_context.Queue()
+
+    return Queues(policy_requests=new_policy_requests(),
+                  actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
+                  full_slots=Queue(_QUEUE_BYTES), free_slots=Queue(_QUEUE_BYTES), stats=Queue(4 * _QUEUE_BYTES),
+                  weights={(reader, policy): weight_channel() for reader in WEIGHT_READERS
+                           for policy in range(num_policies)}, lifeline=lifeline)
+
+
+def new_policy_requests() -> Queue:
+    """A restarted policy worker gets a new one (a killed waiter may have broken the old, see ipc)."""
+    return Queue(_QUEUE_BYTES)

@@ -1,0 +1,1 @@
+"""Sampler nodes on other machines: the sampler node, its Ray actors, slots on the wire, and the receiver role."""

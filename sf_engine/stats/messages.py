@@ -1,0 +1,120 @@
+"""Typed stats messages: what each role reports to the main process through the stats queue.
+
+Small dataclasses (pickled by faster-fifo); sf_engine.stats.run_stats.RunStats aggregates them. Stage seconds
+are cumulative per process: `stage_sec` {stage: seconds} covers `wall_sec` of that process's loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stages:
+    """Where one process's time went: `role` names it ('learner', 'policy_worker', 'rollout_worker_3')."""
+    role: str
+    stage_sec: dict
+    wall_sec: float
+
+
+@dataclass
+class Episodes:
+    """Rollout worker: episodes finished since its last report (the last 100 of them in full); `extra`:
+    the envs' own episode stats, name -> the last 100 values."""
+    stages: Stages
+    count: int
+    returns: list
+    lengths: list
+    extra: dict = field(default_factory=dict)
+    policies: list = field(default_factory=list)  # --num_policies > 1: the policy of each of `returns`
+
+
+@dataclass
+class Training:
+    """Learner: one training batch of one policy. Lag = learner version - the version that acted, over
+    valid samples."""
+    stages: Stages
+    version: int
+    samples: int
+    dropped_lag: int
+    not_trainable: int
+    lag_count: int
+    lag_min: float
+    lag_mean: float
+    lag_max: float
+    learning_rate: float
+    losses: dict = field(default_factory=dict)  # policy_loss, value_loss, entropy, approx_kl, ...
+    policy: int = 0
+    train_sec: float = 0.0  # the learner's seconds on this policy's part of the batch
+
+
+@dataclass
+class Inference:
+    """Policy worker: forward passes and samples since its last report."""
+    stages: Stages
+    forwards: int
+    samples: int
+    policy_sec: dict = field(default_factory=dict)  # --num_policies > 1: policy -> its forwards' seconds
+
+
+@dataclass
+class Evaluation:
+    """Evaluator: one greedy evaluation of `version`."""
+    version: int
+    return_mean: float
+    return_std: float
+    length_mean: float
+    episodes: int
+    unfinished: int
+    best: float
+    seconds: float
+    win_rate: float | None = None  # two-player games: against a random player, from both seats
+    draw_rate: float | None = None
+    loss_rate: float | None = None
+
+
+@dataclass
+class PbtRound:
+    """Learner with --pbt: a round (0: the population's start). `exploits` [(replaced member, member it
+    copied, its objective, the copied one's)]; `hyperparameters`: each member's after the round."""
+    round: int
+    exploits: list
+    hyperparameters: list
+    objectives: list
+
+
+@dataclass
+class CheckpointWritten:
+    path: str
+
+
+@dataclass
+class CheckpointFailed:
+    reason: str
+
+
+@dataclass
+class Recycled:
+    """Learner with --sampling_only: env steps handed back untrained."""
+    steps: int
+
+
+@dataclass
+class Fault:
+    """A role's process failed: its traceback, logged once by the supervisor."""
+    role: str
+    index: int
+    traceback: str
+
+
+@dataclass
+class RemoteNodes:
+    """Receiver: every sampler actor's figures since the run started (cumulative), one dict each: its
+    `host`, Ray `node` and `pid` (the latest incarnation's), env steps `stepped` (as it reported them), `placed` in local slots and `dropped` with a lost
+    actor, `slots`, `restarts`, `recovery_sec` (loss to the first slot of its successor, the latest),
+    the lag of its slots at arrival (`lag_sum`, `lag_count`, `lag_max`), and seconds spent `sample_sec`
+    (the actor collecting), `fetch_sec` (moving its slots out of the object store) and `write_sec`
+    (into local slots)."""
+    stages: Stages
+    nodes: list
+    weights_versions_sent: int = 0
+    weights_bytes_sent: int = 0

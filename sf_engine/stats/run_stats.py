@@ -1,0 +1,290 @@
+"""Run statistics: the one reader that aggregates the roles' typed messages (sf_engine.stats.messages) into
+the figures of a run. Runs in the main process; writing them out (TensorBoard, terminal, summary.json)
+is sf_engine.stats.report's job.
+
+Throughput figures: env steps/s counts agent steps; frames/s = env steps/s x frameskip.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from sf_engine.stats import messages as msg
+from sf_engine.stats.bottleneck import diagnose, subtract
+
+WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
+WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
+BOTTLENECK_EVERY_SEC = 30.0
+
+
+class Throughput:
+    """Env steps and learner samples over time: rates over the last seconds, 2-s windows after warm-up,
+    and the rate from the end of warm-up to the stop."""
+
+    def __init__(self, env_steps_base: int):
+        self.base = env_steps_base
+        self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
+        self.first_step_time = None
+        self.warmup = self.window_start = self.stopped_at = None  # (time, env steps, ...)
+        self.window_rates: deque = deque(maxlen=1000)
+
+    def sample(self, now: float, env_steps: int, learner_samples: int) -> None:
+        self.history.append((now, env_steps, learner_samples))
+        while now - self.history[0][0] > 60.0:
+            self.history.popleft()
+        if self.first_step_time is None and env_steps > self.base:
+            self.first_step_time = now
+        elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
+            self.warmup = self.window_start = (now, env_steps)
+        elif self.window_start and now - self.window_start[0] >= WINDOW_SEC and self.stopped_at is None:
+            self.window_rates.append((env_steps - self.window_start[1]) / (now - self.window_start[0]))
+            self.window_start = (now, env_steps)
+
+    def rate(self, window_sec: float, column: int = 1) -> float:
+        """Per second over the last `window_sec`: env steps (column 1) or learner samples (column 2)."""
+        if not self.history:
+            return 0.0
+        now, newest = self.history[-1][0], self.history[-1]
+        oldest = next((h for h in self.history if now - h[0] <= window_sec), newest)
+        return (newest[column] - oldest[column]) / (newest[0] - oldest[0]) if newest[0] > oldest[0] else 0.0
+
+    def env_steps_per_sec(self) -> float:
+        """From the end of warm-up to the stop (from the first env step when the run was too short)."""
+        end_time, end_steps = (self.stopped_at or self.history[-1])[:2]
+        start = self.warmup if self.warmup and end_time - self.warmup[0] >= WINDOW_SEC else None
+        if start is None and self.first_step_time is not None:
+            start = (self.first_step_time, next(h[1] for h in self.history if h[0] >= self.first_step_time))
+        if start is None or end_time <= start[0]:
+            return 0.0
+        return (end_steps - start[1]) / (end_time - start[0])
+
+
+@dataclass
+class Books:
+    """Where the env steps went: sampled = trained + dropped for lag + not trainable (reset steps) +
+    recycled untrained (sampling only) + dropped with a failed worker + dropped with a lost sampler
+    actor (--num_remote_samplers) + in flight at the stop (in local slots, or stepped by a sampler
+    actor and not placed here yet)."""
+    trained: int = 0
+    dropped_lag: int = 0
+    not_trainable: int = 0
+    recycled_untrained: int = 0
+    dropped_faults: int = 0
+    dropped_lost_samplers: int = 0
+    in_flight_at_stop: int | None = None
+
+    def as_dict(self, sampled: int) -> dict:
+        """`unaccounted` is 0 when none was lost (known once the steps in flight were counted)."""
+        books = {"sampled": sampled, **vars(self)}
+        if self.in_flight_at_stop is not None:
+            books["unaccounted"] = sampled - sum(v for k, v in books.items() if k != "sampled")
+        return books
+
+
+@dataclass
+class PolicyBooks:
+    """One policy's lag over its training batches and the samples it trained (--num_policies > 1)."""
+    lag_sum: float = 0.0
+    lag_count: int = 0
+    lag_max: float = 0.0
+    trained: int = 0
+    train_sec: float = 0.0  # the learner's time on this policy's samples
+    forward_sec: float = 0.0  # the policy worker's time on this policy's forwards (batches of several policies)
+
+
+class RunStats:
+    """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
+
+    def __init__(self, env_steps_base: int, env_step_counters):
+        self.env_steps_base, self.counters = env_steps_base, env_step_counters
+        self.start_time = time.monotonic()
+        self.throughput = Throughput(env_steps_base)
+        self.returns, self.lengths = deque(maxlen=100), deque(maxlen=100)
+        self.extra: dict = {}  # name -> the last 100 values of an env's own episode stat
+        self.episodes = 0
+        self.training: msg.Training | None = None  # the latest batch
+        self.lag_sum, self.lag_count, self.lag_max = 0.0, 0, 0.0
+        self.stages: dict = {}  # role -> its latest Stages
+        self.inference_forwards, self.inference_samples = 0, 0
+        self.policy_returns: dict = {}  # --num_policies > 1: policy -> its last 100 episode returns
+        self.policy_training: dict = {}  # policy -> its latest Training
+        self.policy_books: dict = {}  # policy -> its PolicyBooks
+        self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
+        self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
+        self.evaluation: msg.Evaluation | None = None
+        self.remote: msg.RemoteNodes | None = None  # --num_remote_samplers: the receiver's latest report
+        self.remote_history: deque = deque()  # (time, env steps each sampler actor stepped), last 60 s
+        self.checkpoint_path = None
+        self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
+        self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
+        self.books = Books()
+        self.diagnosis = None
+        self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
+        self.stopped = False
+        self._handlers = {msg.Episodes: self._episodes, msg.Training: self._training, msg.Inference: self._inference,
+                          msg.Evaluation: self._evaluation, msg.CheckpointWritten: self._checkpoint,
+                          msg.CheckpointFailed: self._checkpoint_failed, msg.Recycled: self._recycled,
+                          msg.Fault: self._fault, msg.PbtRound: self._pbt, msg.RemoteNodes: self._remote}
+
+    @property
+    def env_steps(self) -> int:
+        return self.env_steps_base + int(self.counters.sum())
+
+    @property
+    def return_mean(self):
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    @property
+    def extra_means(self) -> dict:
+        """name -> mean of the last 100 values of each of the envs' own episode stats."""
+        return {name: sum(values) / len(values) for name, values in self.extra.items() if values}
+
+    def policy_figures(self) -> list:
+        """--num_policies > 1: per policy, its mean return (last 100 episodes), version, lag and rate."""
+        figures = []
+        for policy in sorted(set(self.policy_returns) | set(self.policy_training)):
+            returns, train = self.policy_returns.get(policy, ()), self.policy_training.get(policy)
+            books = self.policy_books.get(policy, PolicyBooks())
+            figures.append({"policy": policy, "episode_return_mean": sum(returns) / len(returns) if returns else None,
+                            "episodes": len(returns), "version": train.version if train else 0,
+                            "policy_lag_mean": books.lag_sum / books.lag_count if books.lag_count else None,
+                            "policy_lag_max": books.lag_max, "learning_rate": train.learning_rate if train else None,
+                            "trained_samples": books.trained,
+                            "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9),
+                            "learner_train_sec": books.train_sec, "inference_sec": books.forward_sec})
+        return figures
+
+    @property
+    def stage_sec(self) -> dict:
+        return {role: stages.stage_sec for role, stages in self.stages.items()}
+
+    def consume(self, messages: list) -> None:
+        for message in messages:
+            self._handlers[type(message)](message)
+
+    def _episodes(self, m: msg.Episodes) -> None:
+        if not self.stopped:
+            self.episodes += m.count
+            self.returns.extend(m.returns)
+            self.lengths.extend(m.lengths)
+            for name, values in m.extra.items():
+                self.extra.setdefault(name, deque(maxlen=100)).extend(values)
+            for policy, value in zip(m.policies, m.returns[-len(m.policies):] if m.policies else []):
+                self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
+            self.stages[m.stages.role] = m.stages
+
+    def _training(self, m: msg.Training) -> None:
+        self.training = m
+        self.policy_training[m.policy] = m
+        books = self.policy_books.setdefault(m.policy, PolicyBooks())
+        books.lag_sum += m.lag_mean * m.lag_count
+        books.lag_count += m.lag_count
+        books.lag_max = max(books.lag_max, m.lag_max)
+        books.trained += m.samples
+        books.train_sec += m.train_sec
+        self.books.trained += m.samples
+        self.books.dropped_lag += m.dropped_lag
+        self.books.not_trainable += m.not_trainable
+        self.lag_sum += m.lag_mean * m.lag_count
+        self.lag_count += m.lag_count
+        self.lag_max = max(self.lag_max, m.lag_max)
+        self.stages[m.stages.role] = m.stages
+
+    def _inference(self, m: msg.Inference) -> None:
+        self.stages[m.stages.role] = m.stages
+        self.inference_forwards += m.forwards
+        self.inference_samples += m.samples
+        for policy, seconds in m.policy_sec.items():
+            self.policy_books.setdefault(policy, PolicyBooks()).forward_sec += seconds
+
+    def _evaluation(self, m: msg.Evaluation) -> None:
+        self.evaluation = m
+        logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)%s",
+                     m.version, m.return_mean, m.return_std, m.episodes, m.unfinished, m.best,
+                     "" if m.win_rate is None else f"; against a random player: won {m.win_rate:.1%}, "
+                                                   f"drew {m.draw_rate:.1%}, lost {m.loss_rate:.1%}")
+
+    def _pbt(self, m: msg.PbtRound) -> None:
+        self.pbt = m
+        self.pbt_exploits += [(m.round, *exploit) for exploit in m.exploits]
+        for target, source, worse, better in m.exploits:
+            logging.info("PBT round %d: policy %d (objective %.2f) takes policy %d's weights (%.2f); its "
+                         "hyperparameters now %s", m.round, target, worse, source, better,
+                         ", ".join(f"{k} {v:.3g}" for k, v in m.hyperparameters[target].items()))
+        if m.round == 0:
+            for member, hyper in enumerate(m.hyperparameters):
+                logging.info("PBT: policy %d starts with %s", member, ", ".join(f"{k} {v:.3g}" for k, v in hyper.items()))
+
+    def _remote(self, m: msg.RemoteNodes) -> None:
+        self.remote = m
+        self.stages[m.stages.role] = m.stages
+        now = time.monotonic()
+        self.remote_history.append((now, [node["stepped"] for node in m.nodes]))
+        while now - self.remote_history[0][0] > 60.0:
+            self.remote_history.popleft()
+
+    def remote_figures(self) -> list:
+        """--num_remote_samplers: each sampler actor's figures, with its env steps/s over the last 10 s
+        and its mean lag at arrival."""
+        if self.remote is None:
+            return []
+        now, newest = self.remote_history[-1]
+        oldest = next((h for h in self.remote_history if now - h[0] <= 10.0), self.remote_history[-1])
+        span = now - oldest[0]
+        figures = []
+        for i, node in enumerate(self.remote.nodes):
+            rate = (newest[i] - oldest[1][i]) / span if span > 0 else 0.0
+            lag = node["lag_sum"] / node["lag_count"] if node["lag_count"] else None
+            figures.append({**{k: v for k, v in node.items() if k != "lag_sum"}, "env_steps_per_sec_10s": round(rate, 1),
+                            "lag_mean": lag})
+        return figures
+
+    def _checkpoint(self, m: msg.CheckpointWritten) -> None:
+        self.checkpoint_path = m.path
+
+    def _checkpoint_failed(self, m: msg.CheckpointFailed) -> None:
+        self.checkpoint_failures += 1
+        logging.warning("checkpoint not written (%s): the previous one is kept, training goes on", m.reason)
+
+    def _recycled(self, m: msg.Recycled) -> None:
+        self.books.recycled_untrained += m.steps
+
+    def _fault(self, m: msg.Fault) -> None:
+        self.faults[(m.role, m.index)] = m.traceback
+
+    def sample(self) -> None:
+        """Sample the counters (report.Reporter.tick, a few times a second)."""
+        now = time.monotonic()
+        self.throughput.sample(now, self.env_steps, self.books.trained)
+        if self.bottleneck_snapshot is None and self.throughput.warmup is not None:
+            self.bottleneck_snapshot = (now, self._stage_copy())
+
+    def _stage_copy(self) -> dict:
+        return {role: dict(stages) for role, stages in self.stage_sec.items()}
+
+    def bottleneck_due(self) -> bool:
+        snapshot = self.bottleneck_snapshot
+        return snapshot is not None and not self.stopped and time.monotonic() - snapshot[0] >= BOTTLENECK_EVERY_SEC
+
+    def diagnose_window(self) -> float:
+        """Name the binding stage over the window since the last diagnosis; returns the window's seconds."""
+        now = time.monotonic()
+        then, old = self.bottleneck_snapshot
+        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then)
+        self.bottleneck_snapshot = (now, self._stage_copy())
+        return now - then
+
+    def stop(self) -> None:
+        """The run decided to stop: throughput and episode figures are final as of now (steps taken
+        while the processes wind down still count in env_steps)."""
+        self.sample()
+        self.stopped = True
+        self.throughput.stopped_at = self.throughput.history[-1]
+
+    def finish(self) -> None:
+        """After the stop: a run shorter than one bottleneck window is judged whole."""
+        self.sample()
+        if self.diagnosis is None and self.stages:
+            self.diagnosis = diagnose(self.stage_sec, time.monotonic() - self.start_time)
