@@ -15,6 +15,7 @@ def compiled_extensions() -> dict:
     except ImportError:
         return {}
     import torch
+
     try:  # the BLAS torch calls, if its library exports it (CPU builds with MKL do)
         libtorch = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
         direct_blas = hasattr(libtorch, "sgemm_") and hasattr(libtorch, "dgemm_")
@@ -25,9 +26,16 @@ def compiled_extensions() -> dict:
     vector_tanh = platform.machine() == "x86_64" and glibc >= (2, 35)  # glibc's libmvec has tanh
     flags = ["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}", f"-DSF_VECTOR_TANH={int(vector_tanh)}"]
     link = ["-lmvec"] if vector_tanh else []
-    extensions = [CppExtension(f"sf_engine.model.{name}", [f"sf_engine/csrc/{source}"], extra_compile_args=flags,
-                               extra_link_args=link, optional=True)
-                  for name, source in (("_recurrent_loops", "recurrent_loops.cpp"), ("_cpu_kernels", "cpu_kernels.cpp"))]
+    extensions = [
+        CppExtension(
+            f"sf_engine.model.{name}",
+            [f"sf_engine/csrc/{source}"],
+            extra_compile_args=flags,
+            extra_link_args=link,
+            optional=True,
+        )
+        for name, source in (("_recurrent_loops", "recurrent_loops.cpp"), ("_cpu_kernels", "cpu_kernels.cpp"))
+    ]
     return {"ext_modules": extensions, "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Train an agent: `python train.py --help` lists every flag. Defaults solve CartPole-v1."""
+
 import sys
 
 if __name__ == "__main__":

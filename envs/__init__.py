@@ -1,9 +1,19 @@
 """Environment families for sf_engine: batched envs a rollout worker steps as one unit. Imports nothing
 from sf_engine (the engine depends on envs, never the other way)."""
-from .registry import (ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, BatchEnv, EnvError, StepResult, flag_defaults,
-                           make_batch_env, probe_env_spec, register_env)
-from .spec import ActionSpec, EnvSpec
+
 from .doom import reap_orphaned_games
+from .registry import (
+    ENVS_PER_WORKER_HINT,
+    FAMILY_DEFAULTS,
+    BatchEnv,
+    EnvError,
+    StepResult,
+    flag_defaults,
+    make_batch_env,
+    probe_env_spec,
+    register_env,
+)
+from .spec import ActionSpec, EnvSpec
 
 
 def reap_orphaned_processes() -> list:
@@ -12,5 +22,17 @@ def reap_orphaned_processes() -> list:
     return reap_orphaned_games()
 
 
-__all__ = ["ENVS_PER_WORKER_HINT", "FAMILY_DEFAULTS", "ActionSpec", "BatchEnv", "EnvError", "EnvSpec", "StepResult",
-           "flag_defaults", "make_batch_env", "probe_env_spec", "reap_orphaned_processes", "register_env"]
+__all__ = [
+    "ENVS_PER_WORKER_HINT",
+    "FAMILY_DEFAULTS",
+    "ActionSpec",
+    "BatchEnv",
+    "EnvError",
+    "EnvSpec",
+    "StepResult",
+    "flag_defaults",
+    "make_batch_env",
+    "probe_env_spec",
+    "reap_orphaned_processes",
+    "register_env",
+]

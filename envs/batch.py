@@ -1,5 +1,6 @@
 """A batch of envs stepped as one (an EnvPool instance or a Gymnasium vector env) and what one
 batched step returns."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ class StepResult:
     reported episode returns add up (the true game score of whole games). `extra_stats`: name -> values
     of the episodes that ended this step with an info["episode_extra_stats"] dict (Sample Factory's
     convention: frags, deaths, true_objective, ...), or None."""
+
     obs: dict
     rewards: np.ndarray
     terminated: np.ndarray

@@ -9,6 +9,7 @@ Needs the `doom` extra (vizdoom and OpenCV); without it, making or probing a Doo
 line saying how to install it. The game runs in its own process, which VizDoom starts at the first
 reset and stops on close().
 """
+
 from __future__ import annotations
 
 import glob
@@ -38,6 +39,7 @@ class Scenario:
     return before shaping); `settings`: (DoomGame setter without 'set_', value) applied over the config
     file, and `buttons` added to its own, where Sample Factory's copy of the config differs from VizDoom's;
     `players` > 1: a multiplayer deathmatch of that many agents, `minutes` long (envs.doom_duel)."""
+
     cfg: str
     reward_scale: float = 1.0
     gathering: bool = False
@@ -52,18 +54,30 @@ class Scenario:
 
 
 # Sample Factory's deathmatch shaping (its DEATHMATCH_V0 scheme, without the weapon and ammo terms)
-DEATHMATCH_SHAPING = (("FRAGCOUNT", 1.0, 1.5), ("DEATHCOUNT", -0.75, 0.75), ("HITCOUNT", 0.01, 0.01),
-                      ("DAMAGECOUNT", 0.003, 0.003), ("HEALTH", 0.005, 0.003), ("ARMOR", 0.005, 0.001))
+DEATHMATCH_SHAPING = (
+    ("FRAGCOUNT", 1.0, 1.5),
+    ("DEATHCOUNT", -0.75, 0.75),
+    ("HITCOUNT", 0.01, 0.01),
+    ("DAMAGECOUNT", 0.003, 0.003),
+    ("HEALTH", 0.005, 0.003),
+    ("ARMOR", 0.005, 0.001),
+)
 DEATHMATCH_STATS = (("frags", "FRAGCOUNT"), ("deaths", "DEATHCOUNT"), ("hits", "HITCOUNT"))
 BATTLE_SHAPING = (("KILLCOUNT", 1.0, 0.0),) + DEATHMATCH_SHAPING[2:]  # its wad rewards no kill itself
 
 # a hosted deathmatch's rules: forced respawns at once and far from the others, no autoaim or crouching
-DEATHMATCH_RULES = ("+sv_forcerespawn 1 +sv_noautoaim 1 +sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 "
-                    "+viz_respawn_delay 0 +viz_nocheat 1")
+DEATHMATCH_RULES = (
+    "+sv_forcerespawn 1 +sv_noautoaim 1 +sv_respawnprotect 1 +sv_spawnfarthest 1 +sv_nocrouch 1 "
+    "+viz_respawn_delay 0 +viz_nocheat 1"
+)
 
 # what Sample Factory's own copies of VizDoom's configs change: rendering, and gathering's rewards
-_SF_RENDER = (("render_decals", False), ("render_particles", False), ("render_crosshair", False),
-              ("render_screen_flashes", True))
+_SF_RENDER = (
+    ("render_decals", False),
+    ("render_particles", False),
+    ("render_crosshair", False),
+    ("render_screen_flashes", True),
+)
 _SF_HUD = _SF_RENDER + (("render_hud", True),)
 _SF_GATHERING = _SF_RENDER + (("render_weapon", False), ("living_reward", 0.01), ("death_penalty", 0.0))
 
@@ -71,35 +85,47 @@ _SF_GATHERING = _SF_RENDER + (("render_weapon", False), ("living_reward", 0.01),
 # played with its settings
 SAMPLE_FACTORY_NAMES = {
     "doom_basic": Scenario("basic.cfg", reward_scale=0.01, settings=_SF_HUD),
-    "doom_health_gathering_supreme": Scenario("health_gathering_supreme.cfg", gathering=True, settings=_SF_GATHERING,
-                                              buttons=("MOVE_BACKWARD",)),
-    "doom_health_gathering": Scenario("health_gathering.cfg", gathering=True, settings=_SF_GATHERING,
-                                      buttons=("MOVE_BACKWARD",)),
+    "doom_health_gathering_supreme": Scenario(
+        "health_gathering_supreme.cfg", gathering=True, settings=_SF_GATHERING, buttons=("MOVE_BACKWARD",)
+    ),
+    "doom_health_gathering": Scenario(
+        "health_gathering.cfg", gathering=True, settings=_SF_GATHERING, buttons=("MOVE_BACKWARD",)
+    ),
     "doom_defend_the_center": Scenario("defend_the_center.cfg", settings=_SF_HUD),
     "doom_defend_the_line": Scenario("defend_the_line.cfg", settings=_SF_HUD),
     "doom_my_way_home": Scenario("my_way_home.cfg", settings=_SF_RENDER),
     "doom_deadly_corridor": Scenario("deadly_corridor.cfg", reward_scale=0.01, settings=_SF_HUD),
     # against 7 built-in bots on VizDoom's own deathmatch map (Sample Factory's dwango5 map is its own)
-    "doom_deathmatch_bots": Scenario("cig.cfg", bots=7, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS,
-                                     objective="frags"),
+    "doom_deathmatch_bots": Scenario(
+        "cig.cfg", bots=7, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS, objective="frags"
+    ),
     # the monster arena VizDoom ships (Sample Factory's battle.wad is its own)
-    "doom_battle": Scenario("deathmatch.cfg", shaping=BATTLE_SHAPING, stats=(("kills", "KILLCOUNT"),),
-                            objective="kills"),
+    "doom_battle": Scenario(
+        "deathmatch.cfg", shaping=BATTLE_SHAPING, stats=(("kills", "KILLCOUNT"),), objective="kills"
+    ),
     # two agents in one multiplayer deathmatch on VizDoom's deathmatch map, over loopback (self-play)
-    "doom_duel": Scenario("cig.cfg", players=2, minutes=2.0, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS,
-                          objective="frags"),
+    "doom_duel": Scenario(
+        "cig.cfg", players=2, minutes=2.0, shaping=DEATHMATCH_SHAPING, stats=DEATHMATCH_STATS, objective="frags"
+    ),
 }
 
 # VizDoom's Gymnasium ids (vizdoom.gymnasium_wrapper, one button at a time) -> their config files
 GYMNASIUM_IDS = {
-    "VizdoomBasic-v1": "basic.cfg", "VizdoomBasicAudio-v1": "basic_audio.cfg",
-    "VizdoomBasicNotifications-v1": "basic_notifications.cfg", "VizdoomDeadlyCorridor-v1": "deadly_corridor.cfg",
-    "VizdoomDefendCenter-v1": "defend_the_center.cfg", "VizdoomDefendLine-v1": "defend_the_line.cfg",
+    "VizdoomBasic-v1": "basic.cfg",
+    "VizdoomBasicAudio-v1": "basic_audio.cfg",
+    "VizdoomBasicNotifications-v1": "basic_notifications.cfg",
+    "VizdoomDeadlyCorridor-v1": "deadly_corridor.cfg",
+    "VizdoomDefendCenter-v1": "defend_the_center.cfg",
+    "VizdoomDefendLine-v1": "defend_the_line.cfg",
     "VizdoomHealthGathering-v1": "health_gathering.cfg",
-    "VizdoomHealthGatheringSupreme-v1": "health_gathering_supreme.cfg", "VizdoomMyWayHome-v1": "my_way_home.cfg",
-    "VizdoomPredictPosition-v1": "predict_position.cfg", "VizdoomTakeCover-v1": "take_cover.cfg",
-    "VizdoomDeathmatch-v1": "deathmatch.cfg", "VizdoomCorridor-v1": "deadly_corridor.cfg",
-    "VizdoomRocketBasic-v1": "rocket_basic.cfg", "VizdoomSimplerBasic-v1": "simpler_basic.cfg",
+    "VizdoomHealthGatheringSupreme-v1": "health_gathering_supreme.cfg",
+    "VizdoomMyWayHome-v1": "my_way_home.cfg",
+    "VizdoomPredictPosition-v1": "predict_position.cfg",
+    "VizdoomTakeCover-v1": "take_cover.cfg",
+    "VizdoomDeathmatch-v1": "deathmatch.cfg",
+    "VizdoomCorridor-v1": "deadly_corridor.cfg",
+    "VizdoomRocketBasic-v1": "rocket_basic.cfg",
+    "VizdoomSimplerBasic-v1": "simpler_basic.cfg",
 }
 
 
@@ -130,8 +156,15 @@ class DoomEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 35 // FRAME_SKIP}
 
-    def __init__(self, env_id: str = "doom_basic", render_mode=None, frame_skip: int = FRAME_SKIP,
-                 player: int = 0, port: int = 0, minutes: float | None = None):
+    def __init__(
+        self,
+        env_id: str = "doom_basic",
+        render_mode=None,
+        frame_skip: int = FRAME_SKIP,
+        player: int = 0,
+        port: int = 0,
+        minutes: float | None = None,
+    ):
         """`player`, `port`: a multiplayer scenario's seat (0 hosts the game on 127.0.0.1:port, the
         others join it); `minutes`: a deathmatch's length, when not the scenario's."""
         import vizdoom
@@ -153,8 +186,9 @@ class DoomEnv(gym.Env):
         if self.multiplayer:  # a deathmatch: player 0 hosts it (bots join at each episode's start), others join
             if player == 0:
                 port_arg = f" -port {port}" if sc.players > 1 else ""
-                game.add_game_args(f"-host {sc.players}{port_arg} -deathmatch +timelimit {sc.minutes} "
-                                   + DEATHMATCH_RULES)
+                game.add_game_args(
+                    f"-host {sc.players}{port_arg} -deathmatch +timelimit {sc.minutes} " + DEATHMATCH_RULES
+                )
             else:
                 game.add_game_args(f"-join 127.0.0.1:{port}")
             name = "agent" if sc.bots else f"player_{player}"
@@ -263,8 +297,10 @@ class DoomEnv(gym.Env):
         if before is not None and not over:
             reward += self._shaping(before, self._values)
         if over:
-            extra = {name: self._values[variable] - self._start[variable] if self._start else 0.0
-                     for name, variable in self.scenario.stats}
+            extra = {
+                name: self._values[variable] - self._start[variable] if self._start else 0.0
+                for name, variable in self.scenario.stats
+            }
             extra["true_objective"] = extra[self.scenario.objective] if self.scenario.objective else self._true_return
             info["episode_extra_stats"] = extra
         return obs, reward * self.scenario.reward_scale, over and not truncated, truncated, info
@@ -294,7 +330,7 @@ def _owner(ini_dir: str):
     name = os.path.basename(ini_dir)
     if not name.startswith(INI_PREFIX):
         return None
-    pid = name[len(INI_PREFIX):].split("_", 1)[0]
+    pid = name[len(INI_PREFIX) :].split("_", 1)[0]
     return int(pid) if pid.isdigit() else None
 
 

@@ -12,6 +12,7 @@ STALL_TIMEOUT_S, as is one whose player process died or whose game failed: its e
 for every agent and the next reset starts a new game. A player process dies with its owner (Linux's
 parent-death signal); its VizDoom game is then reaped (envs.doom.reap_orphaned_games).
 """
+
 from __future__ import annotations
 
 import logging
@@ -79,10 +80,23 @@ class DoomMultiplayer:
                 ours, theirs = socket.socketpair()
                 self._links.append(Connection(ours.detach()))
                 with theirs:
-                    self._procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "sf_engine.envs.doom_duel", str(theirs.fileno()), self.env_id,
-                         str(player), str(port), repr(self.minutes)], pass_fds=(theirs.fileno(),),
-                        stdout=None if debug else subprocess.DEVNULL, stderr=None if debug else subprocess.DEVNULL))
+                    self._procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "sf_engine.envs.doom_duel",
+                                str(theirs.fileno()),
+                                self.env_id,
+                                str(player),
+                                str(port),
+                                repr(self.minutes),
+                            ],
+                            pass_fds=(theirs.fileno(),),
+                            stdout=None if debug else subprocess.DEVNULL,
+                            stderr=None if debug else subprocess.DEVNULL,
+                        )
+                    )
         except BaseException:
             self._kill()
             raise
@@ -111,8 +125,10 @@ class DoomMultiplayer:
             if started:
                 self._start()
             try:  # the host's seed is the game's: a joining player's own seed would break the game's sync
-                replies = self._ask([("reset", seed)] + [("reset", None)] * (len(self._links) - 1),
-                                    START_TIMEOUT_S if started else STALL_TIMEOUT_S)
+                replies = self._ask(
+                    [("reset", seed)] + [("reset", None)] * (len(self._links) - 1),
+                    START_TIMEOUT_S if started else STALL_TIMEOUT_S,
+                )
                 break
             except GameLost as exc:
                 self._stalled(exc)
@@ -131,8 +147,13 @@ class DoomMultiplayer:
         except GameLost as exc:  # the episode ends here, truncated; reset() starts a new game
             self._stalled(exc)
             agents, self.agents = self.agents, []
-            return (dict(self._last_obs), dict.fromkeys(agents, 0.0), dict.fromkeys(agents, False),
-                    dict.fromkeys(agents, True), {a: {} for a in agents})
+            return (
+                dict(self._last_obs),
+                dict.fromkeys(agents, 0.0),
+                dict.fromkeys(agents, False),
+                dict.fromkeys(agents, True),
+                {a: {} for a in agents},
+            )
         obs, rewards, terms, truncs, infos = {}, {}, {}, {}, {}
         over = any(r[2] or r[3] for r in replies)  # the time limit ends the game for every player at once
         for agent, (o, r, term, trunc, info) in zip(self.agents, replies):
@@ -199,8 +220,13 @@ def _serve(link: Connection, env_id: str, player: int, port: int, minutes: float
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     env = DoomEnv(env_id, player=player, port=port, minutes=minutes)
-    handlers = {"reset": lambda seed: env.reset(seed=seed), "tic": env.tic, "step": env.step,
-                "render": lambda _: env.render(), "none": lambda _: None}
+    handlers = {
+        "reset": lambda seed: env.reset(seed=seed),
+        "tic": env.tic,
+        "step": env.step,
+        "render": lambda _: env.render(),
+        "none": lambda _: None,
+    }
     try:
         while True:
             try:

@@ -5,6 +5,7 @@ observation by InfoActionMask, so that it travels through the shared buffers lik
 whose info has no mask leaves every action legal (logged once per env). The model masks its logits
 (model.ActorCritic.legal).
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,11 +40,15 @@ def check_action_mask(env_id: str, spec: EnvSpec, error) -> None:
     shape = next(shape for key, shape, _ in spec.obs if key == ACTION_MASK_KEY)
     if spec.action.kind == "continuous" or shape != (sum(spec.action.nvec),):
         size = "no mask (continuous actions)" if spec.action.kind == "continuous" else f"({sum(spec.action.nvec)},)"
-        raise error(f"--env {env_id}: observation {ACTION_MASK_KEY!r} has shape {shape}; the action space "
-                    f"{spec.action.kind} {spec.action.nvec or spec.action.shape} takes {size}: one 0/1 per action")
+        raise error(
+            f"--env {env_id}: observation {ACTION_MASK_KEY!r} has shape {shape}; the action space "
+            f"{spec.action.kind} {spec.action.nvec or spec.action.shape} takes {size}: one 0/1 per action"
+        )
     if len(spec.obs) == 1:
-        raise error(f"--env {env_id}: the observation holds only {ACTION_MASK_KEY!r}; the policy needs an "
-                    f"entry to see besides the mask")
+        raise error(
+            f"--env {env_id}: the observation holds only {ACTION_MASK_KEY!r}; the policy needs an "
+            f"entry to see besides the mask"
+        )
 
 
 def mask_in_info(env_id: str, observation_space, info: dict, size: int, error) -> bool:
@@ -55,8 +60,10 @@ def mask_in_info(env_id: str, observation_space, info: dict, size: int, error) -
     if ACTION_MASK_KEY not in info or in_obs:
         return False
     if np.asarray(info[ACTION_MASK_KEY]).size != size:
-        raise error(f"--env {env_id}: info[{ACTION_MASK_KEY!r}] holds {np.asarray(info[ACTION_MASK_KEY]).size} "
-                    f"values; the action space takes {size}: one 0/1 per action")
+        raise error(
+            f"--env {env_id}: info[{ACTION_MASK_KEY!r}] holds {np.asarray(info[ACTION_MASK_KEY]).size} "
+            f"values; the action space takes {size}: one 0/1 per action"
+        )
     return True
 
 
@@ -87,8 +94,9 @@ def _wrapper_class():  # made on first use: gymnasium is imported only where env
             if mask is None and not self.warned:
                 logging.warning("an info without %r: every action is legal in that step", ACTION_MASK_KEY)
                 self.warned = True
-            entries[ACTION_MASK_KEY] = (np.ones(self.size, np.int8) if mask is None
-                                        else np.asarray(mask, np.int8).reshape(self.size))
+            entries[ACTION_MASK_KEY] = (
+                np.ones(self.size, np.int8) if mask is None else np.asarray(mask, np.int8).reshape(self.size)
+            )
             return entries
 
         def reset(self, **kwargs):

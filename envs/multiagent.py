@@ -17,6 +17,7 @@ AECEnv, when every agent in it is done; like every batch of the engine it is res
 (Gymnasium's next-step reset), whose row is marked invalid.
 All agents must have the same observation and action spaces (one policy batches their rows).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,11 @@ from .spec import TO_MOVE_KEY, EnvSpec
 def is_multiagent(env) -> bool:
     """A PettingZoo env (ParallelEnv or AECEnv), told by its API rather than its class, so that pettingzoo
     is imported only where it is installed and used."""
-    return hasattr(env, "possible_agents") and callable(getattr(env, "observation_space", None)) \
+    return (
+        hasattr(env, "possible_agents")
+        and callable(getattr(env, "observation_space", None))
         and not hasattr(env, "single_observation_space")
+    )
 
 
 def is_turn_based(env) -> bool:
@@ -49,12 +53,16 @@ def probe_spaces(env_id: str, env, error) -> tuple:
         raise error(f"--env {env_id}: the PettingZoo env has no possible_agents")
     obs_space, action_space = env.observation_space(env.possible_agents[0]), env.action_space(env.possible_agents[0])
     for agent in env.possible_agents[1:]:
-        for kind, first, other in (("observation", obs_space, env.observation_space(agent)),
-                                   ("action", action_space, env.action_space(agent))):
+        for kind, first, other in (
+            ("observation", obs_space, env.observation_space(agent)),
+            ("action", action_space, env.action_space(agent)),
+        ):
             if other != first:
-                raise error(f"--env {env_id}: agents {agents[0]!r} and {agent!r} have different {kind} spaces "
-                            f"({first} vs {other}); the engine batches agents that share their spaces (pad them "
-                            f"to one space with a wrapper, e.g. SuperSuit's pad_observations_v0/pad_action_space_v0)")
+                raise error(
+                    f"--env {env_id}: agents {agents[0]!r} and {agent!r} have different {kind} spaces "
+                    f"({first} vs {other}); the engine batches agents that share their spaces (pad them "
+                    f"to one space with a wrapper, e.g. SuperSuit's pad_observations_v0/pad_action_space_v0)"
+                )
     try:
         env.reset(seed=0)
     except Exception as exc:  # a user's env: any failure is reported as such
@@ -139,7 +147,7 @@ class MultiAgentBatchEnv:
             rows = slice(base, base + self.num_agents)
             self.obs[TO_MOVE_KEY][rows, 0] = self.acting[rows]
         else:
-            self.acting[base:base + self.num_agents] = self.alive[base:base + self.num_agents]
+            self.acting[base : base + self.num_agents] = self.alive[base : base + self.num_agents]
 
     def reset(self) -> dict:
         for game in range(self.num_games):
@@ -155,11 +163,21 @@ class MultiAgentBatchEnv:
                 continue
             base = game * self.num_agents
             step = self._step_turn if self.turn_based else self._step_parallel
-            step(game, actions[base:base + self.num_agents], rewards[base:], terminated[base:], truncated[base:])
+            step(game, actions[base : base + self.num_agents], rewards[base:], terminated[base:], truncated[base:])
         over = terminated | truncated
         extra, objective = self._episode_stats()
-        return StepResult(self.obs, rewards, terminated, truncated, rewards, over, extra, alive=self.alive.copy(),
-                          acting=self.acting.copy(), objective=objective)
+        return StepResult(
+            self.obs,
+            rewards,
+            terminated,
+            truncated,
+            rewards,
+            over,
+            extra,
+            alive=self.alive.copy(),
+            acting=self.acting.copy(),
+            objective=objective,
+        )
 
     def _episode_stats(self) -> tuple:
         """(name -> values, objective [E] NaN where none) of the agents whose episode_extra_stats a

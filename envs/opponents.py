@@ -1,5 +1,6 @@
 """Scripted opponents for evaluation (`enjoy.py --opponent envs.opponents:NAME`): functions of the env's
 own observation of their seat, as PettingZoo gives it, returning an action."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,10 @@ def connect_four_tactics(observation: dict) -> tuple:
     planes, legal = np.asarray(observation["observation"]), np.flatnonzero(observation["action_mask"])
     mine, theirs = planes[:, :, 0], planes[:, :, 1]
     board = mine + theirs
-    return ([int(c) for c in legal if _wins(mine, _drop_row(board, c), c)],
-            [int(c) for c in legal if _wins(theirs, _drop_row(board, c), c)])
+    return (
+        [int(c) for c in legal if _wins(mine, _drop_row(board, c), c)],
+        [int(c) for c in legal if _wins(theirs, _drop_row(board, c), c)],
+    )
 
 
 def connect_four_heuristic(observation: dict) -> int:

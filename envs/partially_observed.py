@@ -8,6 +8,7 @@ so that a policy needs memory (a recurrent core, --rnn gru|lstm) to act well.
 
 Stepped by the base env's backend (EnvPool when it has the id), then masked, batch at a time.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,15 @@ import numpy as np
 MASKED_ENVS = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}
 
 # id -> flag defaults of its own, on top of its family's (the user's flags still win)
-ENV_DEFAULTS = {"CartPoleNoVel-v1": {"normalize_input": True, "gamma": 0.98, "num_epochs": 4, "learning_rate": 1e-3,
-                                     "lr_schedule": "linear"}}
+ENV_DEFAULTS = {
+    "CartPoleNoVel-v1": {
+        "normalize_input": True,
+        "gamma": 0.98,
+        "num_epochs": 4,
+        "learning_rate": 1e-3,
+        "lr_schedule": "linear",
+    }
+}
 
 
 class MaskedObsBatchEnv:

@@ -16,6 +16,7 @@ Families (each with its own defaults, see `FAMILY_DEFAULTS`):
   turns       turn-based PettingZoo envs (AECEnv: board games such as Connect Four), in self-play.
   classic     everything else (EnvPool classic control, Gymnasium ids, user envs, PettingZoo ParallelEnvs).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,12 +31,12 @@ import numpy as np
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom import DoomFactory, is_doom
+from .doom import missing as doom_missing
 from .doom import scenario as doom_scenario
 from .doom_duel import MultiplayerFactory
-from .doom import missing as doom_missing
-from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
 from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
 from .multiagent import MultiAgentBatchEnv, is_multiagent, is_pettingzoo_class, probe_spaces
+from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
 from .spec import TO_MOVE_KEY, ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
@@ -62,8 +63,10 @@ def _envpool():
     try:
         import envpool
     except ImportError as exc:
-        raise EnvError(f"EnvPool is not installed here ({exc.__class__.__name__}): pip install envpool "
-                       f"(Linux x86-64), or use --env_backend gymnasium") from None
+        raise EnvError(
+            f"EnvPool is not installed here ({exc.__class__.__name__}): pip install envpool "
+            f"(Linux x86-64), or use --env_backend gymnasium"
+        ) from None
     return envpool
 
 
@@ -99,8 +102,12 @@ def may_use_envpool(env_id: str, backend: str) -> bool:
     env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend == "envpool"
-    return (env_id not in _REGISTRY and not _is_user_class(env_id) and not has_native_vector_env(env_id)
-            and not is_doom(env_id))
+    return (
+        env_id not in _REGISTRY
+        and not _is_user_class(env_id)
+        and not has_native_vector_env(env_id)
+        and not is_doom(env_id)
+    )
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
@@ -124,8 +131,10 @@ def _user_factory(env_id: str) -> Callable:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         module = (exc.name or module_name).split(".")[0]
-        raise EnvError(f"--env {env_id}: cannot import it ({exc}); check the spelling, or install the package "
-                       f"that provides module {module!r} (pip install PACKAGE; its name may differ)") from None
+        raise EnvError(
+            f"--env {env_id}: cannot import it ({exc}); check the spelling, or install the package "
+            f"that provides module {module!r} (pip install PACKAGE; its name may differ)"
+        ) from None
     except ImportError as exc:
         raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
     if not hasattr(module, attr) and attr in gym.registry:
@@ -160,18 +169,26 @@ def _gym_factory(env_id: str) -> Callable:
         if namespace in _NAMESPACE_PACKAGES:
             package, module = _NAMESPACE_PACKAGES[namespace]
             if importlib.util.find_spec(module) is not None:  # installed: importing it registers the ids
-                raise EnvError(f"--env {env_id}: pass --env {module}:{env_id}, which imports the package that "
-                               f"registers it") from None
-            raise EnvError(f"--env {env_id}: its package is not installed: pip install {package}, then pass "
-                           f"--env {module}:{env_id}") from None
-        raise EnvError(f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "
-                       f"spelling, or name the package that registers it as --env package:{env_id}") from None
+                raise EnvError(
+                    f"--env {env_id}: pass --env {module}:{env_id}, which imports the package that registers it"
+                ) from None
+            raise EnvError(
+                f"--env {env_id}: its package is not installed: pip install {package}, then pass "
+                f"--env {module}:{env_id}"
+            ) from None
+        raise EnvError(
+            f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "
+            f"spelling, or name the package that registers it as --env package:{env_id}"
+        ) from None
     return _GymId(env_id)
 
 
 # Gymnasium namespaces whose envs a separate package registers: (pip package, module to import)
-_NAMESPACE_PACKAGES = {"ALE": ("ale-py", "ale_py"), "MiniGrid": ("minigrid", "minigrid"),
-                       "BabyAI": ("minigrid", "minigrid")}
+_NAMESPACE_PACKAGES = {
+    "ALE": ("ale-py", "ale_py"),
+    "MiniGrid": ("minigrid", "minigrid"),
+    "BabyAI": ("minigrid", "minigrid"),
+}
 
 
 class _GymId:
@@ -194,8 +211,9 @@ def _envpool_kwargs(family: str, training: bool) -> dict:
 SEED_MODULUS = 2**31 - 2**24  # env seeds: EnvPool takes int32, Gymnasium non-negative; room for 2**24 envs
 
 
-def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec,
-                   training: bool = True, render_mode=None) -> BatchEnv:
+def make_batch_env(
+    env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec, training: bool = True, render_mode=None
+) -> BatchEnv:
     """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core); env i gets
     seed + i. Any integer seed works: it is taken modulo SEED_MODULUS, which every backend accepts."""
     seed %= SEED_MODULUS
@@ -208,8 +226,14 @@ def make_batch_env(env_id: str, backend: str, num_envs: int, seed: int, spec: En
         envpool = _envpool()
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
             warnings.simplefilter("ignore")
-            env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, num_threads=1, seed=seed,
-                               **_envpool_kwargs(spec.family, training))
+            env = envpool.make(
+                env_id,
+                env_type="gymnasium",
+                num_envs=num_envs,
+                num_threads=1,
+                seed=seed,
+                **_envpool_kwargs(spec.family, training),
+            )
             env.observation_space  # built (and cached) on first use
         return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
     if spec.agents:  # a PettingZoo env: every agent of every game is a row
@@ -236,12 +260,18 @@ def _obs_entries(env_id: str, space) -> tuple:
     entries = []
     for key, sub in items:
         if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
-            raise EnvError(f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
-                           f"(vectors, uint8 images) and a flat Dict of them")
+            raise EnvError(
+                f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
+                f"(vectors, uint8 images) and a flat Dict of them"
+            )
         # a 3-D grid of small integers (a PettingZoo board's 0/1 planes) is stored as uint8, exactly, and
         # seen as an image: a convolution sees a line of four where an MLP sees 84 unrelated numbers
-        grid = len(sub.shape) == 3 and np.issubdtype(sub.dtype, np.integer) and np.all(sub.low >= 0) \
+        grid = (
+            len(sub.shape) == 3
+            and np.issubdtype(sub.dtype, np.integer)
+            and np.all(sub.low >= 0)
             and np.all(sub.high <= 255)
+        )
         dtype = "uint8" if sub.dtype == np.uint8 or grid else "float32"
         entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
     return tuple(entries)
@@ -253,13 +283,19 @@ def _action_spec(env_id: str, space) -> ActionSpec:
     if isinstance(space, spaces.Discrete):
         return ActionSpec("discrete", nvec=(int(space.n),), start=(int(space.start),))
     if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return ActionSpec("multi_discrete", nvec=tuple(int(n) for n in space.nvec),
-                          start=tuple(int(x) for x in space.start))
+        return ActionSpec(
+            "multi_discrete", nvec=tuple(int(n) for n in space.nvec), start=tuple(int(x) for x in space.start)
+        )
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
-        return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(float(x) for x in space.low),
-                          high=tuple(float(x) for x in space.high))
-    raise EnvError(f"--env {env_id}: action space {space} is not supported "
-                   f"(Discrete, MultiDiscrete or a 1-D float Box are)")
+        return ActionSpec(
+            "continuous",
+            shape=tuple(space.shape),
+            low=tuple(float(x) for x in space.low),
+            high=tuple(float(x) for x in space.high),
+        )
+    raise EnvError(
+        f"--env {env_id}: action space {space} is not supported (Discrete, MultiDiscrete or a 1-D float Box are)"
+    )
 
 
 def _make_probe_env(env_id: str):
@@ -280,8 +316,9 @@ def _check_gym_api(env_id: str, env) -> dict:
     except Exception as exc:  # a user's env: any failure is reported as such
         raise EnvError(f"--env {env_id}: reset() raised {exc.__class__.__name__}: {exc}") from None
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
-        raise EnvError(f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, "
-                       f"got {type(result).__name__}")
+        raise EnvError(
+            f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, got {type(result).__name__}"
+        )
     if not env.observation_space.contains(result[0]):
         raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
     return result[1]
@@ -292,9 +329,10 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
     if env_id in MASKED_ENVS:
         base_id, keep = MASKED_ENVS[env_id]
         base = probe_env_spec(base_id, backend)
-        (key, _, dtype), = base.obs
-        return EnvSpec(obs=((key, (len(keep),), dtype),), action=base.action, family=base.family,
-                       frameskip=base.frameskip)
+        ((key, _, dtype),) = base.obs
+        return EnvSpec(
+            obs=((key, (len(keep),), dtype),), action=base.action, family=base.family, frameskip=base.frameskip
+        )
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
         envpool = _envpool()
@@ -326,8 +364,9 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
     obs = _obs_entries(env_id, obs_space)
     if turn_based:  # whose turn it is: the policy and value see it (a board alone may not say it)
         obs += ((TO_MOVE_KEY, (1,), "float32"),)
-    spec = EnvSpec(obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info, agents=agents,
-                   turn_based=turn_based)
+    spec = EnvSpec(
+        obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info, agents=agents, turn_based=turn_based
+    )
     check_action_mask(env_id, spec, EnvError)
     if is_atari:
         family = "atari"
@@ -346,29 +385,69 @@ ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 
 
 FAMILY_DEFAULTS = {
     "classic": {},
-    "atari": {"encoder": "nature_cnn", "rollout": 128,
-              "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4,
-              "lr_schedule": "linear", "ppo_clip_ratio": 0.1, "entropy_coeff": 0.01, "learner_threads": 2},
-    "image": {"rollout": 128, "batch_size": 1024,
-              "num_batches_per_epoch": 4, "num_epochs": 4, "learning_rate": 2.5e-4, "ppo_clip_ratio": 0.1,
-              "entropy_coeff": 0.01, "learner_threads": 2},
+    "atari": {
+        "encoder": "nature_cnn",
+        "rollout": 128,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "lr_schedule": "linear",
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.01,
+        "learner_threads": 2,
+    },
+    "image": {
+        "rollout": 128,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.01,
+        "learner_threads": 2,
+    },
     # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
     # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, lr 1e-4, its
     # per-pixel input normalization, normalized returns, Adam's eps 1e-6, unit-gain init, and its value
     # loss weight (its loss is 0.5 x squared error without our 0.5 factor: 1.0 here)
-    "doom": {"encoder": "convnet_simple", "rnn": "gru", "rnn_size": 512, "rollout": 32, "batch_size": 1024,
-             "num_batches_per_epoch": 1, "num_epochs": 1, "learning_rate": 1e-4, "ppo_clip_ratio": 0.1,
-             "entropy_coeff": 0.001, "normalize_input": True, "normalize_returns": True, "max_grad_norm": 4.0,
-             "value_loss_coeff": 1.0, "adam_eps": 1e-6, "weight_init": "unit", "learner_threads": 2},
+    "doom": {
+        "encoder": "convnet_simple",
+        "rnn": "gru",
+        "rnn_size": 512,
+        "rollout": 32,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 1,
+        "num_epochs": 1,
+        "learning_rate": 1e-4,
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.001,
+        "normalize_input": True,
+        "normalize_returns": True,
+        "max_grad_norm": 4.0,
+        "value_loss_coeff": 1.0,
+        "adam_eps": 1e-6,
+        "weight_init": "unit",
+        "learner_threads": 2,
+    },
     # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
     # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
     # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
     # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
     "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.05, "normalize_input": True},
-    "continuous": {"activation": "tanh", "hidden_size": 64,
-                   "normalize_input": True, "normalize_returns": True, "rollout": 64,
-                   "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 5, "learning_rate": 3e-4,
-                   "lr_schedule": "constant", "entropy_coeff": 0.0},
+    "continuous": {
+        "activation": "tanh",
+        "hidden_size": 64,
+        "normalize_input": True,
+        "normalize_returns": True,
+        "rollout": 64,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 5,
+        "learning_rate": 3e-4,
+        "lr_schedule": "constant",
+        "entropy_coeff": 0.0,
+    },
 }
 
 

@@ -1,9 +1,9 @@
 """What the engine needs to know of an env: its observation entries, action space, family and frameskip.
 Probed once by the main process (registry.probe_env_spec) and handed to every role in the run plan."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 
 ACTION_MASK_KEY = "action_mask"  # an observation entry of legal actions (PettingZoo's name): 1 legal, 0 not
 TO_MOVE_KEY = "to_move"  # turn-based multi-agent envs: an entry [1], 1.0 where the row's agent is to move
@@ -18,6 +18,7 @@ def is_image(shape: tuple, dtype: str) -> bool:
 class ActionSpec:
     """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
     `start`: the env's first action value per dimension (Gymnasium's Discrete start)."""
+
     kind: str
     nvec: tuple = ()
     start: tuple = ()
@@ -38,6 +39,7 @@ class ActionSpec:
 class EnvSpec:
     """What the buffers and the model need to know of an env (probed once by the runner).
     obs: tuple of (key, shape, dtype); a plain Box observation is the single key 'obs'."""
+
     obs: tuple
     action: ActionSpec
     family: str = "classic"

@@ -9,6 +9,7 @@ over the policy's own moves, the share of positions with a winning column where 
 (`win_taken`) and, where it had none but the opponent threatened to win, the share where it blocked
 (`blocked`). Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,10 +22,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from envs.opponents import connect_four_heuristic, connect_four_tactics  # noqa: E402
-from sf_engine.runtime.checkpoint import latest_checkpoint  # noqa: E402
 from sf_engine.envs import make_batch_env  # noqa: E402
 from sf_engine.model.actor_critic import obs_tensors  # noqa: E402
 from sf_engine.play.enjoy import EnjoyError, load_experiment, load_policy  # noqa: E402
+from sf_engine.runtime.checkpoint import latest_checkpoint  # noqa: E402
 
 GAMES_AT_ONCE = 32
 
@@ -45,8 +46,11 @@ def play(policy, env, games: int, scripted: bool, rng) -> dict:
         for row in np.flatnonzero(env.acting & ~resetting.repeat(2)):
             observation = env.raw_observation(int(row))
             if not ours[row]:
-                actions[row] = (connect_four_heuristic(observation) if scripted
-                                else rng.choice(len(probs[row]), p=probs[row] / probs[row].sum()))
+                actions[row] = (
+                    connect_four_heuristic(observation)
+                    if scripted
+                    else rng.choice(len(probs[row]), p=probs[row] / probs[row].sum())
+                )
                 continue
             wins, blocks = connect_four_tactics(observation)
             if not planned[row]:
@@ -60,15 +64,20 @@ def play(policy, env, games: int, scripted: bool, rng) -> dict:
         result = env.step(actions)
         returns += result.rewards * ~resetting.repeat(2)
         for slot in np.flatnonzero(env.game_over):
-            seat, pair = slot_game[slot] % 2, returns[2 * slot:2 * slot + 2]
+            seat, pair = slot_game[slot] % 2, returns[2 * slot : 2 * slot + 2]
             if slot_game[slot] < games:
                 outcomes.append(np.sign(pair[seat] - pair[1 - seat]))
-            returns[2 * slot:2 * slot + 2], slot_game[slot] = 0.0, slot_game[slot] + GAMES_AT_ONCE
+            returns[2 * slot : 2 * slot + 2], slot_game[slot] = 0.0, slot_game[slot] + GAMES_AT_ONCE
         resetting, obs = env.game_over, result.obs
     outcomes = np.array(outcomes)
-    return {"games": games, "win_rate": float((outcomes > 0).mean()), "draw_rate": float((outcomes == 0).mean()),
-            "win_taken": round(counts["wins_taken"] / max(1, counts["win_chances"]), 3),
-            "blocked": round(counts["threats_blocked"] / max(1, counts["threats"]), 3), **counts}
+    return {
+        "games": games,
+        "win_rate": float((outcomes > 0).mean()),
+        "draw_rate": float((outcomes == 0).mean()),
+        "win_taken": round(counts["wins_taken"] / max(1, counts["win_chances"]), 3),
+        "blocked": round(counts["threats_blocked"] / max(1, counts["threats"]), 3),
+        **counts,
+    }
 
 
 def main() -> None:
@@ -96,8 +105,10 @@ def main() -> None:
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, 2 * GAMES_AT_ONCE, seed=1, spec=spec, training=False)
     rng = np.random.default_rng(1)
     try:
-        figures = {"scripted": play(policy, env, args.games, True, rng),
-                   "self_sampling": play(policy, env, args.games, False, rng)}
+        figures = {
+            "scripted": play(policy, env, args.games, True, rng),
+            "self_sampling": play(policy, env, args.games, False, rng),
+        }
     finally:
         env.close()
     print(json.dumps({"experiment": args.experiment, "checkpoint": os.path.basename(path), **figures}))

@@ -5,6 +5,7 @@ Uses the env family's default model and envs per worker (as train.py would); one
 policy worker. Prints one JSON line: env steps/s on one core, and that figure times the machine's
 cores, the ceiling our multi-process sampler is compared with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,19 @@ def main() -> None:
             steps += num_envs
     rate = steps / (time.monotonic() - start)
     cores = os.cpu_count()
-    print(json.dumps({"bench": "ceiling", "env": args.env, "num_envs": num_envs, "env_steps_per_sec": round(rate),
-                      "frames_per_sec": round(rate * spec.frameskip), "cores": cores,
-                      "ceiling_env_steps_per_sec_all_cores": round(rate * cores)}))
+    print(
+        json.dumps(
+            {
+                "bench": "ceiling",
+                "env": args.env,
+                "num_envs": num_envs,
+                "env_steps_per_sec": round(rate),
+                "frames_per_sec": round(rate * spec.frameskip),
+                "cores": cores,
+                "ceiling_env_steps_per_sec_all_cores": round(rate * cores),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@ backward on one minibatch, in FLOP/s, against torch's best dense matrix product 
 
   python perf/cnn_rate.py                      # Nature CNN, 1,024 frames of 4x84x84, 2 threads
   python perf/cnn_rate.py --encoder impala_cnn --threads 1
-The FLOPs are torch's own count (torch.utils.flop_counter) of the same forward and backward (no gradient
-for the input frames, as in the learner), in channels-last layout like the learner's. Prints one JSON
-line: ms per minibatch (the shortest of --repeats, alternating with the product), GFLOP/s of the CNN and of a 4096x4096 matrix product, in float32 and (where the
-CPU has native bfloat16) under bf16 autocast, and the CNN's share of the matrix product's rate.
+The FLOPs are torch's own count (torch.utils.flop_counter) of the same forward and backward (no gradient for the input
+frames, as in the learner), in channels-last layout like the learner's. Prints one JSON line: ms per minibatch (the
+shortest of --repeats, alternating with the product), GFLOP/s of the CNN and of a 4096x4096 matrix product, in float32
+and (where the CPU has native bfloat16) under bf16 autocast, and the CNN's share of the matrix product's rate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,8 @@ def main() -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from sf_engine.runtime.device import cpu_has_native_bf16, keep_freed_memory
     from sf_engine.model.cnn import ImpalaCNN, NatureCNN
+    from sf_engine.runtime.device import cpu_has_native_bf16, keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(args.threads)
@@ -59,8 +60,13 @@ def main() -> None:
     with FlopCounterMode(display=False) as counter:
         step()
     flops = counter.get_total_flops()
-    out = {"bench": "cnn_rate", "encoder": args.encoder, "minibatch": args.minibatch, "threads": args.threads,
-           "gflop_per_minibatch": round(flops / 1e9, 2)}
+    out = {
+        "bench": "cnn_rate",
+        "encoder": args.encoder,
+        "minibatch": args.minibatch,
+        "threads": args.threads,
+        "gflop_per_minibatch": round(flops / 1e9, 2),
+    }
     precisions = ["float32"] + (["bf16"] if cpu_has_native_bf16() else [])
     for precision in precisions:
         mm_a, mm_b = (a, b) if precision == "float32" else (a.bfloat16(), b.bfloat16())
@@ -70,9 +76,13 @@ def main() -> None:
                 step()
 
         cnn_sec, mm_sec = best_times([cnn_step, lambda: mm_a @ mm_b], args.repeats)
-        cnn_rate, mm_rate = flops / cnn_sec / 1e9, 2 * 4096 ** 3 / mm_sec / 1e9
-        out[precision] = {"cnn_ms": round(cnn_sec * 1e3, 1), "cnn_gflops": round(cnn_rate, 1),
-                          "matmul_gflops": round(mm_rate, 1), "cnn_share_of_matmul": round(cnn_rate / mm_rate, 2)}
+        cnn_rate, mm_rate = flops / cnn_sec / 1e9, 2 * 4096**3 / mm_sec / 1e9
+        out[precision] = {
+            "cnn_ms": round(cnn_sec * 1e3, 1),
+            "cnn_gflops": round(cnn_rate, 1),
+            "matmul_gflops": round(mm_rate, 1),
+            "cnn_share_of_matmul": round(cnn_rate / mm_rate, 2),
+        }
     print(json.dumps(out))
 
 

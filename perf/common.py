@@ -1,4 +1,5 @@
 """Helpers shared by the perf/ scripts: run train.py in a fresh process and read what it measured."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,21 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable,
-              inspect=None) -> dict:
+def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable, inspect=None) -> dict:
     """Run `train.py flags` of the checkout `repo` with `python` in a new process (start-up included, as a
     user sees it) in a temporary train_dir; returns its summary.json plus `launch_to_exit_sec`.
     `inspect(train_dir, experiment)`, when given, is called after the run, before the train_dir goes."""
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
-        cmd = [python, os.path.join(repo, "train.py"), "--train_dir", train_dir,
-               "--experiment", "perf", "--status_every_sec", "1000"] + flags
+        cmd = [
+            python,
+            os.path.join(repo, "train.py"),
+            "--train_dir",
+            train_dir,
+            "--experiment",
+            "perf",
+            "--status_every_sec",
+            "1000",
+        ] + flags
         start = time.monotonic()
         env = {**os.environ, "PYTHONPATH": repo}  # that checkout's sf_engine, in every process of the run
         proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_sec, env=env)

@@ -13,6 +13,7 @@ give it the Python of a virtual environment where the other checkout is installe
 --no-build-isolation -e OTHER`) so that it runs with its own compiled kernels and env registry (an
 editable install maps sf_engine.envs to its own checkout's envs/). One JSON line last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,21 @@ from common import REPO, median_windows, run_train  # noqa: E402
 
 def measure(repo: str, python: str, seconds: float, env: str, flags: list) -> dict:
     flags = ["--env", env] + flags
-    train = run_train(flags + ["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)],
-                      seconds + 180, repo, python)
+    train = run_train(
+        flags + ["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)], seconds + 180, repo, python
+    )
     if env != "CartPole-v1":  # a slow learner hands slots back in bursts: the whole run's rate after warm-up
         return {"train_env_steps_per_sec": train["env_steps_per_sec"], "train_bottleneck": train["bottleneck"]}
     out = {"train_env_steps_per_sec": median_windows([train]), "train_bottleneck": train["bottleneck"]}
     solve = run_train(flags + ["--stop_at_return", "475", "--train_for_seconds", "120"], 240, repo, python)
-    sample = run_train(flags + ["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo,
-                       python)
-    return {**out, "solve_sec_from_launch": solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None,
-            "sampling_env_steps_per_sec": median_windows([sample])}
+    sample = run_train(
+        flags + ["--sampling_only", "true", "--train_for_seconds", str(seconds)], seconds + 120, repo, python
+    )
+    return {
+        **out,
+        "solve_sec_from_launch": solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None,
+        "sampling_env_steps_per_sec": median_windows([sample]),
+    }
 
 
 def main() -> None:
@@ -46,8 +52,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each throughput run")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--this_flags", default="", help="train.py flags for this checkout's runs only")
-    parser.add_argument("--other_python", default=sys.executable,
-                        help="Python of a virtual environment where the other checkout is installed")
+    parser.add_argument(
+        "--other_python",
+        default=sys.executable,
+        help="Python of a virtual environment where the other checkout is installed",
+    )
     args = parser.parse_args()
     other = os.path.abspath(args.other)
     if not os.path.isfile(os.path.join(other, "train.py")):
@@ -57,16 +66,23 @@ def main() -> None:
     runs = {"this": [], "other": []}
     for round_index in range(args.rounds):
         order = [("this", REPO, sys.executable, args.this_flags.split()), ("other", other, args.other_python, [])]
-        for name, repo, python, flags in (order if round_index % 2 == 0 else order[::-1]):
+        for name, repo, python, flags in order if round_index % 2 == 0 else order[::-1]:
             runs[name].append(measure(repo, python, args.seconds, args.env, flags))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
-    out = {"bench": "compare_checkouts", "env": args.env, "other": other, "rounds": args.rounds,
-           "this_flags": args.this_flags}
+    out = {
+        "bench": "compare_checkouts",
+        "env": args.env,
+        "other": other,
+        "rounds": args.rounds,
+        "this_flags": args.this_flags,
+    }
     for key in [k for k in runs["this"][0] if not k.endswith("bottleneck")]:
         for name in runs:
             out[f"{name}_{key}_runs"] = [r[key] for r in runs[name]]
-        medians = {name: statistics.median([r[key] for r in runs[name] if r[key] is not None] or [float("nan")])
-                   for name in runs}
+        medians = {
+            name: statistics.median([r[key] for r in runs[name] if r[key] is not None] or [float("nan")])
+            for name in runs
+        }
         out[f"{key}_ratio"] = round(medians["this"] / medians["other"], 3)
     print(json.dumps(out))
 

@@ -16,6 +16,7 @@ end of its --seconds run (ours: the last 100 episodes of CartPole-v1, which caps
 steps; PufferLib's CartPole caps them at 200). One JSON line last: the medians over the rounds, every
 run, and the ratios ours / PufferLib.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,17 +35,25 @@ RATIOS = {"defaults": ("defaults", "mlp"), "equal_reuse": ("one_epoch", "mlp"), 
 
 
 def ours(name: str, seconds: float) -> dict:
-    summary = run_train(["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)] + OURS[name],
-                        seconds + 180)
-    return {"env_steps_per_sec": round(summary["env_steps"] / summary["wall_sec"]),
-            "return": summary["episode_return_mean"], "bottleneck": summary["bottleneck"],
-            "workers_x_envs": f"{summary['num_workers']}x{summary['num_envs_per_worker']}"}
+    summary = run_train(
+        ["--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12)] + OURS[name], seconds + 180
+    )
+    return {
+        "env_steps_per_sec": round(summary["env_steps"] / summary["wall_sec"]),
+        "return": summary["episode_return_mean"],
+        "bottleneck": summary["bottleneck"],
+        "workers_x_envs": f"{summary['num_workers']}x{summary['num_envs_per_worker']}",
+    }
 
 
 def theirs(name: str, seconds: float, script: str) -> dict:
     result = run_baseline(["bash", script, "--seconds", str(seconds)] + THEIRS[name], seconds + 900)
-    return {"env_steps_per_sec": round(result["env_steps_per_sec"]), "return": result["episode_return_mean"],
-            "policy": result.get("policy"), "batch_size": result.get("batch_size")}
+    return {
+        "env_steps_per_sec": round(result["env_steps_per_sec"]),
+        "return": result["episode_return_mean"],
+        "policy": result.get("policy"),
+        "batch_size": result.get("batch_size"),
+    }
 
 
 def main() -> None:
@@ -66,8 +75,9 @@ def main() -> None:
             runs[f"ours_{name}"].append(ours(name, args.seconds))
             print(f"ours {name}: {runs[f'ours_{name}'][-1]}", file=sys.stderr, flush=True)
         solve = run_train(["--stop_at_return", "475", "--train_for_seconds", "60"], 240)
-        runs["ours_solve_sec_from_launch"].append(solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475
-                                                  else None)
+        runs["ours_solve_sec_from_launch"].append(
+            solve["launch_to_exit_sec"] if solve["episode_return_mean"] >= 475 else None
+        )
         print(f"ours to 475: {runs['ours_solve_sec_from_launch'][-1]} s", file=sys.stderr, flush=True)
 
     def measure_theirs():
@@ -76,7 +86,7 @@ def main() -> None:
             print(f"pufferlib {name}: {runs[f'pufferlib_{name}'][-1]}", file=sys.stderr, flush=True)
 
     for round_index in range(args.rounds):
-        for measure in ((measure_ours, measure_theirs) if round_index % 2 == 0 else (measure_theirs, measure_ours)):
+        for measure in (measure_ours, measure_theirs) if round_index % 2 == 0 else (measure_theirs, measure_ours):
             measure()
     out = {"bench": "compare_pufferlib", "seconds": args.seconds, "rounds": args.rounds, "cpus": os.cpu_count()}
     median = lambda key, field: statistics.median(r[field] for r in runs[key] if r[field] is not None)  # noqa: E731
@@ -87,9 +97,13 @@ def main() -> None:
     solved = [s for s in runs["ours_solve_sec_from_launch"] if s is not None]
     out["ours_solve_sec_from_launch"] = statistics.median(solved) if solved else None
     for label, (mine, their) in RATIOS.items():
-        out[f"ratio_{label}"] = round(out[f"ours_{mine}_env_steps_per_sec"] / out[f"pufferlib_{their}_env_steps_per_sec"], 2)
-        out[f"ratio_{label}_rounds"] = [round(a["env_steps_per_sec"] / b["env_steps_per_sec"], 2)
-                                        for a, b in zip(runs[f"ours_{mine}"], runs[f"pufferlib_{their}"])]
+        out[f"ratio_{label}"] = round(
+            out[f"ours_{mine}_env_steps_per_sec"] / out[f"pufferlib_{their}_env_steps_per_sec"], 2
+        )
+        out[f"ratio_{label}_rounds"] = [
+            round(a["env_steps_per_sec"] / b["env_steps_per_sec"], 2)
+            for a, b in zip(runs[f"ours_{mine}"], runs[f"pufferlib_{their}"])
+        ]
     out["runs"] = runs
     print(json.dumps(out))
 

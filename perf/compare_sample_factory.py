@@ -13,6 +13,7 @@ result as it comes (stderr) and one JSON line of ratios last. Throughput ratios 
 (env steps x frameskip: 4 on Atari and Doom, 1 on CartPole). --num_workers / --num_envs_per_worker
 go to both engines (unset: ours sizes itself, Sample Factory runs its script's 2 x 8).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, median_windows, run_baseline, run_train  # noqa: E402
 
-ENVS = {"cartpole": ("CartPole-v1", 1), "pong": ("Pong-v5", 4), "doom_basic": ("doom_basic", 4),
-        "doom_health_gathering_supreme": ("doom_health_gathering_supreme", 4)}
+ENVS = {
+    "cartpole": ("CartPole-v1", 1),
+    "pong": ("Pong-v5", 4),
+    "doom_basic": ("doom_basic", 4),
+    "doom_health_gathering_supreme": ("doom_health_gathering_supreme", 4),
+}
 
 
 def log(name: str, result: dict) -> None:
@@ -46,8 +51,11 @@ def main() -> None:
     env_id, frameskip = ENVS[args.env]
     sf = os.path.join(args.baselines_dir, "sample_factory.sh")
     ours = ["--env", env_id, "--restart", "true"]
-    counts = [f"--{name}={getattr(args, name)}" for name in ("num_workers", "num_envs_per_worker")
-              if getattr(args, name) is not None]
+    counts = [
+        f"--{name}={getattr(args, name)}"
+        for name in ("num_workers", "num_envs_per_worker")
+        if getattr(args, name) is not None
+    ]
     ours += [x for flag in counts for x in flag.split("=")]
     ours += args.ours_flags.split()
     out = {"bench": "compare_sample_factory", "env": env_id, "machine_cpus": os.cpu_count()}
@@ -60,11 +68,15 @@ def main() -> None:
 
 
 def sampling_half(args, ours: list, sf: str, counts: list, frameskip: int, out: dict) -> None:
-    sampling = run_train(ours + ["--sampling_only", "true", "--train_for_seconds", str(args.sampling_seconds + 10)],
-                         args.sampling_seconds + 180)
+    sampling = run_train(
+        ours + ["--sampling_only", "true", "--train_for_seconds", str(args.sampling_seconds + 10)],
+        args.sampling_seconds + 180,
+    )
     out["ours_sampling_frames_per_sec"] = round(median_windows([sampling]) * frameskip)
     log("ours sampling", {"frames_per_sec": out["ours_sampling_frames_per_sec"]})
-    sf_sampling = run_baseline(["bash", sf, "sampling", args.env, "--seconds", str(args.sampling_seconds)] + counts, 900)
+    sf_sampling = run_baseline(
+        ["bash", sf, "sampling", args.env, "--seconds", str(args.sampling_seconds)] + counts, 900
+    )
     log("sample factory sampling", sf_sampling)
     out["sf_sampling_frames_per_sec"] = round(sf_sampling["frames_per_sec"])
     out["ratio_sampling_vs_sf"] = round(out["ours_sampling_frames_per_sec"] / out["sf_sampling_frames_per_sec"], 2)
@@ -77,13 +89,17 @@ def training_half(args, ours: list, sf: str, counts: list, out: dict) -> None:
         out["ours_solve_sec_from_launch"] = solve["launch_to_exit_sec"]
         out["ours_solve_return"] = solve["episode_return_mean"]
         out["ours_solve_env_steps_per_sec"] = round(solve["env_steps_per_sec"])
-    fixed = run_train(ours + ["--train_for_seconds", str(args.training_seconds), "--train_for_env_steps", str(10**10)],
-                      args.training_seconds + 180)
+    fixed = run_train(
+        ours + ["--train_for_seconds", str(args.training_seconds), "--train_for_env_steps", str(10**10)],
+        args.training_seconds + 180,
+    )
     log("ours training fixed time", fixed)
     out["ours_training_frames_per_sec"] = round(fixed["frames_per_sec"])
     out["ours_training_return"] = fixed["episode_return_mean"]
-    sf_training = run_baseline(["bash", sf, "training", args.env, "--seconds", str(args.training_seconds)] + counts,
-                               args.training_seconds + 900)
+    sf_training = run_baseline(
+        ["bash", sf, "training", args.env, "--seconds", str(args.training_seconds)] + counts,
+        args.training_seconds + 900,
+    )
     log("sample factory training", sf_training)
     out["sf_training_frames_per_sec_60s"] = sf_training["frames_per_sec_60s"]
     out["sf_training_return"] = sf_training["episode_return_mean"]
@@ -91,14 +107,16 @@ def training_half(args, ours: list, sf: str, counts: list, out: dict) -> None:
         out["ratio_training_vs_sf"] = round(out["ours_training_frames_per_sec"] / sf_training["frames_per_sec_60s"], 2)
 
     if args.env == "cartpole" and not args.skip_single_process:
-        single = run_baseline([sys.executable, os.path.join(args.baselines_dir, "single_process_ppo.py"),
-                               "--seconds", "60"], 300)
+        single = run_baseline(
+            [sys.executable, os.path.join(args.baselines_dir, "single_process_ppo.py"), "--seconds", "60"], 300
+        )
         log("single-process PPO", single)
         out["single_process_env_steps_per_sec"] = single["env_steps_per_sec"]
         out["single_process_solved_at_sec"] = single["solved_at_sec"]  # counted from after its set-up
         out["single_process_launch_to_exit_sec"] = single["launch_to_exit_sec"]
         out["ratio_training_vs_single_process"] = round(
-            out["ours_training_frames_per_sec"] / single["env_steps_per_sec"], 2)
+            out["ours_training_frames_per_sec"] / single["env_steps_per_sec"], 2
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ each rollout worker's child processes count as 'env_processes'. Prints one JSON 
 the window, per role the cores it kept busy and its CPU microseconds per env step, and the cores left
 idle.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,18 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="sf_engine_cpu_split_") as train_dir:
         run_seconds = args.warmup + args.window + 10
-        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "split",
-               "--status_every_sec", "1", "--train_for_seconds", str(run_seconds)] + args.flags
+        cmd = [
+            sys.executable,
+            os.path.join(REPO, "train.py"),
+            "--train_dir",
+            train_dir,
+            "--experiment",
+            "split",
+            "--status_every_sec",
+            "1",
+            "--train_for_seconds",
+            str(run_seconds),
+        ] + args.flags
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         experiment = os.path.join(train_dir, "split")
         time.sleep(args.warmup)
@@ -86,11 +97,20 @@ def main() -> None:
     steps = max(steps_after - steps_before, 1)
     busy = {role: (after[role] - before.get(role, 0.0)) for role in after}
     cores = len(os.sched_getaffinity(0))
-    print(json.dumps({"bench": "cpu_split", "flags": args.flags, "window_sec": round(elapsed, 1),
-                      "env_steps_per_sec": round(steps / elapsed),
-                      "cores_busy": {role: round(sec / elapsed, 2) for role, sec in sorted(busy.items())},
-                      "cpu_us_per_env_step": {role: round(sec / steps * 1e6) for role, sec in sorted(busy.items())},
-                      "cores_idle": round(cores - sum(busy.values()) / elapsed, 2), "cores": cores}))
+    print(
+        json.dumps(
+            {
+                "bench": "cpu_split",
+                "flags": args.flags,
+                "window_sec": round(elapsed, 1),
+                "env_steps_per_sec": round(steps / elapsed),
+                "cores_busy": {role: round(sec / elapsed, 2) for role, sec in sorted(busy.items())},
+                "cpu_us_per_env_step": {role: round(sec / steps * 1e6) for role, sec in sorted(busy.items())},
+                "cores_idle": round(cores - sum(busy.values()) / elapsed, 2),
+                "cores": cores,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Prints one JSON line: learner samples/s (samples trained per second of train_on,
 --num_epochs times), per core (divided by --learner_threads), and the split of a step into
 batch_assembly / train / weight_publish; with --profile the top ops by self CPU time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,25 @@ def build(flags: list, shm_dir: str):
 
     train_dir = tempfile.mkdtemp(prefix="sf_engine_learner_step_")  # checked by the plan, never written
     os.rmdir(train_dir)
-    plan = build_plan(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "256", "--device", "cpu",
-                       "--train_dir", train_dir, "--shm_dir", shm_dir, "--experiment", "learner_step"] + flags)
+    plan = build_plan(
+        [
+            "--mode",
+            "serial",
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "256",
+            "--device",
+            "cpu",
+            "--train_dir",
+            train_dir,
+            "--shm_dir",
+            shm_dir,
+            "--experiment",
+            "learner_step",
+        ]
+        + flags
+    )
     buffers = SharedBuffers.create(plan.paths.shm_path, plan.layout)
     queues = make_queues(plan.cfg.sampler.num_workers, None, None)
     set_torch_threads("learner", plan.cfg)
@@ -97,13 +115,21 @@ def main() -> None:
         wall = time.perf_counter() - start
         stages = learner.timer.stage_sec
         samples = args.steps * cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
-        out = {"bench": "learner_step", "env": cfg.env.env, "rnn": cfg.model.rnn, "threads": cfg.learner.learner_threads,
-               "batch": cfg.learner.batch_size * cfg.learner.num_batches_per_epoch,
-               "minibatch": cfg.learner.batch_size, "epochs": cfg.learner.num_epochs, "steps": args.steps,
-               "step_ms": round(1000 * wall / args.steps, 2),
-               "learner_samples_per_sec": round(samples / wall),
-               "learner_samples_per_sec_per_core": round(samples / wall / cfg.learner.learner_threads),
-               "stage_share": {k: round(v / wall, 3) for k, v in stages.items() if v}, "flags": flags}
+        out = {
+            "bench": "learner_step",
+            "env": cfg.env.env,
+            "rnn": cfg.model.rnn,
+            "threads": cfg.learner.learner_threads,
+            "batch": cfg.learner.batch_size * cfg.learner.num_batches_per_epoch,
+            "minibatch": cfg.learner.batch_size,
+            "epochs": cfg.learner.num_epochs,
+            "steps": args.steps,
+            "step_ms": round(1000 * wall / args.steps, 2),
+            "learner_samples_per_sec": round(samples / wall),
+            "learner_samples_per_sec_per_core": round(samples / wall / cfg.learner.learner_threads),
+            "stage_share": {k: round(v / wall, 3) for k, v in stages.items() if v},
+            "flags": flags,
+        }
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -112,9 +138,15 @@ def main() -> None:
                     step()
             averages = prof.key_averages()
             total = sum(e.self_cpu_time_total for e in averages)
-            top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
-            out["profile_top_ops"] = [{"op": e.key, "self_share": round(e.self_cpu_time_total / total, 3),
-                                       "calls_per_step": round(e.count / args.profile, 1)} for e in top]
+            top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.top]
+            out["profile_top_ops"] = [
+                {
+                    "op": e.key,
+                    "self_share": round(e.self_cpu_time_total / total, 3),
+                    "calls_per_step": round(e.count / args.profile, 1),
+                }
+                for e in top
+            ]
             print(averages.table(sort_by="self_cpu_time_total", row_limit=args.top), file=sys.stderr)
         print(json.dumps(out))
     finally:

@@ -12,6 +12,7 @@ reward/reward).
 Needs matplotlib (pip install -e '.[perf]'). Prints one JSON line: per experiment the first, last and
 largest value of the tag, its env steps and minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,18 +49,22 @@ def at_minute(values: list, minutes: list, minute: float):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiment_dirs", nargs="+")
-    parser.add_argument("--tag", default="episode/return", help="a scalar tag, or one per experiment, "
-                        "comma-separated")
+    parser.add_argument("--tag", default="episode/return", help="a scalar tag, or one per experiment, comma-separated")
     parser.add_argument("--labels", default=None, help="comma-separated, one per experiment (default: the names)")
     parser.add_argument("--x", choices=("env_steps", "minutes"), default="env_steps", help="the horizontal axis")
     parser.add_argument("--out", required=True, help="PNG path")
     parser.add_argument("--title", default=None)
-    parser.add_argument("--hline", type=float, default=None, help="a reference value drawn across the plot "
-                        "(e.g. a random policy's return from perf/random_return.py)")
+    parser.add_argument(
+        "--hline",
+        type=float,
+        default=None,
+        help="a reference value drawn across the plot (e.g. a random policy's return from perf/random_return.py)",
+    )
     parser.add_argument("--hline_label", default="reference", help="the legend's name of --hline")
     args = parser.parse_args()
-    labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(d)) for d in
-                                                             args.experiment_dirs]
+    labels = (
+        args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(d)) for d in args.experiment_dirs]
+    )
     if len(labels) != len(args.experiment_dirs):
         parser.error(f"--labels: {len(labels)} labels for {len(args.experiment_dirs)} experiments")
     tags = args.tag.split(",")
@@ -79,11 +84,24 @@ def main() -> None:
         values = [p.value for p in points]
         start = (launch_time(experiment_dir) if args.x == "minutes" else None) or points[0].wall_time
         minutes = [(p.wall_time - start) / 60 for p in points]
-        ax.plot([p.step for p in points] if args.x == "env_steps" else minutes, values, lw=1.5,
-                label=f"{label} ({minutes[-1]:.0f} min)" if args.x == "env_steps" else label)
-        summary.append({"experiment": label, "points": len(values), "first": values[0], "last": values[-1],
-                        "max": max(values), "minutes": round(minutes[-1], 1), "env_steps": points[-1].step,
-                        "at_minute": {m: at_minute(values, minutes, m) for m in (5, 10, 20) if minutes[-1] >= m}})
+        ax.plot(
+            [p.step for p in points] if args.x == "env_steps" else minutes,
+            values,
+            lw=1.5,
+            label=f"{label} ({minutes[-1]:.0f} min)" if args.x == "env_steps" else label,
+        )
+        summary.append(
+            {
+                "experiment": label,
+                "points": len(values),
+                "first": values[0],
+                "last": values[-1],
+                "max": max(values),
+                "minutes": round(minutes[-1], 1),
+                "env_steps": points[-1].step,
+                "at_minute": {m: at_minute(values, minutes, m) for m in (5, 10, 20) if minutes[-1] >= m},
+            }
+        )
     if args.hline is not None:
         ax.axhline(args.hline, color="gray", ls="--", lw=1.2, label=f"{args.hline_label} ({args.hline:.2f})")
     ax.set_xlabel("env steps" if args.x == "env_steps" else "minutes of training")

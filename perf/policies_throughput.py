@@ -6,6 +6,7 @@ started with the same flags but --num_policies; the sizes are resolved once, by 
 sizing, and given to every run so that only the number of policies differs. Prints one JSON line:
 per policy count its env steps/s, and each count's ratio to the first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,33 @@ def main() -> None:
         for count in counts:
             summary = run_train(flags + sizes + ["--num_policies", str(count)], timeout_sec=args.seconds + 300)
             if not sizes:  # every later run gets the first one's sampler sizes
-                sizes = ["--num_workers", str(summary["num_workers"]),
-                         "--num_envs_per_worker", str(summary["num_envs_per_worker"]), "--rollout", str(summary["rollout"])]
+                sizes = [
+                    "--num_workers",
+                    str(summary["num_workers"]),
+                    "--num_envs_per_worker",
+                    str(summary["num_envs_per_worker"]),
+                    "--rollout",
+                    str(summary["rollout"]),
+                ]
             runs[count].append(summary)
     rates = {count: median_windows(summaries) for count, summaries in runs.items()}
-    print(json.dumps({"env": args.env, "seconds": args.seconds, "repeats": args.repeats, "sizes": sizes,
-                      "env_steps_per_sec": {str(c): round(r, 1) for c, r in rates.items()},
-                      "ratio_to_first": {str(c): round(r / rates[counts[0]], 3) for c, r in rates.items()},
-                      "bottleneck": {str(c): [s["bottleneck"] for s in runs[c]] for c in counts},
-                      "best_return": {str(c): [max((p["episode_return_mean"] or 0) for p in (s["policies"] or [s]))
-                                               for s in runs[c]] for c in counts}}))
+    print(
+        json.dumps(
+            {
+                "env": args.env,
+                "seconds": args.seconds,
+                "repeats": args.repeats,
+                "sizes": sizes,
+                "env_steps_per_sec": {str(c): round(r, 1) for c, r in rates.items()},
+                "ratio_to_first": {str(c): round(r / rates[counts[0]], 3) for c, r in rates.items()},
+                "bottleneck": {str(c): [s["bottleneck"] for s in runs[c]] for c in counts},
+                "best_return": {
+                    str(c): [max((p["episode_return_mean"] or 0) for p in (s["policies"] or [s])) for s in runs[c]]
+                    for c in counts
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

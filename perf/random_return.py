@@ -5,6 +5,7 @@ episode counts as one.
   python perf/random_return.py --env mpe2.simple_spread_v3:parallel_env --episodes 1000
 Prints one JSON line: env, episodes, return mean and std, length mean.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     spec = probe_env_spec(args.env, args.env_backend)
-    env = make_batch_env(args.env, args.env_backend, args.num_envs * spec.num_agents, seed=args.seed, spec=spec,
-                         training=False)
+    env = make_batch_env(
+        args.env, args.env_backend, args.num_envs * spec.num_agents, seed=args.seed, spec=spec, training=False
+    )
     rng = np.random.default_rng(args.seed)
     obs = env.reset()
     returns, lengths = np.zeros(env.num_envs), np.zeros(env.num_envs, np.int64)
@@ -51,10 +53,19 @@ def main() -> None:
         alive = np.ones(env.num_envs, bool) if result.alive is None else result.alive
         obs = result.obs
     env.close()
-    finished = np.array(finished[:args.episodes])
-    print(json.dumps({"env": args.env, "policy": "random", "episodes": len(finished),
-                      "return_mean": round(float(finished.mean()), 4), "return_std": round(float(finished.std()), 4),
-                      "length_mean": round(float(np.mean(finished_lengths[:args.episodes])), 2)}))
+    finished = np.array(finished[: args.episodes])
+    print(
+        json.dumps(
+            {
+                "env": args.env,
+                "policy": "random",
+                "episodes": len(finished),
+                "return_mean": round(float(finished.mean()), 4),
+                "return_std": round(float(finished.std()), 4),
+                "length_mean": round(float(np.mean(finished_lengths[: args.episodes])), 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ of the whole loop; `receiver_busy` says how much of the time the receiver spent 
 slots/s, bytes per env step, the receiver's microseconds per slot fetching and writing, its busy share,
 and the bytes of one weights version.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,14 +99,25 @@ def main() -> None:
     count = received / steps_per_slot
     if not count:
         raise SystemExit("no slot arrived: is Ray running?")
-    print(json.dumps({"env": args.env, "senders": args.senders, "in_flight": args.in_flight,
-                      "slot_env_steps": steps_per_slot, "slot_bytes": slot_bytes,
-                      "bytes_per_env_step": round(slot_bytes / steps_per_slot, 1),
-                      "env_steps_per_sec": round(received / wall), "slots_per_sec": round(count / wall, 1),
-                      "fetch_us_per_slot": round(fetch_sec / count * 1e6, 1),
-                      "write_us_per_slot": round(write_sec / count * 1e6, 1),
-                      "receiver_busy": round((fetch_sec + write_sec) / wall, 2),
-                      "weights_bytes_per_version": _weights_bytes(plan), "seconds": round(wall, 1)}))
+    print(
+        json.dumps(
+            {
+                "env": args.env,
+                "senders": args.senders,
+                "in_flight": args.in_flight,
+                "slot_env_steps": steps_per_slot,
+                "slot_bytes": slot_bytes,
+                "bytes_per_env_step": round(slot_bytes / steps_per_slot, 1),
+                "env_steps_per_sec": round(received / wall),
+                "slots_per_sec": round(count / wall, 1),
+                "fetch_us_per_slot": round(fetch_sec / count * 1e6, 1),
+                "write_us_per_slot": round(write_sec / count * 1e6, 1),
+                "receiver_busy": round((fetch_sec + write_sec) / wall, 2),
+                "weights_bytes_per_version": _weights_bytes(plan),
+                "seconds": round(wall, 1),
+            }
+        )
+    )
 
 
 def _weights_bytes(plan) -> int:

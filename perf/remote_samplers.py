@@ -12,6 +12,7 @@
    the env steps/s of the run before and after the kill.
 Prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,26 @@ def _kill_run(address: str, seconds: float) -> dict:
     """A run whose actor 0 is killed once it has placed slots for a few seconds."""
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
         path = os.path.join(train_dir, "kill", "summary.json")
-        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "kill",
-               "--ray_address", address, "--num_remote_samplers", "2", "--num_workers", "0",
-               "--train_for_seconds", str(seconds), "--train_for_env_steps", str(10**12), "--status_every_sec", "1"]
+        cmd = [
+            sys.executable,
+            os.path.join(REPO, "train.py"),
+            "--train_dir",
+            train_dir,
+            "--experiment",
+            "kill",
+            "--ray_address",
+            address,
+            "--num_remote_samplers",
+            "2",
+            "--num_workers",
+            "0",
+            "--train_for_seconds",
+            str(seconds),
+            "--train_for_env_steps",
+            str(10**12),
+            "--status_every_sec",
+            "1",
+        ]
         process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline, before = time.monotonic() + 120, None
         while time.monotonic() < deadline and process.poll() is None:
@@ -58,16 +76,37 @@ def _kill_run(address: str, seconds: float) -> dict:
         after = _read(path)
     node = after["remote_samplers"][0]
     steps_after = after["env_steps"] - before["env_steps"]
-    return {"killed_at_sec": killed_at, "restarts": node["restarts"], "recovery_sec": node["recovery_sec"],
-            "dropped_env_steps": node["dropped"], "env_step_books": after["env_step_books"],
-            "env_steps_per_sec_before_kill": before["env_steps_per_sec"],
-            "env_steps_per_sec_after_kill": round(steps_after / max(after["wall_sec"] - killed_at, 1e-9), 1),
-            "episode_return_mean": after["episode_return_mean"], "policy_lag_mean": after["policy_lag_mean"]}
+    return {
+        "killed_at_sec": killed_at,
+        "restarts": node["restarts"],
+        "recovery_sec": node["recovery_sec"],
+        "dropped_env_steps": node["dropped"],
+        "env_step_books": after["env_step_books"],
+        "env_steps_per_sec_before_kill": before["env_steps_per_sec"],
+        "env_steps_per_sec_after_kill": round(steps_after / max(after["wall_sec"] - killed_at, 1e-9), 1),
+        "episode_return_mean": after["episode_return_mean"],
+        "policy_lag_mean": after["policy_lag_mean"],
+    }
 
 
 def _actors(summary: dict) -> list:
-    return [{k: node[k] for k in ("node", "stepped", "placed", "dropped", "lag_mean", "lag_max", "fetch_sec",
-                                  "write_sec", "sample_sec")} for node in summary["remote_samplers"]]
+    return [
+        {
+            k: node[k]
+            for k in (
+                "node",
+                "stepped",
+                "placed",
+                "dropped",
+                "lag_mean",
+                "lag_max",
+                "fetch_sec",
+                "write_sec",
+                "sample_sec",
+            )
+        }
+        for node in summary["remote_samplers"]
+    ]
 
 
 def main() -> None:
@@ -88,22 +127,44 @@ def main() -> None:
         cluster.shutdown()
     receiver = receive["stage_seconds"].get("receiver", {})
     busy = 1 - receiver.get("wait_remote", 0.0) / max(receive["role_wall_seconds"].get("receiver", 1e-9), 1e-9)
-    print(json.dumps({
-        "env": "CartPole-v1", "mode": "async", "num_workers": 0, "num_remote_samplers": 2, "nodes": 2,
-        "num_envs_per_worker": learn["num_envs_per_worker"],
-        "learn": {"launch_to_exit_sec": learn["launch_to_exit_sec"], "wall_sec": learn["wall_sec"],
-                  "episode_return_mean": learn["episode_return_mean"], "env_steps": learn["env_steps"],
-                  "env_steps_per_sec": learn["env_steps_per_sec"], "policy_lag_mean": learn["policy_lag_mean"],
-                  "policy_lag_max": learn["policy_lag_max"], "actors": _actors(learn),
-                  "weights": learn["remote_weights"], "unaccounted": learn["env_step_books"]["unaccounted"]},
-        "receive": {"env_steps_per_sec": receive["env_steps_per_sec"],
+    print(
+        json.dumps(
+            {
+                "env": "CartPole-v1",
+                "mode": "async",
+                "num_workers": 0,
+                "num_remote_samplers": 2,
+                "nodes": 2,
+                "num_envs_per_worker": learn["num_envs_per_worker"],
+                "learn": {
+                    "launch_to_exit_sec": learn["launch_to_exit_sec"],
+                    "wall_sec": learn["wall_sec"],
+                    "episode_return_mean": learn["episode_return_mean"],
+                    "env_steps": learn["env_steps"],
+                    "env_steps_per_sec": learn["env_steps_per_sec"],
+                    "policy_lag_mean": learn["policy_lag_mean"],
+                    "policy_lag_max": learn["policy_lag_max"],
+                    "actors": _actors(learn),
+                    "weights": learn["remote_weights"],
+                    "unaccounted": learn["env_step_books"]["unaccounted"],
+                },
+                "receive": {
+                    "env_steps_per_sec": receive["env_steps_per_sec"],
                     "env_steps_per_sec_windows_median": median_windows([receive]),
-                    "receiver_busy": round(busy, 3), "receiver_stage_sec": receiver, "actors": _actors(receive),
-                    "unaccounted": receive["env_step_books"]["unaccounted"]},
-        "kill": kill,
-        "env_steps_per_sec": receive["env_steps_per_sec"], "frames_per_sec": receive["frames_per_sec"],
-        "policy_lag_mean": learn["policy_lag_mean"], "wall_sec": learn["wall_sec"],
-        "episode_return_mean": learn["episode_return_mean"]}))
+                    "receiver_busy": round(busy, 3),
+                    "receiver_stage_sec": receiver,
+                    "actors": _actors(receive),
+                    "unaccounted": receive["env_step_books"]["unaccounted"],
+                },
+                "kill": kill,
+                "env_steps_per_sec": receive["env_steps_per_sec"],
+                "frames_per_sec": receive["frames_per_sec"],
+                "policy_lag_mean": learn["policy_lag_mean"],
+                "wall_sec": learn["wall_sec"],
+                "episode_return_mean": learn["episode_return_mean"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

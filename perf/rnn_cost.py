@@ -7,6 +7,7 @@ so a slow spell of the machine touches all three. Prints each run as it ends (st
 line last: per kind the median over the rounds, the ratios feed-forward / recurrent of those
 medians, and the ratio of every round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,12 +34,27 @@ def main() -> None:
     out = {"bench": "rnn_cost", "env": args.env, "seconds": args.seconds, "rounds": args.rounds}
     for round_index in range(args.rounds):
         for rnn in KINDS:
-            summary = run_train(["--env", args.env, "--rnn", rnn, "--train_for_seconds", str(args.seconds),
-                                 "--train_for_env_steps", str(10**12)], args.seconds + 180)
+            summary = run_train(
+                [
+                    "--env",
+                    args.env,
+                    "--rnn",
+                    rnn,
+                    "--train_for_seconds",
+                    str(args.seconds),
+                    "--train_for_env_steps",
+                    str(10**12),
+                ],
+                args.seconds + 180,
+            )
             speeds[rnn].append(round(median_windows([summary])))
             out[f"{rnn}_workers_x_envs"] = f"{summary['num_workers']}x{summary['num_envs_per_worker']}"
-            print(f"round {round_index + 1} --rnn {rnn}: {speeds[rnn][-1]:,} env steps/s, bottleneck "
-                  f"{summary['bottleneck']}", file=sys.stderr, flush=True)
+            print(
+                f"round {round_index + 1} --rnn {rnn}: {speeds[rnn][-1]:,} env steps/s, bottleneck "
+                f"{summary['bottleneck']}",
+                file=sys.stderr,
+                flush=True,
+            )
     for rnn in KINDS:
         out[f"{rnn}_env_steps_per_sec"] = round(statistics.median(speeds[rnn]))
         out[f"{rnn}_env_steps_per_sec_rounds"] = speeds[rnn]

@@ -12,6 +12,7 @@ the checkout or build lacks is left out. The repeats interleave the ways (a slow
 machine touches them all); each figure is the median over the repeats of the mean of --calls calls.
 Prints a table (stderr) and one JSON line last: ms per minibatch, forward + backward.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,7 @@ def _both(first, second):
 
 def _ways(kind):
     """{way: (context factory, run(module, x, state, episode_start) -> outputs)} available here."""
+
     def written_out(module, x, state, starts):
         weights = (module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0, module.bias_hh_l0)
         return recurrent.run_sequence(kind, x, state, starts, weights)[..., :SIZE]
@@ -113,13 +115,23 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, (context, run, case) in cases.items():
             times[name].append(_time(context, run, case, args.calls))
-    out = {"bench": "rnn_ways", "machine": platform.machine(), "torch": torch.__version__, "threads": 1,
-           "steps_x_batch": f"{STEPS}x{BATCH}", "features": FEATURES, "units": SIZE, "repeats": args.repeats,
-           "calls": args.calls, "onednn_products": getattr(recurrent, "_onednn", lambda: None)() is not None}
+    out = {
+        "bench": "rnn_ways",
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "threads": 1,
+        "steps_x_batch": f"{STEPS}x{BATCH}",
+        "features": FEATURES,
+        "units": SIZE,
+        "repeats": args.repeats,
+        "calls": args.calls,
+        "onednn_products": getattr(recurrent, "_onednn", lambda: None)() is not None,
+    }
     for name, values in times.items():
         out[f"{name}_ms"] = round(statistics.median(values), 3)
-        print(f"{name:28s} {out[f'{name}_ms']:8.3f} ms  (min {min(values):.3f}, max {max(values):.3f})",
-              file=sys.stderr)
+        print(
+            f"{name:28s} {out[f'{name}_ms']:8.3f} ms  (min {min(values):.3f}, max {max(values):.3f})", file=sys.stderr
+        )
     print(json.dumps(out))
 
 

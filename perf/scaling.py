@@ -7,6 +7,7 @@ with `--train` full training with the env family's learning defaults (then envs 
 the training batch in slots). Prints the table, writes a PNG (needs matplotlib: pip install -e '.[perf]')
 and one JSON line last with every point, each with the bottleneck the run reported.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,12 +31,17 @@ def plot(points: list, env: str, path: str, train: bool) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for (workers, splits), group in itertools.groupby(sorted(points, key=lambda p: (p["num_workers"], p["splits"],
-                                                                                      p["num_envs_per_worker"])),
-                                                      key=lambda p: (p["num_workers"], p["splits"])):
+    for (workers, splits), group in itertools.groupby(
+        sorted(points, key=lambda p: (p["num_workers"], p["splits"], p["num_envs_per_worker"])),
+        key=lambda p: (p["num_workers"], p["splits"]),
+    ):
         group = list(group)
-        ax.plot([p["num_envs_per_worker"] for p in group], [p["env_steps_per_sec"] for p in group], marker="o",
-                label=f"{workers} workers, {splits} splits")
+        ax.plot(
+            [p["num_envs_per_worker"] for p in group],
+            [p["env_steps_per_sec"] for p in group],
+            marker="o",
+            label=f"{workers} workers, {splits} splits",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("envs per worker")
     ax.set_ylabel(f"env steps/s ({'training' if train else 'sampling only'})")
@@ -60,24 +66,61 @@ def main() -> None:
     for workers, envs, splits in itertools.product(args.workers, args.envs, args.splits):
         if envs % splits:
             continue
-        flags = ["--env", args.env, "--num_workers", str(workers), "--num_envs_per_worker", str(envs),
-                 "--worker_num_splits", str(splits), "--train_for_seconds", str(args.seconds + 5)]
+        flags = [
+            "--env",
+            args.env,
+            "--num_workers",
+            str(workers),
+            "--num_envs_per_worker",
+            str(envs),
+            "--worker_num_splits",
+            str(splits),
+            "--train_for_seconds",
+            str(args.seconds + 5),
+        ]
         if not args.train:  # one slot per batch: any grid point validates
-            flags += ["--sampling_only", "true", "--rollout", "32", "--batch_size", str(32 * (envs // splits)),
-                      "--num_batches_per_epoch", "1"]
+            flags += [
+                "--sampling_only",
+                "true",
+                "--rollout",
+                "32",
+                "--batch_size",
+                str(32 * (envs // splits)),
+                "--num_batches_per_epoch",
+                "1",
+            ]
         summary = run_train(flags, args.seconds + 180)
-        point = {"num_workers": workers, "num_envs_per_worker": envs, "splits": splits,
-                 "env_steps_per_sec": round(median_windows([summary])), "bottleneck": summary.get("bottleneck")}
+        point = {
+            "num_workers": workers,
+            "num_envs_per_worker": envs,
+            "splits": splits,
+            "env_steps_per_sec": round(median_windows([summary])),
+            "bottleneck": summary.get("bottleneck"),
+        }
         points.append(point)
-        print(f"{workers} workers x {envs:4d} envs, {splits} splits: {point['env_steps_per_sec']:>10,} env steps/s, "
-              f"{point['bottleneck']}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{workers} workers x {envs:4d} envs, {splits} splits: {point['env_steps_per_sec']:>10,} env steps/s, "
+            f"{point['bottleneck']}",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         plot(points, args.env, args.png, args.train)
     except ImportError:
         print("matplotlib is not installed: no PNG (pip install -e '.[perf]')", file=sys.stderr)
     best = max(points, key=lambda p: p["env_steps_per_sec"])
-    print(json.dumps({"bench": "scaling", "env": args.env, "training": args.train, "points": points, "best": best, "png": args.png}))
+    print(
+        json.dumps(
+            {
+                "bench": "scaling",
+                "env": args.env,
+                "training": args.train,
+                "points": points,
+                "best": best,
+                "png": args.png,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ minute of --at plays the last checkpoint written by then against each --opponent
 `enjoy.py --opponent OPPONENT --num_episodes GAMES --deterministic` (both seats, half each). Prints one
 JSON line: per minute and opponent the win, draw and loss rates, and the run's summary figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,24 @@ def _checkpoint_at(checkpoints: list, started: float, minute: float):
 
 
 def _play(train_dir: str, experiment: str, checkpoint: str, opponent: str, games: int) -> dict:
-    figures = run_baseline([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", train_dir,
-                            "--experiment", experiment, "--checkpoint", checkpoint, "--opponent", opponent,
-                            "--num_episodes", str(games), "--deterministic"], timeout_sec=1800)
+    figures = run_baseline(
+        [
+            sys.executable,
+            os.path.join(REPO, "enjoy.py"),
+            "--train_dir",
+            train_dir,
+            "--experiment",
+            experiment,
+            "--checkpoint",
+            checkpoint,
+            "--opponent",
+            opponent,
+            "--num_episodes",
+            str(games),
+            "--deterministic",
+        ],
+        timeout_sec=1800,
+    )
     return {k: figures[k] for k in ("games", "win_rate", "draw_rate", "loss_rate", "games_per_seat")}
 
 
@@ -39,8 +55,11 @@ def main() -> None:
     parser.add_argument("--env", default="pettingzoo.classic.connect_four_v3:env")
     parser.add_argument("--seconds", type=float, default=1200.0, help="seconds of training")
     parser.add_argument("--at", default="10,20", help="comma-separated minutes whose checkpoints are played")
-    parser.add_argument("--opponents", default="random,envs.opponents:connect_four_heuristic",
-                        help="comma-separated enjoy.py --opponent values")
+    parser.add_argument(
+        "--opponents",
+        default="random,envs.opponents:connect_four_heuristic",
+        help="comma-separated enjoy.py --opponent values",
+    )
     parser.add_argument("--games", type=int, default=200, help="games per checkpoint and opponent")
     parser.add_argument("--flags", default="", help="more train.py flags, as one string")
     args = parser.parse_args()
@@ -53,17 +72,42 @@ def main() -> None:
             if path is None:
                 continue
             version = int(re.search(r"_v(\d+)_", os.path.basename(path)).group(1))
-            results[f"{minute:g}"] = {"checkpoint_version": version, **{
-                opponent: _play(train_dir, experiment, path, opponent, args.games)
-                for opponent in args.opponents.split(",")}}
+            results[f"{minute:g}"] = {
+                "checkpoint_version": version,
+                **{
+                    opponent: _play(train_dir, experiment, path, opponent, args.games)
+                    for opponent in args.opponents.split(",")
+                },
+            }
 
-    flags = ["--env", args.env, "--train_for_seconds", str(args.seconds), "--train_for_env_steps", str(10**12),
-             "--save_every_sec", "60", "--keep_checkpoints", "1000"] + args.flags.split()
+    flags = [
+        "--env",
+        args.env,
+        "--train_for_seconds",
+        str(args.seconds),
+        "--train_for_env_steps",
+        str(10**12),
+        "--save_every_sec",
+        "60",
+        "--keep_checkpoints",
+        "1000",
+    ] + args.flags.split()
     started = time.time()
     summary = run_train(flags, timeout_sec=args.seconds + 600, inspect=play_checkpoints)
-    print(json.dumps({"env": args.env, "seconds": args.seconds, "flags": args.flags, "at_minutes": results,
-                      "env_steps": summary["env_steps"], "env_steps_per_sec": summary["env_steps_per_sec"],
-                      "episodes": summary["episodes"], "bottleneck": summary["bottleneck"]}))
+    print(
+        json.dumps(
+            {
+                "env": args.env,
+                "seconds": args.seconds,
+                "flags": args.flags,
+                "at_minutes": results,
+                "env_steps": summary["env_steps"],
+                "env_steps_per_sec": summary["env_steps_per_sec"],
+                "episodes": summary["episodes"],
+                "bottleneck": summary["bottleneck"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ summary.json (sampled = trained + dropped for lag + not trainable + dropped with
 flight at stop; `unaccounted` must be 0). Prints one JSON line last; exits 1 when growth >= 5%, a
 segment leaked or an env step is unaccounted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,9 +63,20 @@ def main() -> None:
     before = shm_entries()
     train_dir = tempfile.mkdtemp(prefix="sf_engine_soak_")
     exp_dir = os.path.join(train_dir, "soak")
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "soak",
-           "--train_for_seconds", str(args.minutes * 60), "--train_for_env_steps", str(10**13),
-           "--status_every_sec", "60"] + args.train_flags
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "train.py"),
+        "--train_dir",
+        train_dir,
+        "--experiment",
+        "soak",
+        "--train_for_seconds",
+        str(args.minutes * 60),
+        "--train_for_env_steps",
+        str(10**13),
+        "--status_every_sec",
+        "60",
+    ] + args.train_flags
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     samples = []
@@ -74,9 +86,14 @@ def main() -> None:
             time.sleep(max(0.0, min(1.0, next_sample - time.monotonic())))
             if time.monotonic() >= next_sample and proc.poll() is None:
                 rss = run_rss(exp_dir)
-                samples.append({"minute": round((time.monotonic() - start) / 60, 2),
-                                "rss_bytes": sum(rss.values()), "processes": len(rss),
-                                "shm_used_bytes": shm_used_bytes()})
+                samples.append(
+                    {
+                        "minute": round((time.monotonic() - start) / 60, 2),
+                        "rss_bytes": sum(rss.values()),
+                        "processes": len(rss),
+                        "shm_used_bytes": shm_used_bytes(),
+                    }
+                )
                 print(json.dumps(samples[-1]), file=sys.stderr, flush=True)
                 next_sample += args.sample_every_sec
         out = proc.communicate()[0]
@@ -92,18 +109,23 @@ def main() -> None:
     shm_growth = (warm[-1]["shm_used_bytes"] - warm[0]["shm_used_bytes"]) if len(warm) >= 2 else None
     books = summary["env_step_books"]
     result = {
-        "bench": "soak", "minutes": args.minutes, "exit_code": proc.returncode, "env": summary["env"],
-        "env_steps": summary["env_steps"], "env_steps_per_sec": summary["env_steps_per_sec"],
+        "bench": "soak",
+        "minutes": args.minutes,
+        "exit_code": proc.returncode,
+        "env": summary["env"],
+        "env_steps": summary["env_steps"],
+        "env_steps_per_sec": summary["env_steps_per_sec"],
         "episode_return_mean": summary["episode_return_mean"],
         "rss_mb_first_after_warmup": round(warm[0]["rss_bytes"] / 2**20, 1) if warm else None,
         "rss_mb_last": round(warm[-1]["rss_bytes"] / 2**20, 1) if warm else None,
         "rss_growth_after_warmup": round(growth, 4) if growth is not None else None,
         "shm_used_growth_bytes_after_warmup": shm_growth,
-        "leaked_shm_entries": leaked, "env_step_books": books,
-        "worker_restarts": summary["worker_restarts"], "samples": samples,
+        "leaked_shm_entries": leaked,
+        "env_step_books": books,
+        "worker_restarts": summary["worker_restarts"],
+        "samples": samples,
     }
-    ok = (proc.returncode == 0 and growth is not None and growth < 0.05 and not leaked
-          and books.get("unaccounted") == 0)
+    ok = proc.returncode == 0 and growth is not None and growth < 0.05 and not leaked and books.get("unaccounted") == 0
     if proc.returncode != 0:
         sys.stderr.write(out[-3000:])
     result["passed"] = ok

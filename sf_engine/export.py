@@ -1,4 +1,5 @@
 """`python -m sf_engine.export`: the greedy policy of an experiment to ONNX and TorchScript (sf_engine.play.export)."""
+
 import sys
 
 if __name__ == "__main__":

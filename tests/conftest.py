@@ -11,8 +11,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: runs train.py / enjoy.py or a whole run (the slow half)")
-    config.addinivalue_line("markers", "unit: everything else: functions, classes and roles stepped by hand "
-                                       "(`pytest -m unit`, the fast half)")
+    config.addinivalue_line(
+        "markers",
+        "unit: everything else: functions, classes and roles stepped by hand (`pytest -m unit`, the fast half)",
+    )
 
 
 def pytest_collection_modifyitems(items):
@@ -57,8 +59,9 @@ def train_error(args, train_dir, capsys) -> str:
 
 def files_of(path) -> dict:
     """Every file under `path` with its bytes: a bad command must leave the same."""
-    return {p: open(p, "rb").read() for p in glob.glob(os.path.join(str(path), "**"), recursive=True)
-            if os.path.isfile(p)}
+    return {
+        p: open(p, "rb").read() for p in glob.glob(os.path.join(str(path), "**"), recursive=True) if os.path.isfile(p)
+    }
 
 
 def read_json(path):
@@ -78,8 +81,22 @@ def shm_dir(tmp_path):
     os.rmdir(path)
 
 
-TINY = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16",
-        "--batch_size", "32", "--num_batches_per_epoch", "2", "--num_epochs", "1"]
+TINY = [
+    "--mode",
+    "serial",
+    "--num_workers",
+    "1",
+    "--num_envs_per_worker",
+    "4",
+    "--rollout",
+    "16",
+    "--batch_size",
+    "32",
+    "--num_batches_per_epoch",
+    "2",
+    "--num_epochs",
+    "1",
+]
 
 
 def serial_plan(tmp_path, shm_dir, env, *flags):

@@ -1,11 +1,12 @@
 """--num_workers auto / --num_envs_per_worker auto: the balance rule, and real measurements."""
+
 import os
 import sys
 
 import pytest
 
-from sf_engine.run.autosize import Costs, choose_envs_per_split, choose_num_workers
 from sf_engine.config.groups import check_resolved
+from sf_engine.run.autosize import Costs, choose_envs_per_split, choose_num_workers
 from sf_engine.run.plan import build_plan
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +75,9 @@ def test_auto_sizing_builds_no_more_envs_than_memory_allows():
 
 def test_cpu_affinity_auto_gives_a_cpu_learner_its_own_core_when_there_is_one_to_spare():
     def affinity(*flags):
-        return build_plan(["--restart", "--num_workers", "1", "--num_envs_per_worker", "8", *flags]).cfg.run.cpu_affinity
+        return build_plan(
+            ["--restart", "--num_workers", "1", "--num_envs_per_worker", "8", *flags]
+        ).cfg.run.cpu_affinity
 
     spare = os.cpu_count() > 1
     assert affinity("--device", "cpu") == ("learner" if spare else "off")
@@ -88,12 +91,21 @@ def test_cpu_affinity_auto_gives_a_cpu_learner_its_own_core_when_there_is_one_to
 def test_pinned_learner_and_sampler_share_no_core():
     import subprocess
 
-    code = ("import os, sys; from sf_engine.run.plan import build_plan; from sf_engine.runtime.role import pin_to_cores; "
-            "cfg = build_plan(['--restart', '--cpu_affinity', 'learner', '--num_workers', '1', "
-            "'--num_envs_per_worker', '8']).cfg; pin_to_cores(sys.argv[1], cfg); print(sorted(os.sched_getaffinity(0)))")
-    cores = {role: subprocess.run([sys.executable, "-c", code, role], capture_output=True, text=True, check=True,
-                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
-             for role in ("learner", "policy_worker", "rollout_worker")}
+    code = (
+        "import os, sys; from sf_engine.run.plan import build_plan; from sf_engine.runtime.role import pin_to_cores; "
+        "cfg = build_plan(['--restart', '--cpu_affinity', 'learner', '--num_workers', '1', "
+        "'--num_envs_per_worker', '8']).cfg; pin_to_cores(sys.argv[1], cfg); print(sorted(os.sched_getaffinity(0)))"
+    )
+    cores = {
+        role: subprocess.run(
+            [sys.executable, "-c", code, role],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        ).stdout.strip()
+        for role in ("learner", "policy_worker", "rollout_worker")
+    }
     everything = sorted(os.sched_getaffinity(0))
     assert cores["learner"] == str(everything[-1:])  # --learner_threads 1: the last core
     assert cores["policy_worker"] == cores["rollout_worker"] == str(everything[:-1])

@@ -1,4 +1,5 @@
 """The bottleneck report on synthetic stage figures names the right stage and knob."""
+
 import pytest
 
 from sf_engine.stats.bottleneck import diagnose, stage_fractions, subtract
@@ -9,19 +10,25 @@ def figures(learner=(0.0, 0.0), inference=0.0, workers=(0.0, 0.0, 0.0)):
     two rollout workers each (env step, waiting for actions, waiting for a slot)."""
     env_step, wait_actions, wait_slot = workers
     worker = {"env_step": env_step, "wait_actions": wait_actions, "wait_slot": wait_slot}
-    return {"learner": {"train": learner[0], "wait_data": learner[1]},  # busy + waiting = the window
-            "policy_worker": {"forward": inference, "wait_requests": 10.0 - inference},
-            "rollout_worker_0": dict(worker), "rollout_worker_1": dict(worker)}
+    return {
+        "learner": {"train": learner[0], "wait_data": learner[1]},  # busy + waiting = the window
+        "policy_worker": {"forward": inference, "wait_requests": 10.0 - inference},
+        "rollout_worker_0": dict(worker),
+        "rollout_worker_1": dict(worker),
+    }
 
 
-@pytest.mark.parametrize("stage_sec, stage, knob", [
-    (figures(learner=(9.7, 0.3), inference=2.0, workers=(2.0, 2.0, 6.0)), "learning", "--num_epochs"),
-    # the learner never waits for data (one worker feeding it just in time, cores shared): still learner-bound
-    (figures(learner=(9.8, 0.2), inference=6.0, workers=(2.5, 4.0, 2.0)), "learning", "--batch_size"),
-    (figures(learner=(3.0, 7.0), inference=9.0, workers=(3.0, 6.5, 0.0)), "inference", "--device cuda"),
-    (figures(learner=(2.0, 8.0), inference=2.0, workers=(8.0, 1.5, 0.0)), "sampling", "--num_workers"),
-    (figures(learner=(7.0, 2.0), inference=5.0, workers=(4.0, 2.0, 1.0)), "balanced", "balanced"),
-])
+@pytest.mark.parametrize(
+    "stage_sec, stage, knob",
+    [
+        (figures(learner=(9.7, 0.3), inference=2.0, workers=(2.0, 2.0, 6.0)), "learning", "--num_epochs"),
+        # the learner never waits for data (one worker feeding it just in time, cores shared): still learner-bound
+        (figures(learner=(9.8, 0.2), inference=6.0, workers=(2.5, 4.0, 2.0)), "learning", "--batch_size"),
+        (figures(learner=(3.0, 7.0), inference=9.0, workers=(3.0, 6.5, 0.0)), "inference", "--device cuda"),
+        (figures(learner=(2.0, 8.0), inference=2.0, workers=(8.0, 1.5, 0.0)), "sampling", "--num_workers"),
+        (figures(learner=(7.0, 2.0), inference=5.0, workers=(4.0, 2.0, 1.0)), "balanced", "balanced"),
+    ],
+)
 def test_diagnosis_names_the_binding_stage_and_the_knob(stage_sec, stage, knob):
     diagnosis = diagnose(stage_sec, window_sec=10.0)
     assert diagnosis.stage == stage

@@ -1,10 +1,11 @@
 """Command line: --help, one-line errors for bad input before any process starts, the resolved config."""
+
 import json
 import os
 
 import pytest
-
 from conftest import files_of, read_json, run_train, train_error
+
 from sf_engine.runtime.device import cuda_device_count
 
 
@@ -12,36 +13,77 @@ from sf_engine.runtime.device import cuda_device_count
 def test_help_explains_every_flag(tmp_path):
     result = run_train(["--help"], tmp_path)
     assert result.returncode == 0
-    for flag in ("--env", "--env_backend", "--experiment", "--train_dir", "--num_workers", "--num_envs_per_worker",
-                 "--worker_num_splits", "--rollout", "--batch_size", "--num_epochs", "--learning_rate", "--gamma",
-                 "--gae_lambda", "--device", "--mode", "--with_vtrace", "--max_policy_lag", "--seed",
-                 "--train_for_env_steps", "--train_for_seconds", "--stop_at_return", "--save_every_sec", "--rnn",
-                 "--rnn_size", "--recurrence", "--stuck_timeout_sec", "--max_worker_restarts"):
+    for flag in (
+        "--env",
+        "--env_backend",
+        "--experiment",
+        "--train_dir",
+        "--num_workers",
+        "--num_envs_per_worker",
+        "--worker_num_splits",
+        "--rollout",
+        "--batch_size",
+        "--num_epochs",
+        "--learning_rate",
+        "--gamma",
+        "--gae_lambda",
+        "--device",
+        "--mode",
+        "--with_vtrace",
+        "--max_policy_lag",
+        "--seed",
+        "--train_for_env_steps",
+        "--train_for_seconds",
+        "--stop_at_return",
+        "--save_every_sec",
+        "--rnn",
+        "--rnn_size",
+        "--recurrence",
+        "--stuck_timeout_sec",
+        "--max_worker_restarts",
+    ):
         assert flag in result.stdout, flag
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--env", "NoSuchEnv-v0"], ["--env NoSuchEnv-v0", "unknown"]),
-    (["--rollout", "1"], ["--rollout", "at least 2"]),
-    (["--with_wandb", "--wandb_tags", "ok," + "x" * 65], ["--wandb_tags", "64 characters"]),
-    (["--with_wandb", "--wandb_project", "team/project"], ["--wandb_project", "without"]),
-    (["--rnn", "gru", "--recurrence", "5"], ["--recurrence", "--rollout"]),
-    (["--batch_size", "1000", "--num_envs_per_worker", "128"], ["--batch_size", "multiple"]),
-    (["--batch_size", "1000", "--rollout", "48"], ["--batch_size", "--rollout"]),
-    (["--num_envs_per_worker", "7", "--worker_num_splits", "2"], ["--num_envs_per_worker", "--worker_num_splits"]),
-    pytest.param(["--device", "cuda"], ["--device cuda", "--device cpu"],
-                 marks=pytest.mark.skipif(cuda_device_count() > 0, reason="this host has a GPU")),
-    (["--rollout", "100000", "--num_workers", "1", "--num_envs_per_worker", "20000", "--batch_size", "1000000000"],
-     ["MiB", "--num_envs_per_worker"]),
-    (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
-    (["--learning_rate", "nan"], ["--learning_rate", "finite"]),
-    (["--train_for_seconds", "inf"], ["--train_for_seconds", "finite"]),
-    (["--ppo_clip_ratio", "0"], ["--ppo_clip_ratio", "positive"]),
-    (["--save_every_sec", "-1"], ["--save_every_sec", "positive"]),
-    (["--entropy_coeff", "-0.1"], ["--entropy_coeff", ">= 0"]),
-    (["--experiment", "../outside"], ["--experiment", "plain name"]),
-    (["--experiment=-x"], ["--experiment", "plain name"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--env", "NoSuchEnv-v0"], ["--env NoSuchEnv-v0", "unknown"]),
+        (["--rollout", "1"], ["--rollout", "at least 2"]),
+        (["--with_wandb", "--wandb_tags", "ok," + "x" * 65], ["--wandb_tags", "64 characters"]),
+        (["--with_wandb", "--wandb_project", "team/project"], ["--wandb_project", "without"]),
+        (["--rnn", "gru", "--recurrence", "5"], ["--recurrence", "--rollout"]),
+        (["--batch_size", "1000", "--num_envs_per_worker", "128"], ["--batch_size", "multiple"]),
+        (["--batch_size", "1000", "--rollout", "48"], ["--batch_size", "--rollout"]),
+        (["--num_envs_per_worker", "7", "--worker_num_splits", "2"], ["--num_envs_per_worker", "--worker_num_splits"]),
+        pytest.param(
+            ["--device", "cuda"],
+            ["--device cuda", "--device cpu"],
+            marks=pytest.mark.skipif(cuda_device_count() > 0, reason="this host has a GPU"),
+        ),
+        (
+            [
+                "--rollout",
+                "100000",
+                "--num_workers",
+                "1",
+                "--num_envs_per_worker",
+                "20000",
+                "--batch_size",
+                "1000000000",
+            ],
+            ["MiB", "--num_envs_per_worker"],
+        ),
+        (["--mode", "sync", "--batch_size", "65536", "--num_batches_per_epoch", "8"], ["--mode sync", "--batch_size"]),
+        (["--learning_rate", "nan"], ["--learning_rate", "finite"]),
+        (["--train_for_seconds", "inf"], ["--train_for_seconds", "finite"]),
+        (["--ppo_clip_ratio", "0"], ["--ppo_clip_ratio", "positive"]),
+        (["--save_every_sec", "-1"], ["--save_every_sec", "positive"]),
+        (["--entropy_coeff", "-0.1"], ["--entropy_coeff", ">= 0"]),
+        (["--experiment", "../outside"], ["--experiment", "plain name"]),
+        (["--experiment=-x"], ["--experiment", "plain name"]),
+    ],
+)
 def test_bad_input_is_one_line_naming_the_flag(tmp_path, shm_dir, args, words, capsys):
     line = train_error(["--shm_dir", shm_dir] + args, tmp_path, capsys)
     for word in words:
@@ -69,8 +111,22 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
 
-    base = ["--experiment", "resume", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
+    base = [
+        "--experiment",
+        "resume",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--train_for_env_steps",
+        "3000",
+    ]
     assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
     saved = read_json(tmp_path / "resume" / "config.json")
     assert "auto" not in json.dumps(saved)  # the resolved plan, not the flags
@@ -86,13 +142,29 @@ def test_bad_input_against_an_existing_experiment_changes_nothing(tmp_path, shm_
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
 
-    base = ["--experiment", "kept", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_for_env_steps", "3000"]
+    base = [
+        "--experiment",
+        "kept",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--train_for_env_steps",
+        "3000",
+    ]
     assert run(build_plan(base + ["--train_dir", str(tmp_path)])) == 0
     before = files_of(tmp_path)
-    bad = [(["--restart", "--learning_rate", "-1"], "--learning_rate"),
-           (["--restart", "--adam_eps", "0"], "--adam_eps"),
-           (["--restart", "--rollout", "1"], "--rollout")]
+    bad = [
+        (["--restart", "--learning_rate", "-1"], "--learning_rate"),
+        (["--restart", "--adam_eps", "0"], "--adam_eps"),
+        (["--restart", "--rollout", "1"], "--rollout"),
+    ]
     if cuda_device_count() == 0:
         bad.append((["--restart", "--device", "cuda"], "--device cuda"))  # once deleted every checkpoint
     for args, words in bad:
@@ -111,9 +183,29 @@ def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_di
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
 
-    first = ["--experiment", "first", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-             "--num_envs_per_worker", "8", "--batch_size", "256", "--hidden_size", "32", "--gamma", "0.97",
-             "--train_for_env_steps", "2000", "--train_dir", str(tmp_path), "--restart"]
+    first = [
+        "--experiment",
+        "first",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--hidden_size",
+        "32",
+        "--gamma",
+        "0.97",
+        "--train_for_env_steps",
+        "2000",
+        "--train_dir",
+        str(tmp_path),
+        "--restart",
+    ]
     assert run(build_plan(first)) == 0
     saved = str(tmp_path / "first" / "config.json")
     plan = build_plan(["--config", saved, "--experiment", "second", "--gamma", "0.9"])
@@ -122,8 +214,11 @@ def test_config_reruns_a_saved_run_with_the_flags_given_winning(tmp_path, shm_di
     assert new["model"] == old["model"] and new["sampler"] == old["sampler"]  # the rest from the file
     assert new["run"]["restart"] is False and new["run"]["train_dir"] == "train_dir"  # never taken from the file
     bad = tmp_path / "bad.json"
-    for text, words in (("{not json", "cannot be read"), ('{"learner": {"gamma": "high"}}', "learner.gamma"),
-                        ('{"learner": {"no_such_flag": 1}}', "unknown setting")):
+    for text, words in (
+        ("{not json", "cannot be read"),
+        ('{"learner": {"gamma": "high"}}', "learner.gamma"),
+        ('{"learner": {"no_such_flag": 1}}', "unknown setting"),
+    ):
         bad.write_text(text)
         assert words in train_error(["--config", str(bad)], tmp_path, capsys)
 
@@ -134,7 +229,6 @@ def test_console_scripts_are_installed_and_sf_engine_is_the_only_top_level_name(
     from importlib.metadata import entry_points
 
     from sf_engine.play import enjoy as replay
-
     from sf_engine.run import runner
 
     scripts = {ep.name: ep for ep in entry_points(group="console_scripts")}
@@ -147,9 +241,17 @@ def test_console_scripts_are_installed_and_sf_engine_is_the_only_top_level_name(
     assert result.returncode == 0
 
 
-@pytest.mark.parametrize("text", ['{"run": {"mode": null}}', '{"learner": {"num_epochs": true}}',
-                                  '{"learner": {"batch_size": "1024"}}', '{"env": {"env": ["CartPole-v1"]}}',
-                                  '{"model": {"normalize_input": "yes"}}', '{"sampler": {"rollout": 3.5}}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"run": {"mode": null}}',
+        '{"learner": {"num_epochs": true}}',
+        '{"learner": {"batch_size": "1024"}}',
+        '{"env": {"env": ["CartPole-v1"]}}',
+        '{"model": {"normalize_input": "yes"}}',
+        '{"sampler": {"rollout": 3.5}}',
+    ],
+)
 def test_config_values_of_the_wrong_type_are_refused(tmp_path, text, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(text)

@@ -1,21 +1,23 @@
 """The Doom family (envs/doom.py): its spec and observations, Sample Factory's settings, frames that
 count the frame skip, serial training on doom_basic, images bit-exact on the learner, and the one-line
 install hint without VizDoom."""
+
 import os
 import sys
 import time
 
 import numpy as np
 import pytest
-
 from conftest import SerialRun, read_json, serial_plan, train_error
 from test_reliability import alive, no_leftover_runs  # noqa: F401  (a failed test leaves no run behind)
+
 from sf_engine.envs import EnvError, make_batch_env, probe_env_spec
 from sf_engine.run.runner import run
 
 
-@pytest.mark.parametrize("env_id, actions", [("doom_basic", 4), ("VizdoomBasic-v1", 4),
-                                             ("doom_health_gathering_supreme", 5)])
+@pytest.mark.parametrize(
+    "env_id, actions", [("doom_basic", 4), ("VizdoomBasic-v1", 4), ("doom_health_gathering_supreme", 5)]
+)
 def test_doom_spec_and_batched_observations(env_id, actions):
     spec = probe_env_spec(env_id, "auto")
     assert (spec.family, spec.frameskip) == ("doom", 4)
@@ -87,11 +89,12 @@ def test_doom_images_arrive_bit_exact_on_the_learner(tmp_path, shm_dir, monkeypa
     returned = []
     make = rollout_worker.make_batch_env
     monkeypatch.setattr(rollout_worker, "make_batch_env", lambda *a, **k: _Recording(make(*a, **k), returned))
-    plan = serial_plan(tmp_path, shm_dir, "doom_basic", "--rollout", "8", "--batch_size", "32",
-                       "--num_batches_per_epoch", "1")
+    plan = serial_plan(
+        tmp_path, shm_dir, "doom_basic", "--rollout", "8", "--batch_size", "32", "--num_batches_per_epoch", "1"
+    )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     try:
-        batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch])
+        batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
         frames = batch["obs"]["obs"].numpy()
         assert frames.dtype == np.uint8 and frames.shape[-3:] == (72, 128, 3)
         frames = frames.reshape(-1, 72, 128, 3)
@@ -163,8 +166,23 @@ def test_doom_replay_video_shows_the_full_screen(tmp_path, shm_dir, capsys):
 
     assert run(serial_plan(tmp_path, shm_dir, "doom_basic", "--train_for_env_steps", "64")) == 0
     video = tmp_path / "doom.mp4"
-    assert replay.main(["--train_dir", str(tmp_path), "--experiment", "family", "--num_episodes", "1",
-                        "--video", str(video), "--max_frames", "30"]) == 0
+    assert (
+        replay.main(
+            [
+                "--train_dir",
+                str(tmp_path),
+                "--experiment",
+                "family",
+                "--num_episodes",
+                "1",
+                "--video",
+                str(video),
+                "--max_frames",
+                "30",
+            ]
+        )
+        == 0
+    )
     frames = iio.imread(video)
     assert frames.shape == (30, 120, 160, 3) and frames.std() > 5
     assert "_vizdoom.ini" not in os.listdir(os.getcwd())  # VizDoom's ini goes to a temporary folder
@@ -198,8 +216,22 @@ def test_a_killed_worker_and_ctrl_c_leave_no_game_or_segment_behind(tmp_path, sh
 
     before = _vizdoom_segments()
     exp = str(tmp_path / "doom")
-    proc = start_train(["--env", "doom_basic", "--num_workers", "2", "--num_envs_per_worker", "2", "--shm_dir", shm_dir,
-                        "--train_for_seconds", "300"], tmp_path, "doom")
+    proc = start_train(
+        [
+            "--env",
+            "doom_basic",
+            "--num_workers",
+            "2",
+            "--num_envs_per_worker",
+            "2",
+            "--shm_dir",
+            shm_dir,
+            "--train_for_seconds",
+            "300",
+        ],
+        tmp_path,
+        "doom",
+    )
     rows = wait_for_children(exp, 4)
     worker = next(r["pid"] for r in rows if r["role"] == "rollout_worker" and r["index"] == 0)
     deadline = time.monotonic() + 60

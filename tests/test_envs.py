@@ -1,16 +1,17 @@
 """Env families, spaces and models: each family trains in serial mode, user envs, episode boundaries,
 true game score under episodic life, uint8 images bit-exact, bad env input."""
+
 import os
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import REPO, SerialRun, read_json, serial_plan, train_error
+
 from sf_engine.envs import make_batch_env, probe_env_spec
-from sf_engine.stats.messages import Episodes
 from sf_engine.run.runner import run
+from sf_engine.stats.messages import Episodes
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -22,15 +23,18 @@ def _installed(module: str) -> bool:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("env, flags, family, encoder", [
-    ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
-    ("Breakout-v5", ["--train_for_env_steps", "400", "--encoder", "impala_cnn"], "atari", "impala_cnn"),
-    ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
-    ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "mlp"),
-    ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
-    ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "nature_cnn"),
-    ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "nature_cnn"),
-])
+@pytest.mark.parametrize(
+    "env, flags, family, encoder",
+    [
+        ("Pong-v5", ["--train_for_env_steps", "400"], "atari", "nature_cnn"),
+        ("Breakout-v5", ["--train_for_env_steps", "400", "--encoder", "impala_cnn"], "atari", "impala_cnn"),
+        ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+        ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "mlp"),
+        ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+        ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "nature_cnn"),
+        ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "nature_cnn"),
+    ],
+)
 def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, family, encoder):
     plan = serial_plan(tmp_path, shm_dir, env, *flags)
     cfg = plan.cfg
@@ -58,10 +62,11 @@ def _next_value(value: int) -> int:
 
 
 def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_dir):
-    plan = serial_plan(tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64",
-                       "--num_batches_per_epoch", "1")
+    plan = serial_plan(
+        tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64", "--num_batches_per_epoch", "1"
+    )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
-    batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch])
+    batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
     image = batch["obs"]["image"]
     assert image.dtype.is_floating_point is False and str(image.dtype) == "torch.uint8"
     values = image.numpy()[:, :, 0, 0, 0].astype(int)  # [T+1, N]
@@ -78,10 +83,21 @@ def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_
 
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])  # EnvPool's, and Gymnasium's vectorized CartPole
 def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
-    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--rollout", "64", "--batch_size", "256",
-                       "--num_batches_per_epoch", "1", "--env_backend", backend)
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "CartPole-v1",
+        "--rollout",
+        "64",
+        "--batch_size",
+        "256",
+        "--num_batches_per_epoch",
+        "1",
+        "--env_backend",
+        backend,
+    )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
-    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
     dones = (batch["terminated"] | batch["truncated"]).numpy()
     valid = batch["valid"].numpy()
@@ -123,19 +139,37 @@ def test_true_game_score_is_tracked_across_lives():
 GYM = ["--env_backend", "gymnasium"]  # EnvPool has its own LunarLander-v3 and HalfCheetah-v5
 
 
-@pytest.mark.parametrize("env, words, extra", [
-    ("toy_envs:NoSuchEnv", ["--env toy_envs:NoSuchEnv", "cannot import"], []),
-    ("no_such_module:Env", ["--env no_such_module:Env", "cannot import", "module 'no_such_module'", "pip install"],
-     []),
-    pytest.param("LunarLander-v3", ["--env LunarLander-v3", 'pip install "gymnasium[box2d]"'], GYM,
-                 marks=pytest.mark.skipif(_installed("Box2D"), reason="Box2D is installed here")),
-    pytest.param("HalfCheetah-v5", ["--env HalfCheetah-v5", 'pip install "gymnasium[mujoco]"'], GYM,
-                 marks=pytest.mark.skipif(_installed("mujoco"), reason="MuJoCo is installed here")),
-    pytest.param("ALE/Pong-v5", ["--env ALE/Pong-v5", "pip install ale-py", "--env ale_py:ALE/Pong-v5"], [],
-                 marks=pytest.mark.skipif(_installed("ale_py"), reason="ale-py is installed here")),
-    ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"], []),
-    ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"], []),
-])
+@pytest.mark.parametrize(
+    "env, words, extra",
+    [
+        ("toy_envs:NoSuchEnv", ["--env toy_envs:NoSuchEnv", "cannot import"], []),
+        (
+            "no_such_module:Env",
+            ["--env no_such_module:Env", "cannot import", "module 'no_such_module'", "pip install"],
+            [],
+        ),
+        pytest.param(
+            "LunarLander-v3",
+            ["--env LunarLander-v3", 'pip install "gymnasium[box2d]"'],
+            GYM,
+            marks=pytest.mark.skipif(_installed("Box2D"), reason="Box2D is installed here"),
+        ),
+        pytest.param(
+            "HalfCheetah-v5",
+            ["--env HalfCheetah-v5", 'pip install "gymnasium[mujoco]"'],
+            GYM,
+            marks=pytest.mark.skipif(_installed("mujoco"), reason="MuJoCo is installed here"),
+        ),
+        pytest.param(
+            "ALE/Pong-v5",
+            ["--env ALE/Pong-v5", "pip install ale-py", "--env ale_py:ALE/Pong-v5"],
+            [],
+            marks=pytest.mark.skipif(_installed("ale_py"), reason="ale-py is installed here"),
+        ),
+        ("toy_envs:BadResetEnv", ["--env toy_envs:BadResetEnv", "reset()"], []),
+        ("toy_envs:DiscreteObsEnv", ["--env toy_envs:DiscreteObsEnv", "observation"], []),
+    ],
+)
 def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words, extra, capsys):
     line = train_error(["--env", env, "--shm_dir", shm_dir] + extra, tmp_path, capsys)
     for word in words:
@@ -173,7 +207,8 @@ def test_discrete_action_start_offset_reaches_the_env():
 @pytest.mark.e2e
 def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir):
     script = tmp_path / "my_training.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{REPO!r}, {TESTS!r}]
         from sf_engine.envs import register_env
@@ -188,20 +223,43 @@ def test_env_registered_in_a_users_script_trains_in_async_mode(tmp_path, shm_dir
             register_env("MyToy-v0", make_toy)
             from sf_engine.run.runner import main
             sys.exit(main(sys.argv[1:]))
-    """))
+    """)
+    )
     import subprocess
 
-    result = subprocess.run([sys.executable, str(script), "--env", "MyToy-v0", "--train_dir", str(tmp_path),
-                             "--experiment", "mine", "--shm_dir", shm_dir, "--num_workers", "2", "--num_envs_per_worker", "8",
-                             "--batch_size", "256", "--train_for_env_steps", "8000"],
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--env",
+            "MyToy-v0",
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "mine",
+            "--shm_dir",
+            shm_dir,
+            "--num_workers",
+            "2",
+            "--num_envs_per_worker",
+            "8",
+            "--batch_size",
+            "256",
+            "--train_for_env_steps",
+            "8000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "mine" / "summary.json")
     assert summary["episodes"] > 100 and summary["learner_version"] >= 2
 
 
-@pytest.mark.parametrize("env, backend", [("CartPole-v1", "envpool"), ("Acrobot-v1", "gymnasium"),
-                                          ("CartPole-v1", "gymnasium")])
+@pytest.mark.parametrize(
+    "env, backend", [("CartPole-v1", "envpool"), ("Acrobot-v1", "gymnasium"), ("CartPole-v1", "gymnasium")]
+)
 def test_any_integer_seed_works_on_every_backend(env, backend):
     spec = probe_env_spec(env, backend)
     for seed in (-5, 0, 2**31 - 1, 2**40, -(2**70)):
@@ -225,13 +283,16 @@ def test_auto_prefers_gymnasiums_vectorized_implementation_then_envpool():
 
 def test_a_run_takes_any_integer_seed(tmp_path, shm_dir):
     for seed in ("-1", str(2**70)):
-        plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--seed", seed, "--train_for_env_steps", "500",
-                           "--restart")
+        plan = serial_plan(
+            tmp_path, shm_dir, "CartPole-v1", "--seed", seed, "--train_for_env_steps", "500", "--restart"
+        )
         assert run(plan) == 0
 
 
-_WITHOUT_ENVPOOL = ("import sys; sys.modules['envpool'] = None; from sf_engine.{} import main; "
-                    "sys.exit(main(sys.argv[1:]))")  # as on a machine where EnvPool is not installed
+_WITHOUT_ENVPOOL = (
+    "import sys; sys.modules['envpool'] = None; from sf_engine.{} import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)  # as on a machine where EnvPool is not installed
 
 
 @pytest.mark.e2e
@@ -241,18 +302,49 @@ def test_without_envpool_auto_plays_gymnasium_and_envpool_is_one_line_with_the_i
     from conftest import one_line_error
 
     def without_envpool(module, *args):
-        return subprocess.run([sys.executable, "-c", _WITHOUT_ENVPOOL.format(module), "--train_dir", str(tmp_path)]
-                              + list(args), cwd=REPO, capture_output=True, text=True, timeout=180)
+        return subprocess.run(
+            [sys.executable, "-c", _WITHOUT_ENVPOOL.format(module), "--train_dir", str(tmp_path)] + list(args),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
-    serial = ["--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "8",
-              "--batch_size", "256", "--train_for_env_steps", "2000"]
+    serial = [
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--train_for_env_steps",
+        "2000",
+    ]
     result = without_envpool("run.runner", "--experiment", "gym", *serial)
     assert result.returncode == 0, result.stderr
     assert read_json(tmp_path / "gym" / "config.json")["env"]["env_backend"] == "gymnasium"
     line = one_line_error(without_envpool("run.runner", "--experiment", "pool", "--env_backend", "envpool", *serial))
     assert "pip install envpool" in line and not (tmp_path / "pool").exists()
-    assert run(serial_plan(tmp_path, shm_dir, "CartPole-v1", "--experiment", "pool", "--env_backend", "envpool",
-                           "--train_for_env_steps", "2000")) == 0
+    assert (
+        run(
+            serial_plan(
+                tmp_path,
+                shm_dir,
+                "CartPole-v1",
+                "--experiment",
+                "pool",
+                "--env_backend",
+                "envpool",
+                "--train_for_env_steps",
+                "2000",
+            )
+        )
+        == 0
+    )
     assert read_json(tmp_path / "pool" / "config.json")["env"]["env_backend"] == "envpool"
     line = one_line_error(without_envpool("play.enjoy", "--experiment", "pool", "--num_episodes", "1"))
     assert "pip install envpool" in line

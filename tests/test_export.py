@@ -1,6 +1,7 @@
 """Export: the ONNX and TorchScript files of a trained policy run without sf_engine and choose the
 actions the engine's own policy chooses, on observations recorded from the env (with a recurrent
 core, along whole recorded trajectories, the state fed back)."""
+
 import json
 import os
 import subprocess
@@ -9,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, main_error
 
 # runs the exported files in a fresh interpreter in which sf_engine cannot be imported
@@ -41,8 +41,8 @@ def _record(train_dir, experiment, steps=60, num_envs=8):
     """Observations [T, B, 4] of CartPole played by the experiment's own policy (greedy, the engine's
     acting path), and its actions [T, B]."""
     from sf_engine.envs import make_batch_env
-    from sf_engine.play.episodes import act
     from sf_engine.play.enjoy import load_experiment, load_policy, resolve_checkpoint
+    from sf_engine.play.episodes import act
 
     cfg, spec, exp_dir = load_experiment(str(train_dir), experiment)
     model = load_policy(cfg, spec, resolve_checkpoint(exp_dir, experiment, "latest"), "cpu")
@@ -63,11 +63,39 @@ def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
 
-    assert run(build_plan(["--train_dir", str(tmp_path), "--experiment", "trained", "--mode", "serial",
-                           "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "64",
-                           "--batch_size", "1024", "--train_for_env_steps", "100000"] + model_flags)) == 0
-    result = subprocess.run([sys.executable, "-m", "sf_engine.play.export", "--train_dir", str(tmp_path),
-                             "--experiment", "trained"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert (
+        run(
+            build_plan(
+                [
+                    "--train_dir",
+                    str(tmp_path),
+                    "--experiment",
+                    "trained",
+                    "--mode",
+                    "serial",
+                    "--shm_dir",
+                    shm_dir,
+                    "--num_workers",
+                    "1",
+                    "--num_envs_per_worker",
+                    "64",
+                    "--batch_size",
+                    "1024",
+                    "--train_for_env_steps",
+                    "100000",
+                ]
+                + model_flags
+            )
+        )
+        == 0
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sf_engine.play.export", "--train_dir", str(tmp_path), "--experiment", "trained"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     export_dir = tmp_path / "trained" / "export"
     info = json.loads((export_dir / "policy.json").read_text())
@@ -75,9 +103,21 @@ def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp
     observations, actions = _record(tmp_path, "trained")
     assert 0.2 < actions.mean() < 0.8  # a policy that uses both actions: the comparison means something
     np.save(tmp_path / "obs.npy", observations)
-    standalone = subprocess.run([sys.executable, "-c", _STANDALONE, str(export_dir), str(tmp_path / "obs.npy"),
-                                 "1" if model_flags else "0", str(tmp_path / "actions.npy")],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    standalone = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _STANDALONE,
+            str(export_dir),
+            str(tmp_path / "obs.npy"),
+            "1" if model_flags else "0",
+            str(tmp_path / "actions.npy"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert standalone.returncode == 0, standalone.stderr
     onnx_actions, script_actions = np.load(tmp_path / "actions.npy")
     assert (onnx_actions == actions).all() and (script_actions == actions).all()
@@ -104,12 +144,18 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
     from sf_engine.play.export import export
 
     if kind == "dict_images_multi_discrete":
-        spec = EnvSpec((("image", (7, 7, 3), "uint8"), ("position", (5,), "float32")),
-                       ActionSpec("multi_discrete", nvec=(3, 4), start=(0, 0)), family="image")
+        spec = EnvSpec(
+            (("image", (7, 7, 3), "uint8"), ("position", (5,), "float32")),
+            ActionSpec("multi_discrete", nvec=(3, 4), start=(0, 0)),
+            family="image",
+        )
         model = _synthetic(spec, normalize_input=True)
     elif kind == "continuous":
-        spec = EnvSpec((("obs", (6,), "float32"),), ActionSpec("continuous", shape=(2,), low=(-0.5, -1.0),
-                                                               high=(0.5, 1.0)), family="continuous")
+        spec = EnvSpec(
+            (("obs", (6,), "float32"),),
+            ActionSpec("continuous", shape=(2,), low=(-0.5, -1.0), high=(0.5, 1.0)),
+            family="continuous",
+        )
         model = _synthetic(spec, rnn="lstm", actor_critic="separate")
         with torch.no_grad():
             model.policy_head.weight.mul_(100)  # means beyond the bounds: clipped as the env clips them
@@ -119,13 +165,16 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
     export(model, spec, str(tmp_path), "onnx")
     session = onnxruntime.InferenceSession(str(tmp_path / "policy.onnx"))
     rng = np.random.default_rng(0)
-    obs = {key: (rng.integers(0, 256, (9, *shape)) if dtype == "uint8" else rng.normal(size=(9, *shape)) * 3)
-           .astype(dtype) for key, shape, dtype in spec.obs}
+    obs = {
+        key: (rng.integers(0, 256, (9, *shape)) if dtype == "uint8" else rng.normal(size=(9, *shape)) * 3).astype(dtype)
+        for key, shape, dtype in spec.obs
+    }
     state = rng.normal(size=(9, model.state_size)).astype(np.float32) if model.recurrent else None
     outputs = session.run(None, {**obs, **({"state": state} if model.recurrent else {})})
     with torch.no_grad():
-        params, values, new_state = model.outputs({k: torch.as_tensor(v) for k, v in obs.items()},
-                                                  None if state is None else torch.as_tensor(state))
+        params, values, new_state = model.outputs(
+            {k: torch.as_tensor(v) for k, v in obs.items()}, None if state is None else torch.as_tensor(state)
+        )
     values = model.denormalize_values(values).numpy()
     np.testing.assert_allclose(outputs[1], values, rtol=1e-4, atol=1e-4)
     if kind == "continuous":
@@ -145,7 +194,9 @@ def test_export_of_a_missing_experiment_or_without_onnx_is_one_line(tmp_path, ca
     line = main_error(main, ["--train_dir", str(tmp_path), "--experiment", "nothing"], capsys)
     assert "no experiment" in line and "--experiment" in line
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a)
+    )
     line = main_error(main, ["--train_dir", str(tmp_path), "--experiment", "nothing"], capsys)
     assert "onnxscript" in line and "pip install 'sf_engine[onnx]'" in line and "--format torchscript" in line
     assert os.listdir(tmp_path) == []

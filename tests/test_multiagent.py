@@ -1,6 +1,7 @@
 """Multi-agent envs (PettingZoo): agents as rows, rewards credited to the agent they belong to, absent
 and waiting rows never training the policy, two-player games against an opponent, and one-line errors
 for what the engine cannot batch."""
+
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import torch
 pytest.importorskip("pettingzoo")
 
 from conftest import REPO, read_json, run_train, train_error  # noqa: E402
+
 from sf_engine.algo import ppo_math as ppo  # noqa: E402
 from sf_engine.envs import make_batch_env, probe_env_spec  # noqa: E402
 from sf_engine.run.plan import build_plan  # noqa: E402
@@ -37,7 +39,7 @@ def test_turn_based_rewards_reach_the_agent_they_belong_to():
         for game in range(2):
             logged_move, mover, rewards = env.games[game].log[-1]
             assert logged_move == move and mover == ("first" if move % 2 else "second")
-            assert result.rewards[2 * game:2 * game + 2].tolist() == [rewards["first"], rewards["second"]]
+            assert result.rewards[2 * game : 2 * game + 2].tolist() == [rewards["first"], rewards["second"]]
         totals += result.rewards
         over = move == 4
         assert result.terminated.tolist() == [over] * 4 and result.episode_over.tolist() == [over] * 4
@@ -98,39 +100,83 @@ def test_waiting_rows_train_the_value_but_never_the_policy():
     acting = (torch.arange(64) % 2 == 0).float()
     log_pi = logits.log_softmax(-1)
     log_probs, entropy = log_pi.gather(1, actions[:, None]).squeeze(1), -(log_pi.exp() * log_pi).sum(-1)
-    losses = ppo.ppo_losses(log_probs, old, ppo.normalize(advantages, acting), values, returns, entropy, 0.2,
-                            weight=acting)
+    losses = ppo.ppo_losses(
+        log_probs, old, ppo.normalize(advantages, acting), values, returns, entropy, 0.2, weight=acting
+    )
     (losses[0] - 0.01 * losses[2] + losses[1]).backward()
     assert not logits.grad[1::2].any() and logits.grad[0::2].abs().sum() > 0
     assert values.grad[1::2].abs().sum() > 0
 
     keep = acting.bool()
-    alone = ppo.ppo_losses(log_probs[keep], old[keep], ppo.normalize(advantages[keep]), values[keep], returns[keep],
-                           entropy[keep], 0.2)
-    for name, ours, reference in zip(("policy", "entropy", "kl", "clip"), [losses[i] for i in (0, 2, 3, 4)],
-                                     [alone[i] for i in (0, 2, 3, 4)]):
+    alone = ppo.ppo_losses(
+        log_probs[keep], old[keep], ppo.normalize(advantages[keep]), values[keep], returns[keep], entropy[keep], 0.2
+    )
+    for name, ours, reference in zip(
+        ("policy", "entropy", "kl", "clip"), [losses[i] for i in (0, 2, 3, 4)], [alone[i] for i in (0, 2, 3, 4)]
+    ):
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("flags", [[], ["--rnn", "gru", "--rnn_size", "16", "--with_vtrace", "true"]],
-                         ids=["feed_forward", "gru_vtrace"])
+@pytest.mark.parametrize(
+    "flags", [[], ["--rnn", "gru", "--rnn_size", "16", "--with_vtrace", "true"]], ids=["feed_forward", "gru_vtrace"]
+)
 def test_self_play_learns_rewards_that_arrive_while_waiting(tmp_path, shm_dir, flags):
     """One policy plays both seats of RelayGame, whose pay always arrives on the opponent's turn:
     it learns each seat's correct move (return 2 of 2; random play earns 1), which it can only do when
     those rewards are credited to the right agent's move. Then enjoy.py --opponent plays it against a
     random player from both seats and ends with the JSON line of its rates."""
-    plan = build_plan(["--env", RELAY, "--train_dir", str(tmp_path), "--experiment", "relay", "--mode", "serial",
-                       "--shm_dir", shm_dir, "--num_workers", "1", "--num_envs_per_worker", "32", "--rollout", "16",
-                       "--batch_size", "256", "--train_for_env_steps", "40000", "--learning_rate", "3e-3"] + flags)
+    plan = build_plan(
+        [
+            "--env",
+            RELAY,
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "relay",
+            "--mode",
+            "serial",
+            "--shm_dir",
+            shm_dir,
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "32",
+            "--rollout",
+            "16",
+            "--batch_size",
+            "256",
+            "--train_for_env_steps",
+            "40000",
+            "--learning_rate",
+            "3e-3",
+        ]
+        + flags
+    )
     assert run(plan) == 0
     summary = read_json(tmp_path / "relay" / "summary.json")
     assert summary["episode_return_mean"] > 1.85, summary
     assert os.listdir(shm_dir) == []
-    result = subprocess.run([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", str(tmp_path),
-                             "--experiment", "relay", "--opponent", "random", "--num_episodes", "40", "--deterministic"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests")))
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "enjoy.py"),
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "relay",
+            "--opponent",
+            "random",
+            "--num_episodes",
+            "40",
+            "--deterministic",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests")),
+    )
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["games"] == 40 and figures["games_per_seat"] == [20, 20]
@@ -143,13 +189,40 @@ def test_connect_four_in_processes_beats_a_random_player(tmp_path, shm_dir):
     """PettingZoo's Connect Four (action masks, turns) through the whole engine in processes for 30 s:
     the processes exit, the shared memory is released, and the policy beats a random player from both
     seats in most of 100 games (an untrained one wins about half)."""
-    result = run_train(["--env", "pettingzoo.classic.connect_four_v3:env", "--experiment", "c4", "--shm_dir", shm_dir,
-                        "--train_for_seconds", "30"], tmp_path, timeout=240)
+    result = run_train(
+        [
+            "--env",
+            "pettingzoo.classic.connect_four_v3:env",
+            "--experiment",
+            "c4",
+            "--shm_dir",
+            shm_dir,
+            "--train_for_seconds",
+            "30",
+        ],
+        tmp_path,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert os.listdir(shm_dir) == []
-    games = subprocess.run([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", str(tmp_path),
-                            "--experiment", "c4", "--opponent", "random", "--num_episodes", "100"],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    games = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "enjoy.py"),
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "c4",
+            "--opponent",
+            "random",
+            "--num_episodes",
+            "100",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert games.returncode == 0, games.stderr
     figures = json.loads(games.stdout.strip().splitlines()[-1])
     assert figures["games_per_seat"] == [50, 50] and figures["win_rate"] > 0.65, figures
@@ -171,11 +244,31 @@ def test_the_connect_four_heuristic_wins_when_it_can_and_blocks_when_it_must():
 
 def test_an_opponent_that_cannot_play_is_one_line(tmp_path, capsys):
     from conftest import main_error
+
     from sf_engine.play.enjoy import main
 
-    plan = build_plan(["--env", RELAY, "--train_dir", str(tmp_path), "--experiment", "relay", "--mode", "serial",
-                       "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "8", "--batch_size", "64",
-                       "--train_for_env_steps", "64"])
+    plan = build_plan(
+        [
+            "--env",
+            RELAY,
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "relay",
+            "--mode",
+            "serial",
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "8",
+            "--rollout",
+            "8",
+            "--batch_size",
+            "64",
+            "--train_for_env_steps",
+            "64",
+        ]
+    )
     assert run(plan) == 0
     base = ["--train_dir", str(tmp_path), "--experiment", "relay"]
     line = main_error(main, base + ["--opponent", "no_such_module:play"], capsys)
@@ -206,9 +299,9 @@ def test_replay_counts_an_agent_that_left_early_only_while_it_played():
     """episodes.play on DropoutGame (enjoy.py without --opponent): 'c' is counted for the one step it is
     in each game, a and b for all six (three moves each), game after game."""
     from sf_engine.config.groups import ModelConfig
-    from sf_engine.play.episodes import play
     from sf_engine.model.actor_critic import ActorCritic
     from sf_engine.model.shape import resolve_model_config
+    from sf_engine.play.episodes import play
 
     spec = probe_env_spec("toy_multiagent:dropout_game", "auto")
     env = make_batch_env("toy_multiagent:dropout_game", "auto", 3, seed=0, spec=spec, training=False)

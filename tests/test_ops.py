@@ -1,6 +1,7 @@
 """The CPU fast paths of acting and training: the compiled MLP, NumPy's tanh with torch's backward, and
 Adam with gradient clipping over one flat vector, against torch's own (and an optimizer state saved per
 tensor resumes)."""
+
 import copy
 import os
 import subprocess
@@ -43,8 +44,9 @@ def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activatio
     reference = kernels.mlp(x, linears, activations, kernels=False)
     torch.testing.assert_close(compiled, reference)
     grad = torch.randn_like(compiled)
-    for got, expected in zip(torch.autograd.grad(compiled, [x] + params, grad),
-                             torch.autograd.grad(reference, [x] + params, grad)):
+    for got, expected in zip(
+        torch.autograd.grad(compiled, [x] + params, grad), torch.autograd.grad(reference, [x] + params, grad)
+    ):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     with torch.inference_mode():  # as the policy worker acts: the forward only, nothing kept
         torch.testing.assert_close(kernels.mlp(x.detach(), linears, activations), reference.detach())
@@ -79,8 +81,21 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
     from sf_engine.model.shape import resolve_model_config
     from sf_engine.run.plan import build_plan
 
-    cfg = build_plan(["--mode", "serial", "--restart", "--num_workers", "1", "--num_envs_per_worker", "8",
-                      "--normalize_input", "true", "--normalize_returns", "true"]).cfg
+    cfg = build_plan(
+        [
+            "--mode",
+            "serial",
+            "--restart",
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "8",
+            "--normalize_input",
+            "true",
+            "--normalize_returns",
+            "true",
+        ]
+    ).cfg
     spec = EnvSpec(obs=(("obs", (4,), "float32"),), action=ActionSpec("discrete", nvec=(3,)), family="classic")
     model = ActorCritic(spec, resolve_model_config(cfg.model, spec))
     optimizer = FlatAdam(model, flatten_state(model), lr=1e-3, eps=1e-5)
@@ -91,13 +106,18 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
     advantages, returns = ppo.normalize(torch.randn(700)), model.normalize_returns(torch.randn(700) * 5)
     assert model.direct_gradients(obs)
     optimizer.zero_grad()
-    stats = model.loss_gradients(obs, lambda logits, values: ppo.discrete_loss_and_grads(
-        logits, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01)[1:])
+    stats = model.loss_gradients(
+        obs,
+        lambda logits, values: ppo.discrete_loss_and_grads(
+            logits, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01
+        )[1:],
+    )
     direct = optimizer.grad.clone()
     optimizer.zero_grad()
     params, values = model(obs)
-    loss, reference_stats = ppo.DiscretePPOLoss.apply(params, values, actions, old_log_probs, advantages, returns,
-                                                      0.2, 0.5, 0.01, False)
+    loss, reference_stats = ppo.DiscretePPOLoss.apply(
+        params, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01, False
+    )
     loss.backward()
     assert direct.abs().sum() > 0
     torch.testing.assert_close(direct, optimizer.grad, rtol=1e-4, atol=1e-6)
@@ -110,6 +130,7 @@ def test_mlp_runs_torch_ops_where_the_kernels_do_not():
     assert not kernels.use_kernels(x.double()) and not kernels.use_kernels(torch.zeros(0, 4))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # --bf16: autocast's own matrix products
         assert not kernels.use_kernels(x)
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -202,7 +223,6 @@ def test_an_optimizer_state_saved_per_tensor_resumes_in_the_flat_one():
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-
 _REFAULTS = """
 import resource, sys, torch
 sys.path.insert(0, {repo!r})
@@ -228,8 +248,9 @@ def test_freed_large_tensors_are_reused_without_new_page_faults():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = {}
     for keep in (False, True):
-        out = subprocess.run([sys.executable, "-c", _REFAULTS.format(repo=repo, keep=keep)], capture_output=True,
-                             text=True, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", _REFAULTS.format(repo=repo, keep=keep)], capture_output=True, text=True, check=True
+        ).stdout.split()
         runs[keep] = (out[0] == "True", int(out[1]))
     assert runs[True][0], "mallopt was refused"
     assert runs[False][1] > 10 * 40000
@@ -294,8 +315,8 @@ def test_elu_kernel_matches_torch_in_values_and_gradients(dtype):
     torch.testing.assert_close(out, ref, rtol=atol, atol=atol)
     assert out.is_contiguous(memory_format=torch.channels_last)
     weights = torch.randn(out.shape, dtype=dtype)
-    grad, = torch.autograd.grad((out * weights).sum(), x)
-    grad_ref, = torch.autograd.grad((ref * weights).sum(), x)
+    (grad,) = torch.autograd.grad((out * weights).sum(), x)
+    (grad_ref,) = torch.autograd.grad((ref * weights).sum(), x)
     torch.testing.assert_close(grad, grad_ref, rtol=atol * 10, atol=atol * 10)
     y = conv(x)
     assert kernels.ELU()(y).data_ptr() == y.data_ptr()  # the kernel ran (in place), under autograd too
@@ -331,13 +352,15 @@ def test_image_preparation_kernel_matches_torch_ops(normalize, bf16, monkeypatch
     assert compiled.shape == reference.shape == (16, 3, 12, 16)
     assert compiled.dtype == (torch.bfloat16 if bf16 else torch.float32)
     if bf16:  # within one bfloat16 rounding of the float32 input
-        torch.testing.assert_close(compiled.float(), reference, rtol=2 ** -8, atol=1e-6)
+        torch.testing.assert_close(compiled.float(), reference, rtol=2**-8, atol=1e-6)
     else:
         torch.testing.assert_close(compiled, reference, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.skipif(not __import__("sf_engine.runtime.device", fromlist=["x"]).cpu_has_native_bf16(),
-                    reason="--bf16 needs a CPU with native bfloat16")
+@pytest.mark.skipif(
+    not __import__("sf_engine.runtime.device", fromlist=["x"]).cpu_has_native_bf16(),
+    reason="--bf16 needs a CPU with native bfloat16",
+)
 def test_bf16_acting_runs_copies_refreshed_with_the_weights():
     """--bf16 acting (the policy worker): bfloat16 copies of the encoder's and the GRU's weights, kept out
     of the state dict; outputs within bfloat16's precision of the float32 model's, and after the weights

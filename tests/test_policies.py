@@ -1,13 +1,14 @@
 """Several policies in one run (--num_policies): every row is acted by the policy its episode was given,
 each trajectory reaches that policy's learner and no other, a fixed agent mapping holds, a population
 is saved and resumed whole, and bad mappings are one line."""
+
 import os
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import SerialRun, read_json, run_train, serial_plan, train_error
+
 from sf_engine.model.actor_critic import obs_tensors
 from sf_engine.run.plan import build_plan
 from sf_engine.run.runner import run
@@ -22,20 +23,23 @@ def _recorded_training(learner) -> list:
         def train(batch, keep, _original=original, _policy=policy_learner.policy):
             calls.append((_policy, keep.clone(), batch))
             return _original(batch, keep)
+
         policy_learner.train = train
     return calls
 
 
 def test_each_trajectory_is_acted_and_trained_by_its_own_policy(tmp_path, shm_dir):
     """Three policies on CartPole: a row's policy changes only where an episode starts (the row after an
-    invalid reset step), so the value a truncation bootstraps from is its own policy's; every stored log-prob is that of the row's own policy (recomputed with its weights); each
-    policy's learner is handed exactly the valid samples it acted, and every policy trains."""
-    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--num_policies", "3", "--num_envs_per_worker", "16",
-                       "--batch_size", "128")
+    invalid reset step), so the value a truncation bootstraps from is its own policy's; every stored log-prob is that
+    of the row's own policy (recomputed with its weights); each policy's learner is handed exactly the valid samples
+    it acted, and every policy trains."""
+    plan = serial_plan(
+        tmp_path, shm_dir, "CartPole-v1", "--num_policies", "3", "--num_envs_per_worker", "16", "--batch_size", "128"
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         calls = _recorded_training(harness.learner)
-        slots = harness.full_slots(plan.cfg.slots_per_batch)[:plan.cfg.slots_per_batch]
+        slots = harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch]
         buf = harness.buffers
         ids = buf.policy_id[slots]  # [S, T+1, E]
         changed = ids[:, 1:] != ids[:, :-1]  # row t+1 (up to the bootstrap row T) against row t
@@ -65,8 +69,9 @@ def test_each_trajectory_is_acted_and_trained_by_its_own_policy(tmp_path, shm_di
 
 def test_a_fixed_agent_mapping_holds_for_every_step(tmp_path, shm_dir):
     pytest.importorskip("pettingzoo")
-    plan = serial_plan(tmp_path, shm_dir, "toy_multiagent:relay_game", "--num_policies", "2",
-                       "--agent_policies", "first=1,second=0")
+    plan = serial_plan(
+        tmp_path, shm_dir, "toy_multiagent:relay_game", "--num_policies", "2", "--agent_policies", "first=1,second=0"
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         slots = harness.full_slots(2)
@@ -76,11 +81,14 @@ def test_a_fixed_agent_mapping_holds_for_every_step(tmp_path, shm_dir):
         harness.close()
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--num_policies", "2", "--agent_policies", "first=0"], ["single-agent env", "unknown first"]),
-    (["--num_policies", "2", "--agent_policies", "first"], ["'first' is not AGENT=POLICY"]),
-    (["--num_policies", "0"], ["--num_policies must be at least 1"]),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--num_policies", "2", "--agent_policies", "first=0"], ["single-agent env", "unknown first"]),
+        (["--num_policies", "2", "--agent_policies", "first"], ["'first' is not AGENT=POLICY"]),
+        (["--num_policies", "0"], ["--num_policies must be at least 1"]),
+    ],
+)
 def test_bad_policy_flags_are_one_line(tmp_path, shm_dir, capsys, flags, words):
     line = train_error(["--shm_dir", shm_dir] + flags, tmp_path, capsys)
     assert all(word in line for word in words), line
@@ -90,9 +98,28 @@ def test_bad_policy_flags_are_one_line(tmp_path, shm_dir, capsys, flags, words):
 def test_a_population_is_saved_and_resumed_whole(tmp_path, shm_dir):
     """Two policies: the checkpoint holds both (weights, optimizer state, version); the same command
     again resumes each where it was; another --num_policies is refused."""
-    args = ["--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "pop", "--num_policies", "2",
-            "--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "16",
-            "--batch_size", "64", "--num_batches_per_epoch", "2"]
+    args = [
+        "--train_dir",
+        str(tmp_path),
+        "--shm_dir",
+        shm_dir,
+        "--experiment",
+        "pop",
+        "--num_policies",
+        "2",
+        "--mode",
+        "serial",
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--rollout",
+        "16",
+        "--batch_size",
+        "64",
+        "--num_batches_per_epoch",
+        "2",
+    ]
     assert run(build_plan(args + ["--train_for_env_steps", "3000"])) == 0
     first = read_json(tmp_path / "pop" / "summary.json")
     versions = [p["version"] for p in first["policies"]]
@@ -117,8 +144,10 @@ def test_a_population_is_saved_and_resumed_whole(tmp_path, shm_dir):
 def test_several_policies_train_in_processes(tmp_path, shm_dir):
     """--num_policies 2 on CartPole in processes: both policies train and report (with each one's part
     of the learner's and the policy worker's time), the processes exit and the shared memory is released."""
-    result = run_train(["--num_policies", "2", "--experiment", "two", "--shm_dir", shm_dir,
-                        "--train_for_env_steps", "150000"], tmp_path)
+    result = run_train(
+        ["--num_policies", "2", "--experiment", "two", "--shm_dir", shm_dir, "--train_for_env_steps", "150000"],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(tmp_path / "two" / "summary.json")
     policies = summary["policies"]
@@ -128,8 +157,8 @@ def test_several_policies_train_in_processes(tmp_path, shm_dir):
         assert all(p[key] > 0 for p in policies), policies
     for key in ("learner_share", "inference_share"):
         assert sum(p[key] for p in policies) == pytest.approx(1.0) and all(0.1 < p[key] < 0.9 for p in policies)
-    from sf_engine.runtime.checkpoint import load_checkpoint
     from sf_engine.play.enjoy import load_experiment, load_policy
+    from sf_engine.runtime.checkpoint import load_checkpoint
 
     cfg, spec, _ = load_experiment(str(tmp_path), "two")  # enjoy.py --policy 1 of the population's checkpoint
     path = sorted((tmp_path / "two" / "checkpoints").glob("*.pt"))[-1]
@@ -145,14 +174,29 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
     within their ranges, and what it acted with its old weights is no longer trained on."""
     from sf_engine.roles.population import RANGES
 
-    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--num_policies", "3", "--pbt", "--normalize_input", "true",
-                       "--pbt_mutation_rate", "1.0", "--pbt_replace_fraction", "0.34", "--num_envs_per_worker", "16",
-                       "--batch_size", "128")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "CartPole-v1",
+        "--num_policies",
+        "3",
+        "--pbt",
+        "--normalize_input",
+        "true",
+        "--pbt_mutation_rate",
+        "1.0",
+        "--pbt_replace_fraction",
+        "0.34",
+        "--num_envs_per_worker",
+        "16",
+        "--batch_size",
+        "128",
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         learner = harness.learner
         for _ in range(3):
-            learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[:plan.cfg.slots_per_batch])
+            learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
         members = learner.policies
         assert not torch.equal(members[0].params, members[2].params)
         counts = harness.buffers.policy_episodes
@@ -178,15 +222,28 @@ def test_the_opponent_pools_snapshots_are_frozen_and_never_trained(tmp_path, shm
     weights of the version it was taken at, acts (the policy worker serves it) but is never handed to a
     learner, and no game is played by snapshots alone."""
     pytest.importorskip("pettingzoo")
-    plan = serial_plan(tmp_path, shm_dir, "toy_multiagent:relay_game", "--pool_every_versions", "1", "--pool_size",
-                       "2", "--pool_share", "0.9", "--num_envs_per_worker", "16", "--batch_size", "128")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "toy_multiagent:relay_game",
+        "--pool_every_versions",
+        "1",
+        "--pool_size",
+        "2",
+        "--pool_share",
+        "0.9",
+        "--num_envs_per_worker",
+        "16",
+        "--batch_size",
+        "128",
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         learner, population = harness.learner, harness.learner.population
         calls = _recorded_training(learner)
         taken = {}
         for _ in range(4):
-            slots = harness.full_slots(plan.cfg.slots_per_batch)[:plan.cfg.slots_per_batch]
+            slots = harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch]
             ids = harness.buffers.policy_id[slots]
             games = ids.reshape(*ids.shape[:2], -1, 2)
             assert not (games >= 1).all(-1).any(), "a game played by snapshots alone"
@@ -204,9 +261,29 @@ def test_the_opponent_pools_snapshots_are_frozen_and_never_trained(tmp_path, shm
 
 
 def test_a_resumed_population_keeps_its_hyperparameters(tmp_path, shm_dir):
-    args = ["--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "pbt", "--num_policies", "2",
-            "--pbt", "--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--rollout", "16",
-            "--batch_size", "64", "--num_batches_per_epoch", "2"]
+    args = [
+        "--train_dir",
+        str(tmp_path),
+        "--shm_dir",
+        shm_dir,
+        "--experiment",
+        "pbt",
+        "--num_policies",
+        "2",
+        "--pbt",
+        "--mode",
+        "serial",
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--rollout",
+        "16",
+        "--batch_size",
+        "64",
+        "--num_batches_per_epoch",
+        "2",
+    ]
     assert run(build_plan(args + ["--train_for_env_steps", "2000"])) == 0
     saved = read_json(tmp_path / "pbt" / "summary.json")["pbt"]["hyperparameters"]
     assert saved[0] != saved[1]
@@ -222,8 +299,18 @@ def test_a_resumed_population_keeps_its_hyperparameters(tmp_path, shm_dir):
 def test_pbt_counts_the_true_objective_where_an_env_gives_one(tmp_path, shm_dir):
     """An env that reports a true_objective (10 x its return) at each episode's end: the rollout worker
     books that, not the return, for the policy that played the episode (PBT's ranking figure)."""
-    plan = serial_plan(tmp_path, shm_dir, "toy_envs:ObjectiveChoiceEnv", "--num_policies", "2", "--pbt",
-                       "--num_envs_per_worker", "16", "--batch_size", "128")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "toy_envs:ObjectiveChoiceEnv",
+        "--num_policies",
+        "2",
+        "--pbt",
+        "--num_envs_per_worker",
+        "16",
+        "--batch_size",
+        "128",
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         harness.full_slots(4)
@@ -240,8 +327,21 @@ def test_pbt_counts_the_true_objective_where_an_env_gives_one(tmp_path, shm_dir)
 def test_several_recurrent_policies_each_train_on_their_own_sequences(tmp_path, shm_dir):
     """Two GRU policies: each re-runs its core over the sequences holding its own samples only, and both
     train."""
-    plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--num_policies", "2", "--rnn", "gru", "--rnn_size", "8",
-                       "--num_envs_per_worker", "16", "--batch_size", "128")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "CartPole-v1",
+        "--num_policies",
+        "2",
+        "--rnn",
+        "gru",
+        "--rnn_size",
+        "8",
+        "--num_envs_per_worker",
+        "16",
+        "--batch_size",
+        "128",
+    )
     harness = SerialRun(plan, tmp_path)
     try:
         seen = []
@@ -251,8 +351,9 @@ def test_several_recurrent_policies_each_train_on_their_own_sequences(tmp_path, 
             def epochs(seq, _original=original, _policy=learner.policy):
                 seen.append((_policy, seq["keep"].shape[1], bool(seq["keep"].any(0).all())))
                 return _original(seq)
+
             learner._ppo_epochs_recurrent = epochs
-        harness.learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[:plan.cfg.slots_per_batch])
+        harness.learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
         assert [policy for policy, _, _ in seen] == [0, 1] and all(every for _, _, every in seen)
         assert [learner.version for learner in harness.learner.policies] == [1, 1]
     finally:

@@ -1,12 +1,12 @@
 """GAE, V-trace and PPO loss pieces against plain numpy references and hand-computed cases."""
+
 import numpy as np
 import pytest
 import torch
 
-from sf_engine.model import kernels
-
 from sf_engine.algo import ppo_math as ppo
 from sf_engine.envs import ActionSpec
+from sf_engine.model import kernels
 from sf_engine.model.distributions import ActionDistribution
 
 
@@ -101,8 +101,12 @@ def test_vtrace_matches_numpy_reference(seed):
     rng = np.random.default_rng(seed + 100)
     behavior = rng.normal(-0.7, 0.3, size=rewards.shape).astype(np.float32)
     target = behavior + rng.normal(0, 0.5, size=rewards.shape).astype(np.float32)
-    vs, adv = ppo.vtrace(*map(torch.from_numpy, (behavior, target, rewards, values, terminated, dones, valid)),
-                         gamma=0.95, rho_bar=1.0, c_bar=0.9)
+    vs, adv = ppo.vtrace(
+        *map(torch.from_numpy, (behavior, target, rewards, values, terminated, dones, valid)),
+        gamma=0.95,
+        rho_bar=1.0,
+        c_bar=0.9,
+    )
     ref_vs, ref_adv = vtrace_reference(behavior, target, rewards, values, terminated, dones, valid, 0.95, 1.0, 0.9)
     np.testing.assert_allclose(vs.numpy(), ref_vs * valid, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-4, atol=1e-4)
@@ -121,7 +125,8 @@ def test_ppo_losses_hand_computed():
     new = torch.log(torch.tensor([0.75, 0.25]))  # ratios 1.5 and 0.5
     adv = torch.tensor([1.0, -2.0])
     policy_loss, value_loss, entropy, approx_kl, clip_fraction = ppo.ppo_losses(
-        new, old, adv, torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), torch.tensor([0.3, 0.5]), 0.2)
+        new, old, adv, torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), torch.tensor([0.3, 0.5]), 0.2
+    )
     # min(1.5*1, 1.2*1) = 1.2 ; min(0.5*-2, 0.8*-2) = -1.6  -> -(1.2 - 1.6) / 2
     assert policy_loss.item() == pytest.approx(0.2)
     assert value_loss.item() == pytest.approx(0.5 * (1.0 + 4.0) / 2)
@@ -148,13 +153,15 @@ def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, 
     old[:64] = log_pi[:64]  # ratio exactly 1
     advantages, returns = torch.randn(512), torch.randn(512)
     advantages[64:96] = 0.0
-    loss, stats = ppo.DiscretePPOLoss.apply(logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff,
-                                            compiled)
+    loss, stats = ppo.DiscretePPOLoss.apply(
+        logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff, compiled
+    )
     fused_grads = torch.autograd.grad(loss, [logits, values])
     reference_log_pi = torch.log_softmax(logits, -1)
     entropy = -(reference_log_pi.exp() * reference_log_pi).sum(-1)
-    pieces = ppo.ppo_losses(reference_log_pi.gather(1, actions.unsqueeze(1)).squeeze(1), old, advantages, values,
-                            returns, entropy, 0.2)
+    pieces = ppo.ppo_losses(
+        reference_log_pi.gather(1, actions.unsqueeze(1)).squeeze(1), old, advantages, values, returns, entropy, 0.2
+    )
     reference = pieces[0] + 0.5 * pieces[1] - entropy_coeff * pieces[2]
     reference_grads = torch.autograd.grad(reference, [logits, values])
     torch.testing.assert_close(loss, reference)

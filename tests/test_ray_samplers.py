@@ -1,13 +1,14 @@
 """Sampler nodes as Ray actors on a local Ray instance (the `[ray]` extra; skipped without Ray): CartPole
 learns from two actors' slots alone, each version's weights go out as one object that every actor
 fetches, the actors hold the versions in order, and nothing is left running or in shared memory."""
+
 import glob
 import os
 
 import numpy as np
 import pytest
-
 from conftest import SerialRun, receive, serial_plan
+
 from sf_engine.stats.messages import Episodes
 
 ray = pytest.importorskip("ray")

@@ -2,6 +2,7 @@
 checked before anything on disk changes, a run without them never imports Ray, CartPole learns from
 the sampler actors of a two-node Ray cluster alone, and a killed actor is restarted by Ray while
 training goes on, with the env-step books balanced and nothing left running or in shared memory."""
+
 import json
 import os
 import signal
@@ -11,22 +12,26 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, files_of, read_json, run_train, train_error
 
 
-@pytest.mark.parametrize("flags,named", [
-    (["--num_remote_samplers", "2"], "--ray_address"),
-    (["--ray_address", "local"], "--num_remote_samplers"),
-    (["--ray_address", " ", "--num_remote_samplers", "1"], "--ray_address"),
-    (["--ray_address", "local", "--num_remote_samplers", "-1"], "--num_remote_samplers"),
-    (["--ray_address", "local", "--num_remote_samplers", "1", "--mode", "sync"], "--mode sync"),
-    (["--ray_address", "local", "--num_remote_samplers", "1", "--remote_num_workers", "0"], "--remote_num_workers"),
-    (["--ray_address", "local", "--num_remote_samplers", "1", "--remote_cpus_per_sampler", "0"],
-     "--remote_cpus_per_sampler"),
-    (["--ray_address", "local", "--num_remote_samplers", "2", "--num_policies", "2", "--pbt"], "--pbt"),
-    (["--num_workers", "0"], "--num_workers"),
-])
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--num_remote_samplers", "2"], "--ray_address"),
+        (["--ray_address", "local"], "--num_remote_samplers"),
+        (["--ray_address", " ", "--num_remote_samplers", "1"], "--ray_address"),
+        (["--ray_address", "local", "--num_remote_samplers", "-1"], "--num_remote_samplers"),
+        (["--ray_address", "local", "--num_remote_samplers", "1", "--mode", "sync"], "--mode sync"),
+        (["--ray_address", "local", "--num_remote_samplers", "1", "--remote_num_workers", "0"], "--remote_num_workers"),
+        (
+            ["--ray_address", "local", "--num_remote_samplers", "1", "--remote_cpus_per_sampler", "0"],
+            "--remote_cpus_per_sampler",
+        ),
+        (["--ray_address", "local", "--num_remote_samplers", "2", "--num_policies", "2", "--pbt"], "--pbt"),
+        (["--num_workers", "0"], "--num_workers"),
+    ],
+)
 def test_bad_remote_flags_are_one_line_and_touch_nothing(tmp_path, capsys, flags, named):
     line = train_error(flags, tmp_path, capsys)
     assert named in line
@@ -34,10 +39,12 @@ def test_bad_remote_flags_are_one_line_and_touch_nothing(tmp_path, capsys, flags
 
 
 def test_a_run_without_ray_address_never_imports_ray(tmp_path, shm_dir):
-    code = ("import json, sys; from sf_engine.run.runner import main; "
-            f"code = main(['--mode', 'serial', '--train_for_env_steps', '3000', '--train_dir', {str(tmp_path)!r}, "
-            f"'--shm_dir', {shm_dir!r}, '--num_envs_per_worker', '8']); "
-            "print(json.dumps({'code': code, 'ray': 'ray' in sys.modules}))")
+    code = (
+        "import json, sys; from sf_engine.run.runner import main; "
+        f"code = main(['--mode', 'serial', '--train_for_env_steps', '3000', '--train_dir', {str(tmp_path)!r}, "
+        f"'--shm_dir', {shm_dir!r}, '--num_envs_per_worker', '8']); "
+        "print(json.dumps({'code': code, 'ray': 'ray' in sys.modules}))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"code": 0, "ray": False}, result.stderr[-2000:]
 
@@ -75,9 +82,26 @@ def test_cartpole_learns_from_sampler_actors_on_a_two_node_cluster(tmp_path, shm
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         cluster.add_node(num_cpus=1)
-        result = run_train(["--ray_address", cluster.address, "--num_remote_samplers", "2", "--num_workers", "0",
-                            "--train_for_seconds", "30", "--train_for_env_steps", str(10**10), "--shm_dir", shm_dir,
-                            "--experiment", "remote"], tmp_path, timeout=300)
+        result = run_train(
+            [
+                "--ray_address",
+                cluster.address,
+                "--num_remote_samplers",
+                "2",
+                "--num_workers",
+                "0",
+                "--train_for_seconds",
+                "30",
+                "--train_for_env_steps",
+                str(10**10),
+                "--shm_dir",
+                shm_dir,
+                "--experiment",
+                "remote",
+            ],
+            tmp_path,
+            timeout=300,
+        )
     finally:
         cluster.shutdown()
     assert result.returncode == 0, result.stderr[-3000:]
@@ -108,9 +132,28 @@ def _wait_for(path, ready, timeout_sec: float):
 @pytest.mark.e2e  # starts a Ray instance, kills one of its actors mid-run
 def test_a_killed_sampler_actor_is_restarted_and_training_goes_on(tmp_path, shm_dir):
     pytest.importorskip("ray")
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(tmp_path), "--experiment", "kill",
-           "--ray_address", "local", "--num_remote_samplers", "2", "--num_workers", "0", "--train_for_seconds", "45",
-           "--train_for_env_steps", str(10**10), "--status_every_sec", "1", "--shm_dir", shm_dir]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "train.py"),
+        "--train_dir",
+        str(tmp_path),
+        "--experiment",
+        "kill",
+        "--ray_address",
+        "local",
+        "--num_remote_samplers",
+        "2",
+        "--num_workers",
+        "0",
+        "--train_for_seconds",
+        "45",
+        "--train_for_env_steps",
+        str(10**10),
+        "--status_every_sec",
+        "1",
+        "--shm_dir",
+        shm_dir,
+    ]
     process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         path = tmp_path / "kill" / "summary.json"

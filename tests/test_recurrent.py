@@ -1,22 +1,36 @@
 """Recurrent policies: state resets at episode boundaries, acting and training agree, whole sequences."""
+
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, SerialRun, compiled_kernels_expected, read_json, run_train, serial_plan
+
 from sf_engine.algo import ppo_math as ppo
 from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.model.actor_critic import ActorCritic
-from sf_engine.run.plan import build_plan
 from sf_engine.model.recurrent import run_sequence
+from sf_engine.run.plan import build_plan
 
 
 def recurrent_model(rnn, actor_critic="shared"):
-    plan = build_plan(["--env", "CartPoleNoVel-v1", "--rnn", rnn, "--rnn_size", "8", "--actor_critic", actor_critic,
-                       "--mode", "serial", "--restart"])  # --restart: reads no experiment
+    plan = build_plan(
+        [
+            "--env",
+            "CartPoleNoVel-v1",
+            "--rnn",
+            rnn,
+            "--rnn_size",
+            "8",
+            "--actor_critic",
+            actor_critic,
+            "--mode",
+            "serial",
+            "--restart",
+        ]
+    )  # --restart: reads no experiment
     torch.manual_seed(0)
     return ActorCritic(plan.spec, plan.cfg.model)
 
@@ -43,9 +57,9 @@ def test_state_resets_at_episode_boundaries(rnn, actor_critic):
             torch.testing.assert_close(step_params, params[t], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(step_values, values[t], rtol=1e-5, atol=1e-5)
         # the second episode of trajectory 0 equals a fresh trajectory from a zero state
-        fresh_params, _, _ = model.forward_sequence({"obs": obs[3:, :1].reshape(-1, 2)},
-                                                    torch.zeros(1, model.state_size),
-                                                    torch.zeros(3, 1, dtype=torch.bool))
+        fresh_params, _, _ = model.forward_sequence(
+            {"obs": obs[3:, :1].reshape(-1, 2)}, torch.zeros(1, model.state_size), torch.zeros(3, 1, dtype=torch.bool)
+        )
         torch.testing.assert_close(fresh_params, params[3:, 0], rtol=1e-5, atol=1e-5)
         # and its first episode depends on the stored state, the reset trajectory 2 does not
         other, _, _ = model.forward_sequence({"obs": obs.reshape(-1, 2)}, torch.zeros_like(state0), start)
@@ -57,21 +71,34 @@ def test_state_resets_at_episode_boundaries(rnn, actor_critic):
 
 @pytest.mark.parametrize("rnn", ["gru", "lstm"])
 def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, shm_dir, rnn):
-    plan = serial_plan(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", rnn, "--rollout", "32", "--batch_size",
-                       "64", "--num_batches_per_epoch", "1")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "CartPoleNoVel-v1",
+        "--rnn",
+        rnn,
+        "--rollout",
+        "32",
+        "--batch_size",
+        "64",
+        "--num_batches_per_epoch",
+        "1",
+    )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
-    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)  # acted with version 0, which the learner still has (no lag)
     model = roles.learner.model
     starts = batch["episode_start"][:-1]
     assert starts[1:].any()  # episodes started inside the slots (random CartPole episodes are short)
     with torch.no_grad():
         params, values, outputs = model.forward_sequence(
-            {k: v[:-1].reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0], starts)
+            {k: v[:-1].reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0], starts
+        )
         log_probs, _ = model.log_prob_entropy(params, batch["actions"].reshape(-1))
     torch.testing.assert_close(log_probs.view_as(batch["log_probs"]), batch["log_probs"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(model.denormalize_values(values).view_as(batch["values"]), batch["values"],
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        model.denormalize_values(values).view_as(batch["values"]), batch["values"], rtol=1e-4, atol=1e-5
+    )
     # the state the policy worker acted from at step t + 1 is the core's output at step t (rows 1..T-1
     # zeroed where an episode starts; row T, the bootstrap row's, is stored before that zeroing)
     size = outputs.shape[-1]
@@ -82,30 +109,56 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
     # GAE's bootstrap value, one step from the stored row-T state, is the value of re-running the
     # core over all T + 1 rows
     with torch.no_grad():
-        _, all_values, _ = model.forward_sequence({k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()},
-                                                  batch["rnn_states"][0], batch["episode_start"])
+        _, all_values, _ = model.forward_sequence(
+            {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()},
+            batch["rnn_states"][0],
+            batch["episode_start"],
+        )
     bootstrap = model.denormalize_values(all_values.view(len(starts) + 1, -1)[-1])
     advantages, returns = roles.learner.policies[0]._targets(batch)
-    recomputed, _ = ppo.gae(batch["rewards"], torch.cat([batch["values"], bootstrap.unsqueeze(0)]),
-                            batch["terminated"], batch["terminated"] | batch["truncated"], batch["valid"],
-                            roles.learner.policies[0].lcfg.gamma, roles.learner.policies[0].lcfg.gae_lambda)
+    recomputed, _ = ppo.gae(
+        batch["rewards"],
+        torch.cat([batch["values"], bootstrap.unsqueeze(0)]),
+        batch["terminated"],
+        batch["terminated"] | batch["truncated"],
+        batch["valid"],
+        roles.learner.policies[0].lcfg.gamma,
+        roles.learner.policies[0].lcfg.gae_lambda,
+    )
     torch.testing.assert_close(advantages, recomputed, rtol=1e-4, atol=1e-5)
     assert (batch["rnn_states"][:-1][starts] == 0).all()  # zeroed where an episode starts
     roles.close()
 
 
 def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
-    plan = serial_plan(tmp_path, shm_dir, "CartPoleNoVel-v1", "--rnn", "gru", "--rollout", "16", "--recurrence",
-                       "4", "--batch_size", "64", "--num_batches_per_epoch", "3", "--num_epochs", "2")
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "CartPoleNoVel-v1",
+        "--rnn",
+        "gru",
+        "--rollout",
+        "16",
+        "--recurrence",
+        "4",
+        "--batch_size",
+        "64",
+        "--num_batches_per_epoch",
+        "3",
+        "--num_epochs",
+        "2",
+    )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
-    slots = roles.full_slots(cfg.slots_per_batch)[:cfg.slots_per_batch]
+    slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
     steps, trajectories = batch["rewards"].shape
     # tag every sample with its place: obs = (t, n)
     t_grid, n_grid = torch.meshgrid(torch.arange(steps + 1.0), torch.arange(trajectories * 1.0), indexing="ij")
     batch["obs"] = {"obs": torch.stack([t_grid, n_grid], dim=-1)}
     keep = torch.ones(steps, trajectories, dtype=torch.bool)
-    seq = roles.learner.policies[0]._sequences(batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories))
+    seq = roles.learner.policies[0]._sequences(
+        batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories)
+    )
     seen = []
     model = roles.learner.model
     original = model.forward_sequence
@@ -140,17 +193,47 @@ def test_cartpole_novel_observes_position_and_angle_only():
 
 @pytest.mark.e2e
 def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
-    args = ["--env", "CartPoleNoVel-v1", "--rnn", "lstm", "--experiment", "rnn", "--shm_dir", shm_dir,
-            "--num_workers", "2", "--num_envs_per_worker", "32", "--batch_size", "512", "--eval_every_sec", "2",
-            "--eval_episodes", "2"]
+    args = [
+        "--env",
+        "CartPoleNoVel-v1",
+        "--rnn",
+        "lstm",
+        "--experiment",
+        "rnn",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "2",
+        "--num_envs_per_worker",
+        "32",
+        "--batch_size",
+        "512",
+        "--eval_every_sec",
+        "2",
+        "--eval_episodes",
+        "2",
+    ]
     first = run_train(args + ["--train_for_env_steps", "40000"], tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     summary = read_json(tmp_path / "rnn" / "summary.json")
     assert summary["learner_version"] > 5 and summary["env_step_books"]["unaccounted"] == 0
     second = run_train(args + ["--train_for_env_steps", "60000"], tmp_path)
     assert second.returncode == 0 and "resuming experiment rnn" in second.stdout
-    replay = subprocess.run([sys.executable, f"{REPO}/enjoy.py", "--train_dir", str(tmp_path), "--experiment", "rnn",
-                             "--num_episodes", "2"], capture_output=True, text=True, timeout=120)
+    replay = subprocess.run(
+        [
+            sys.executable,
+            f"{REPO}/enjoy.py",
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "rnn",
+            "--num_episodes",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "return" in replay.stdout
 
@@ -162,11 +245,12 @@ def _stepped_reference(kind, module, x, state, episode_start):
     for t in range(x.shape[0]):
         state = state * (~episode_start[t]).to(x.dtype).unsqueeze(-1)
         if kind == "gru":
-            _, h = module(x[t:t + 1], state.unsqueeze(0))
+            _, h = module(x[t : t + 1], state.unsqueeze(0))
             state = h[0]
         else:
-            _, (h, c) = module(x[t:t + 1], (state[:, :size].unsqueeze(0).contiguous(),
-                                            state[:, size:].unsqueeze(0).contiguous()))
+            _, (h, c) = module(
+                x[t : t + 1], (state[:, :size].unsqueeze(0).contiguous(), state[:, size:].unsqueeze(0).contiguous())
+            )
             state = torch.cat([h[0], c[0]], dim=-1)
         outputs.append(state)
     return torch.stack(outputs)
@@ -202,6 +286,7 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops, monkeypatch):
     other dtypes and builds without the compiled loops run) give nn.GRU's / nn.LSTM's outputs and
     gradients, resets included, in double precision; the autograd node passes gradcheck with each."""
     from sf_engine.model import recurrent
+
     if loops == "native":
         _require_compiled_loops(recurrent)
     else:  # as where the compiled loops are not built
@@ -230,7 +315,8 @@ def test_the_written_out_core_matches_nn_gru_and_lstm(kind, loops, monkeypatch):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11, msg=f"gradient of {name}")
     assert recurrent.loops_for(x) == loops  # the autograd node as the learner calls it
     assert torch.autograd.gradcheck(
-        lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights)
+        lambda x, state, *w: recurrent.run_sequence(kind, x, state, episode_start, w), (x, state) + weights
+    )
     with pytest.raises(ValueError, match="loops must be"):
         recurrent.loops_for(x, "numpy")
 
@@ -240,9 +326,12 @@ def test_the_compiled_loops_are_built_and_taken():
     torch loops. In float32, on a learner-sized minibatch, they give nn.GRU's / nn.LSTM's outputs and
     gradients."""
     from sf_engine.model import recurrent
+
     _require_compiled_loops(recurrent)
-    assert [recurrent.loops_for(torch.zeros(1, dtype=dtype)) for dtype in
-            (torch.float32, torch.float64, torch.float16, torch.bfloat16)] == ["native", "native", "torch", "torch"]
+    assert [
+        recurrent.loops_for(torch.zeros(1, dtype=dtype))
+        for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    ] == ["native", "native", "torch", "torch"]
     torch.manual_seed(3)
     steps, batch, features, size = 16, 32, 64, 64
     for kind, nn_class in (("gru", torch.nn.GRU), ("lstm", torch.nn.LSTM)):
@@ -255,13 +344,19 @@ def test_the_compiled_loops_are_built_and_taken():
         out = recurrent.run_sequence(kind, x, state, episode_start, weights)
         torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-6)
         grad_out = torch.randn_like(out)
-        for got, want in zip(torch.autograd.grad((out * grad_out).sum(), (x, state) + weights),
-                             torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights)):
+        for got, want in zip(
+            torch.autograd.grad((out * grad_out).sum(), (x, state) + weights),
+            torch.autograd.grad((reference * grad_out).sum(), (x, state) + weights),
+        ):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         with torch.no_grad():  # acting: one step, no resets
             no_starts = torch.zeros(1, batch, dtype=torch.bool)
-            torch.testing.assert_close(recurrent.run_sequence(kind, x[:1], state, None, weights),
-                                       _stepped_reference(kind, module, x[:1], state, no_starts), rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                recurrent.run_sequence(kind, x[:1], state, None, weights),
+                _stepped_reference(kind, module, x[:1], state, no_starts),
+                rtol=1e-5,
+                atol=1e-6,
+            )
     gi, h0 = torch.zeros(2, 3, 3 * size), torch.zeros(3, size + 1)  # the ops check shapes: they read raw memory
     with pytest.raises(RuntimeError, match="h0 must have shape"):
         recurrent.NATIVE.gru_forward(gi, h0, None, torch.zeros(size, 3 * size), torch.zeros(3 * size))

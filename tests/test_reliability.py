@@ -1,5 +1,6 @@
 """Reliability: failed workers are restarted, stops are clean, nothing is left behind, checkpoints are
 checked."""
+
 import errno
 import glob
 import os
@@ -10,7 +11,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import REPO, one_line_error, read_json, run_train
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -27,11 +27,26 @@ STARTED = []
 
 
 def start_train(args, train_dir, experiment, **env):
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(train_dir),
-           "--experiment", experiment, "--status_every_sec", "1"] + list(args)
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=_as_from_a_terminal,
-                            env={**os.environ, "PYTHONPATH": TESTS, **env})
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "train.py"),
+        "--train_dir",
+        str(train_dir),
+        "--experiment",
+        experiment,
+        "--status_every_sec",
+        "1",
+    ] + list(args)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
+        env={**os.environ, "PYTHONPATH": TESTS, **env},
+    )
     STARTED.append(proc)
     return proc
 
@@ -103,8 +118,21 @@ def test_killed_workers_are_restarted_and_training_goes_on(tmp_path, shm_dir):
     SIGKILL in one run: each is restarted, and the run ends on its env-step budget, so only by
     sampling and training on after the kills."""
     exp = str(tmp_path / "kill")
-    proc = start_train(ASYNC + ["--shm_dir", shm_dir, "--train_for_env_steps", "250000", "--train_for_seconds", "90",
-                                "--save_every_sec", "5"], tmp_path, "kill")
+    proc = start_train(
+        ASYNC
+        + [
+            "--shm_dir",
+            shm_dir,
+            "--train_for_env_steps",
+            "250000",
+            "--train_for_seconds",
+            "90",
+            "--save_every_sec",
+            "5",
+        ],
+        tmp_path,
+        "kill",
+    )
     rows = wait_for_children(exp, 4)
     wait_for_steps(exp, 30_000)
     os.kill(next(r["pid"] for r in rows if r["role"] == "rollout_worker" and r["index"] == 0), signal.SIGKILL)
@@ -124,16 +152,29 @@ def test_killed_workers_are_restarted_and_training_goes_on(tmp_path, shm_dir):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("env_id, extra, words", [
-    ("toy_envs:RaiseOnceEnv", ["--train_for_env_steps", "20000"],
-     ["RuntimeError: simulated env failure on step 100", "died (exit code 1)"]),
-    # the other worker samples on while the stuck one waits out its timeout: a budget well beyond that
-    ("toy_envs:HangOnceEnv", ["--stuck_timeout_sec", "3", "--train_for_env_steps", "200000"],
-     ["stuck (no heartbeat for"]),
-])
+@pytest.mark.parametrize(
+    "env_id, extra, words",
+    [
+        (
+            "toy_envs:RaiseOnceEnv",
+            ["--train_for_env_steps", "20000"],
+            ["RuntimeError: simulated env failure on step 100", "died (exit code 1)"],
+        ),
+        # the other worker samples on while the stuck one waits out its timeout: a budget well beyond that
+        (
+            "toy_envs:HangOnceEnv",
+            ["--stuck_timeout_sec", "3", "--train_for_env_steps", "200000"],
+            ["stuck (no heartbeat for"],
+        ),
+    ],
+)
 def test_a_failing_or_hanging_env_gets_its_worker_restarted(tmp_path, shm_dir, env_id, extra, words):
-    proc = start_train(ASYNC + ["--env", env_id, "--shm_dir", shm_dir, "--train_for_seconds", "90"] + extra,
-                       tmp_path, "fault", SF_TEST_FAULT_MARKER=str(tmp_path / "fault_marker"))
+    proc = start_train(
+        ASYNC + ["--env", env_id, "--shm_dir", shm_dir, "--train_for_seconds", "90"] + extra,
+        tmp_path,
+        "fault",
+        SF_TEST_FAULT_MARKER=str(tmp_path / "fault_marker"),
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "env-step budget reached" in out  # ended by training on after the restart, not by the clock
@@ -151,9 +192,22 @@ def test_a_failing_or_hanging_env_gets_its_worker_restarted(tmp_path, shm_dir, e
 @pytest.mark.e2e
 def test_repeated_worker_failures_stop_the_run_cleanly(tmp_path, shm_dir):
     # without the marker variable every env fails on its 100th step
-    result = run_train(ASYNC + ["--env", "toy_envs:RaiseOnceEnv", "--shm_dir", shm_dir, "--max_worker_restarts", "2",
-                                "--experiment", "broken"], tmp_path, timeout=120,
-                       env={**os.environ, "PYTHONPATH": TESTS})
+    result = run_train(
+        ASYNC
+        + [
+            "--env",
+            "toy_envs:RaiseOnceEnv",
+            "--shm_dir",
+            shm_dir,
+            "--max_worker_restarts",
+            "2",
+            "--experiment",
+            "broken",
+        ],
+        tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": TESTS},
+    )
     assert result.returncode == 1, result.stdout
     assert "3 worker failures within" in result.stdout and "--max_worker_restarts" in result.stdout
     assert glob.glob(str(tmp_path / "broken" / "checkpoints" / "checkpoint_*.pt"))
@@ -214,8 +268,22 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(tmp
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
 
-    base = ["--experiment", "corrupt", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
+    base = [
+        "--experiment",
+        "corrupt",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--train_dir",
+        str(tmp_path),
+    ]
     assert run(build_plan(base + ["--train_for_env_steps", "3000"])) == 0
     assert run(build_plan(base + ["--train_for_env_steps", "6000"])) == 0
     paths = sorted(glob.glob(str(tmp_path / "corrupt" / "checkpoints" / "checkpoint_*.pt")))
@@ -248,12 +316,25 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monkeypatch):
     from conftest import SerialRun
-    from sf_engine.roles import learner as learner_module
-    from sf_engine.stats.messages import CheckpointFailed
-    from sf_engine.run.plan import build_plan
 
-    plan = build_plan(["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256",
-                       "--train_dir", str(tmp_path)])
+    from sf_engine.roles import learner as learner_module
+    from sf_engine.run.plan import build_plan
+    from sf_engine.stats.messages import CheckpointFailed
+
+    plan = build_plan(
+        [
+            "--mode",
+            "serial",
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "8",
+            "--batch_size",
+            "256",
+            "--train_dir",
+            str(tmp_path),
+        ]
+    )
     run = SerialRun(plan, tmp_path)
     learner = run.learner
     first = learner.save()
@@ -272,8 +353,12 @@ def test_the_learner_goes_on_when_a_checkpoint_cannot_be_written(tmp_path, monke
 @pytest.mark.e2e
 def test_not_enough_memory_is_one_line_with_the_fix(tmp_path, shm_dir):
     # 100,000 workers: more memory than any host has, whatever this one has
-    line = one_line_error(run_train(["--shm_dir", shm_dir, "--num_workers", "100000", "--num_envs_per_worker", "8",
-                                     "--batch_size", "256"], tmp_path))
+    line = one_line_error(
+        run_train(
+            ["--shm_dir", shm_dir, "--num_workers", "100000", "--num_envs_per_worker", "8", "--batch_size", "256"],
+            tmp_path,
+        )
+    )
     assert "MiB of memory" in line and "--num_workers" in line
 
 
@@ -288,12 +373,26 @@ class _RunsCode:
 
 
 def test_a_checkpoint_carrying_a_pickled_callable_is_refused_and_nothing_runs(tmp_path, shm_dir, capsys):
-    from sf_engine.runtime import checkpoint
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
+    from sf_engine.runtime import checkpoint
 
-    base = ["--experiment", "foreign", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256", "--train_dir", str(tmp_path)]
+    base = [
+        "--experiment",
+        "foreign",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--train_dir",
+        str(tmp_path),
+    ]
     assert run(build_plan(base + ["--train_for_env_steps", "3000"])) == 0
     good = checkpoint.latest_checkpoint(str(tmp_path / "foreign" / "checkpoints"))
     marker = tmp_path / "code_ran"

@@ -2,12 +2,13 @@
 rollout worker of the learner's own in the loop: the learner's weights reach the node whole and in
 version order, every step it samples carries the version it was acted with, and CartPole learns from
 those slots alone."""
+
 import numpy as np
 import pytest
-
 from conftest import SerialRun, receive, serial_plan
-from sf_engine.stats.messages import Episodes
+
 from sf_engine.scaleout.sampler_node import SamplerNode
+from sf_engine.stats.messages import Episodes
 
 
 def test_cartpole_learns_from_a_sampler_nodes_slots_alone(tmp_path, shm_dir):

@@ -1,20 +1,37 @@
 """Shared trajectory slots: cross-process visibility, slot ownership, release of the segment."""
+
 import multiprocessing
 import os
 
 import numpy as np
 import pytest
-
 from conftest import SerialRun
+
 from sf_engine.envs import ActionSpec, EnvSpec
-from sf_engine.runtime.ipc import get_many
 from sf_engine.run.plan import build_plan
+from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.shared_buffers import SharedBuffers, buffer_layout
 
 
 def small_plan(tmp_path):
-    return build_plan(["--num_workers", "2", "--num_envs_per_worker", "8", "--rollout", "4", "--batch_size", "16",
-                       "--num_batches_per_epoch", "2", "--train_dir", str(tmp_path), "--mode", "serial"])
+    return build_plan(
+        [
+            "--num_workers",
+            "2",
+            "--num_envs_per_worker",
+            "8",
+            "--rollout",
+            "4",
+            "--batch_size",
+            "16",
+            "--num_batches_per_epoch",
+            "2",
+            "--train_dir",
+            str(tmp_path),
+            "--mode",
+            "serial",
+        ]
+    )
 
 
 def _child_writes(path, layout, slot):
@@ -27,8 +44,9 @@ def _child_writes(path, layout, slot):
 
 def test_slot_written_in_one_process_is_read_intact_in_another(tmp_path):
     cfg = small_plan(tmp_path).cfg
-    layout = buffer_layout(cfg, EnvSpec(obs=(("obs", (3, 2), "float32"),), action=ActionSpec("discrete", nvec=(2,))),
-                           state=0)
+    layout = buffer_layout(
+        cfg, EnvSpec(obs=(("obs", (3, 2), "float32"),), action=ActionSpec("discrete", nvec=(2,))), state=0
+    )
     path = str(tmp_path / "shm_segment")
     buffers = SharedBuffers.create(path, layout)
     process = multiprocessing.get_context("spawn").Process(target=_child_writes, args=(path, layout, 1))
@@ -109,8 +127,13 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         process = psutil.Process(child.pid)
-        row = {"role": "rollout_worker", "index": 0, "pid": child.pid, "create_time": process.create_time(),
-               "cmdline": process.cmdline()}
+        row = {
+            "role": "rollout_worker",
+            "index": 0,
+            "pid": child.pid,
+            "create_time": process.create_time(),
+            "cmdline": process.cmdline(),
+        }
         me = psutil.Process()
         runner = {"role": "runner", "index": 0, "pid": me.pid, "create_time": me.create_time(), "cmdline": me.cmdline()}
         exp, shm = tmp_path / "exp", tmp_path / "shm"
@@ -119,16 +142,20 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
         segment.write_bytes(b"x")
 
         def write(rows, identity):
-            (exp / "processes.json").write_text(json.dumps({"processes": rows, "shm_path": str(segment),
-                                                            "experiment": identity}))
+            (exp / "processes.json").write_text(
+                json.dumps({"processes": rows, "shm_path": str(segment), "experiment": identity})
+            )
             return _remove_leftovers(str(exp), str(shm))
 
         copy = tmp_path / "copy"
         shutil.copytree(exp, copy)
         assert write([row], _identity(str(copy))) == []  # written for another directory: ignored
         assert write([row, runner], _identity(str(exp))) == []  # its main process lives: a live run
-        assert write([{**row, "cmdline": ["python", "other"]}], _identity(str(exp))) == [
-            f"removed {segment} left by a previous run"] and child.poll() is None  # another program: kept
+        assert (
+            write([{**row, "cmdline": ["python", "other"]}], _identity(str(exp)))
+            == [f"removed {segment} left by a previous run"]
+            and child.poll() is None
+        )  # another program: kept
         segment.write_bytes(b"x")
         assert len(write([row], _identity(str(exp)))) == 2 and child.wait(timeout=10) is not None
         assert not segment.exists()

@@ -2,10 +2,11 @@
 rollout worker and policy worker arrives bit-exact in another run's free slot (observations, versions,
 rewards, and the recurrent, turn-based and several-policy fields where a run has them), and a payload
 that does not fit is refused before anything is written."""
+
 import numpy as np
 import pytest
-
 from conftest import SerialRun, serial_plan
+
 from sf_engine.runtime.shared_buffers import SharedBuffers, slot_fields
 from sf_engine.scaleout.slot_transport import ROWS_KEY, PayloadError, pack_slot, unpack_slot
 
@@ -28,11 +29,14 @@ def _receiver(tmp_path, layout) -> SharedBuffers:
     return SharedBuffers.create(str(tmp_path / "receiver"), layout)
 
 
-@pytest.mark.parametrize("env,flags,extra", [
-    ("CartPole-v1", (), ()),
-    ("CartPole-v1", ("--rnn", "gru"), ("episode_start", "rnn_states")),
-    ("toy_multiagent:relay_game", ("--pool_every_versions", "1", "--pool_share", "0.5"), ("acting", "policy_id")),
-])
+@pytest.mark.parametrize(
+    "env,flags,extra",
+    [
+        ("CartPole-v1", (), ()),
+        ("CartPole-v1", ("--rnn", "gru"), ("episode_start", "rnn_states")),
+        ("toy_multiagent:relay_game", ("--pool_every_versions", "1", "--pool_share", "0.5"), ("acting", "policy_id")),
+    ],
+)
 def test_a_sampled_slot_arrives_bit_exact_in_another_slot(tmp_path, shm_dir, env, flags, extra):
     if env.startswith("toy_multiagent"):
         pytest.importorskip("pettingzoo")
@@ -73,7 +77,7 @@ def test_a_payload_that_does_not_fit_is_refused_before_anything_is_written(tmp_p
             "wrong shape": good | {"obs.obs": good["obs.obs"][:-1]},
             "objects": good | {"valid": np.array([object()] * 3)},
             "not an array": good | {"values": good["values"].tolist()},
-            "too many rows": good | {ROWS_KEY: np.array(10 ** 6, np.int64)},
+            "too many rows": good | {ROWS_KEY: np.array(10**6, np.int64)},
             "a subclass": good | {"values": np.ma.masked_array(good["values"])},
             "keys of two types": good | {1: good["values"]},
             "a version not published": good | {"policy_version": good["policy_version"] + 1},

@@ -1,5 +1,6 @@
 """The code's shape: subpackages by role whose layers hold, files and functions of a readable size, no
 import cycles, every family default a flag."""
+
 import ast
 import glob
 import os
@@ -49,7 +50,7 @@ def _imports(modules: dict) -> dict:
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.ImportFrom):
                 parts = (name if is_package else name.rpartition(".")[0]).split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
+                base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
                 module = ".".join(part for part in (base, node.module) if part)
                 targets |= {module} | {f"{module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
@@ -92,9 +93,15 @@ def test_no_import_cycles_and_the_layers_hold():
     envs = [m for m in graph if m.startswith(ENVS)]
     assert len(envs) >= 4 and graph[ENVS] >= {f"{ENVS}.registry", f"{ENVS}.spec"}, "the envs imports were not read"
     assert graph["sf_engine.roles.learner"], "the roles' imports were not read"
-    crossings = sorted((name, target) for name, targets in graph.items() for target in targets
-                       if _room(name) and _room(target) and _room(target) != _room(name)
-                       and _room(target) not in MAY_IMPORT[_room(name)])
+    crossings = sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if _room(name)
+        and _room(target)
+        and _room(target) != _room(name)
+        and _room(target) not in MAY_IMPORT[_room(name)]
+    )
     assert not crossings, f"imports against the layers: {crossings}"
 
 
@@ -102,10 +109,12 @@ def test_the_main_process_needs_no_torch_when_nothing_is_measured(tmp_path):
     """Start-up is part of the user's wait: with the sampler's size and the device given, building the
     plan and loading the main process's modules import no torch (the forkserver preloads it for the
     children; --device auto imports it only where the CUDA driver sees a GPU, to ask torch too)."""
-    code = ("import sys; from sf_engine.run import runner, serial, supervisor; from sf_engine.run.plan import build_plan; "
-            "build_plan(['--num_workers', '1', '--num_envs_per_worker', '8', '--device', 'cpu', "
-            f"'--train_dir', {str(tmp_path)!r}]); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    code = (
+        "import sys; from sf_engine.run import runner, serial, supervisor; from sf_engine.run.plan import build_plan; "
+        "build_plan(['--num_workers', '1', '--num_envs_per_worker', '8', '--device', 'cpu', "
+        f"'--train_dir', {str(tmp_path)!r}]); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout

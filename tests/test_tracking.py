@@ -1,14 +1,14 @@
 """--with_wandb: the TensorBoard scalars and the config reach Weights & Biases (offline here), a resumed
 experiment continues its W&B run, and a W&B refusal or a missing package is one line that changes
 nothing."""
+
 import glob
 import json
 import os
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from conftest import files_of, one_line_error, read_json, run_train, train_error
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 _BLOCK = 32768  # the record log's block size (LevelDB's log format, after W&B's 7-byte header)
 
@@ -25,8 +25,8 @@ def wandb_records(path) -> list:
         if _BLOCK - pos % _BLOCK < 7:  # too little left in a block for a record header: padding
             pos += _BLOCK - pos % _BLOCK
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        pieces += data[pos + 7:pos + 7 + length]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pieces += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a whole record, or the last piece of one
             record = wandb_internal_pb2.Record()
@@ -39,25 +39,50 @@ def wandb_records(path) -> list:
 def _logged(records) -> tuple:
     """(the run record, [{metric: value}] of every history row) of a W&B run file."""
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
-    rows = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-            for r in records if r.WhichOneof("record_type") == "history"]
+    rows = [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     return run, rows
 
 
 @pytest.mark.e2e
 def test_wandb_gets_the_tensorboard_scalars_and_the_config_and_resumes_its_run(tmp_path, shm_dir):
     offline = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    base = ["--experiment", "tracked", "--mode", "serial", "--shm_dir", shm_dir, "--num_workers", "1",
-            "--num_envs_per_worker", "8", "--batch_size", "256", "--with_wandb", "--wandb_project", "demo",
-            "--wandb_group", "smoke", "--wandb_tags", "cartpole, short"]
+    base = [
+        "--experiment",
+        "tracked",
+        "--mode",
+        "serial",
+        "--shm_dir",
+        shm_dir,
+        "--num_workers",
+        "1",
+        "--num_envs_per_worker",
+        "8",
+        "--batch_size",
+        "256",
+        "--with_wandb",
+        "--wandb_project",
+        "demo",
+        "--wandb_group",
+        "smoke",
+        "--wandb_tags",
+        "cartpole, short",
+    ]
     first = run_train(base + ["--train_for_env_steps", "3000"], tmp_path, env=offline)
     assert first.returncode == 0, first.stdout + first.stderr
     exp = tmp_path / "tracked"
     files = glob.glob(str(exp / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(files) == 1
     run, rows = _logged(wandb_records(files[0]))
-    assert (run.project, run.run_group, list(run.tags), run.display_name) == ("demo", "smoke", ["cartpole", "short"],
-                                                                               "tracked")
+    assert (run.project, run.run_group, list(run.tags), run.display_name) == (
+        "demo",
+        "smoke",
+        ["cartpole", "short"],
+        "tracked",
+    )
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert {key: config[key] for key in read_json(exp / "config.json")} == read_json(exp / "config.json")
     events = EventAccumulator(str(exp))
@@ -81,8 +106,9 @@ def test_wandb_gets_the_tensorboard_scalars_and_the_config_and_resumes_its_run(t
     home = tmp_path.parent / "home"
     home.mkdir()
     online = {key: value for key, value in offline.items() if not key.startswith("WANDB_")}
-    refused = run_train(base + ["--train_for_env_steps", "9000"], tmp_path,
-                        env={**online, "HOME": str(home), "WANDB_MODE": "online"})
+    refused = run_train(
+        base + ["--train_for_env_steps", "9000"], tmp_path, env={**online, "HOME": str(home), "WANDB_MODE": "online"}
+    )
     line = one_line_error(refused)
     assert "--with_wandb" in line and "wandb login" in line and "WANDB_MODE=offline" in line
     assert files_of(tmp_path) == before

@@ -1,4 +1,5 @@
 """End to end: serial mode learns, async mode writes every artefact and resumes, sync mode has lag 0."""
+
 import glob
 import os
 import re
@@ -6,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, read_json, run_train
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO, read_json, run_train
-from sf_engine.runtime.device import cpu_has_native_bf16
 from sf_engine.run.plan import build_plan
 from sf_engine.run.runner import run
+from sf_engine.runtime.device import cpu_has_native_bf16
 
 pytestmark = pytest.mark.e2e
 
@@ -22,9 +23,27 @@ SMALL = ["--num_workers", "2", "--num_envs_per_worker", "64", "--batch_size", "1
 def test_serial_mode_learns_cartpole(tmp_path, shm_dir, precision):
     if precision and not cpu_has_native_bf16():
         pytest.skip("--bf16 needs a CPU with native bfloat16 (avx512_bf16 or AMX)")
-    plan = build_plan(["--train_dir", str(tmp_path), "--experiment", "serial", "--mode", "serial", "--shm_dir", shm_dir,
-                       "--num_workers", "1", "--num_envs_per_worker", "64", "--batch_size", "1024",
-                       "--train_for_env_steps", "150000"] + precision)
+    plan = build_plan(
+        [
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "serial",
+            "--mode",
+            "serial",
+            "--shm_dir",
+            shm_dir,
+            "--num_workers",
+            "1",
+            "--num_envs_per_worker",
+            "64",
+            "--batch_size",
+            "1024",
+            "--train_for_env_steps",
+            "150000",
+        ]
+        + precision
+    )
     assert plan.cfg.run.bf16 == bool(precision)
     assert run(plan) == 0
     summary = read_json(tmp_path / "serial" / "summary.json")
@@ -39,8 +58,19 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
     assert first.returncode == 0, first.stdout + first.stderr
     exp = tmp_path / "async"
     summary = read_json(exp / "summary.json")
-    for key in ("env", "env_steps", "frames", "wall_sec", "env_steps_per_sec", "frames_per_sec",
-                "episode_return_mean", "episodes", "policy_lag_mean", "policy_lag_max", "learner_version"):
+    for key in (
+        "env",
+        "env_steps",
+        "frames",
+        "wall_sec",
+        "env_steps_per_sec",
+        "frames_per_sec",
+        "episode_return_mean",
+        "episodes",
+        "policy_lag_mean",
+        "policy_lag_max",
+        "learner_version",
+    ):
         assert summary[key] is not None, key
     assert summary["env_steps"] >= 200_000 and summary["learner_version"] > 0
     # per-stage time accounting covers each role's wall time (within 10%)
@@ -57,22 +87,47 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
     events = EventAccumulator(str(exp))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    for tag in ("perf/frames_per_sec_10s", "perf/env_steps_per_sec_60s", "perf/learner_samples_per_sec",
-                "policy_lag/mean", "policy_lag/max", "episode/return", "train/policy_loss", "train/value_loss",
-                "train/entropy", "train/approx_kl", "train/clip_fraction", "train/grad_norm",
-                "train/learning_rate", "train/samples_dropped_lag"):
+    for tag in (
+        "perf/frames_per_sec_10s",
+        "perf/env_steps_per_sec_60s",
+        "perf/learner_samples_per_sec",
+        "policy_lag/mean",
+        "policy_lag/max",
+        "episode/return",
+        "train/policy_loss",
+        "train/value_loss",
+        "train/entropy",
+        "train/approx_kl",
+        "train/clip_fraction",
+        "train/grad_norm",
+        "train/learning_rate",
+        "train/samples_dropped_lag",
+    ):
         assert tag in tags, tag
     assert os.listdir(shm_dir) == []
 
-    replay = subprocess.run([sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", str(tmp_path),
-                             "--experiment", "async", "--num_episodes", "3"], capture_output=True, text=True,
-                            timeout=120)
+    replay = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "enjoy.py"),
+            "--train_dir",
+            str(tmp_path),
+            "--experiment",
+            "async",
+            "--num_episodes",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert replay.returncode == 0, replay.stderr
     assert len(re.findall(r"^episode \d+: return [0-9.]+, length \d+$", replay.stdout, re.M)) == 3
     assert re.search(r"^3 episodes of CartPole-v1 .*: return [0-9.]+ \+- [0-9.]+, length [0-9.]+$", replay.stdout, re.M)
 
-    second = run_train(["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "300000"] + SMALL,
-                       tmp_path)
+    second = run_train(
+        ["--experiment", "async", "--shm_dir", shm_dir, "--train_for_env_steps", "300000"] + SMALL, tmp_path
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     resumed = read_json(exp / "summary.json")
     assert resumed["env_steps"] >= 300_000 and "resuming experiment async" in second.stdout
@@ -81,8 +136,10 @@ def test_async_run_writes_stats_checkpoint_and_resumes(tmp_path, shm_dir):
 
 
 def test_sync_mode_has_zero_policy_lag(tmp_path, shm_dir):
-    result = run_train(["--experiment", "sync", "--mode", "sync", "--shm_dir", shm_dir,
-                        "--train_for_env_steps", "100000"] + SMALL, tmp_path)
+    result = run_train(
+        ["--experiment", "sync", "--mode", "sync", "--shm_dir", shm_dir, "--train_for_env_steps", "100000"] + SMALL,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "sync" / "summary.json")
     assert summary["learner_version"] > 5
@@ -91,8 +148,22 @@ def test_sync_mode_has_zero_policy_lag(tmp_path, shm_dir):
 
 @pytest.mark.parametrize("vtrace", ["false", "true"])
 def test_async_learns_with_gae_and_vtrace(tmp_path, shm_dir, vtrace):
-    result = run_train(["--experiment", "learn", "--with_vtrace", vtrace, "--shm_dir", shm_dir,
-                        "--stop_at_return", "300", "--train_for_env_steps", "3000000"], tmp_path, timeout=600)
+    result = run_train(
+        [
+            "--experiment",
+            "learn",
+            "--with_vtrace",
+            vtrace,
+            "--shm_dir",
+            shm_dir,
+            "--stop_at_return",
+            "300",
+            "--train_for_env_steps",
+            "3000000",
+        ],
+        tmp_path,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = read_json(tmp_path / "learn" / "summary.json")
     assert summary["episode_return_mean"] >= 300, summary

@@ -1,4 +1,5 @@
 """Small user-style envs for the tests (used as --env toy_envs:Name with tests/ on the path)."""
+
 import os
 import time
 
@@ -15,16 +16,18 @@ class ToyDictEnv(gym.Env):
     Reward 1 when the first action component is 1."""
 
     def __init__(self, render_mode=None):
-        self.observation_space = spaces.Dict({
-            "image": spaces.Box(0, 255, (3, 8, 8), np.uint8),
-            "vector": spaces.Box(-1.0, 1.0, (2,), np.float32)})
+        self.observation_space = spaces.Dict(
+            {"image": spaces.Box(0, 255, (3, 8, 8), np.uint8), "vector": spaces.Box(-1.0, 1.0, (2,), np.float32)}
+        )
         self.action_space = spaces.MultiDiscrete([3, 2])
         self.episode, self.step_count = -1, 0
 
     def _obs(self):
         value = (10 * self.episode + self.step_count) % 256
-        return {"image": np.full((3, 8, 8), value, np.uint8),
-                "vector": np.array([self.step_count / EPISODE_LENGTH, -0.5], np.float32)}
+        return {
+            "image": np.full((3, 8, 8), value, np.uint8),
+            "vector": np.array([self.step_count / EPISODE_LENGTH, -0.5], np.float32),
+        }
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
@@ -144,14 +147,15 @@ class MaskedChoiceEnv(gym.Env):
     10-step episodes."""
 
     def __init__(self, render_mode=None):
-        self.observation_space = spaces.Dict({"obs": spaces.Box(0.0, 1.0, (5,), np.float32),
-                                              "action_mask": spaces.Box(0, 1, (5,), np.int8)})
+        self.observation_space = spaces.Dict(
+            {"obs": spaces.Box(0.0, 1.0, (5,), np.float32), "action_mask": spaces.Box(0, 1, (5,), np.int8)}
+        )
         self.action_space = spaces.Discrete(5)
         self.rng = np.random.default_rng(0)
         self.step_count, self.illegal, self.mask, self.target = 0, 0, None, 0
 
     def _obs(self):
-        legal = self.rng.permutation(5)[:self.rng.integers(1, 5)]
+        legal = self.rng.permutation(5)[: self.rng.integers(1, 5)]
         self.mask = np.zeros(5, np.int8)
         self.mask[legal] = 1
         self.target = int(self.rng.choice(legal))
@@ -178,8 +182,9 @@ class BadMaskEnv(MaskedChoiceEnv):
 
     def __init__(self, render_mode=None):
         super().__init__(render_mode)
-        self.observation_space = spaces.Dict({"obs": spaces.Box(0.0, 1.0, (5,), np.float32),
-                                              "action_mask": spaces.Box(0, 1, (4,), np.int8)})
+        self.observation_space = spaces.Dict(
+            {"obs": spaces.Box(0.0, 1.0, (5,), np.float32), "action_mask": spaces.Box(0, 1, (4,), np.int8)}
+        )
 
     def _obs(self):
         return {**super()._obs(), "action_mask": np.ones(4, np.int8)}

@@ -1,4 +1,5 @@
 """Small PettingZoo envs for the tests (--env toy_multiagent:Name with tests/ on the path)."""
+
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv, ParallelEnv

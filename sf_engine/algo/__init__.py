@@ -1,1 +1,3 @@
-"""Learning algorithms as math and training state, apart from the process plumbing: advantage targets (GAE, V-trace), losses, PPO, PBT's exploit and explore. Imports nothing of the runtime or the roles."""
+"""Learning algorithms as math and training state, apart from the process plumbing: advantage targets (GAE,
+V-trace), losses, PPO, PBT's exploit and explore. Imports nothing of the runtime or the roles.
+"""

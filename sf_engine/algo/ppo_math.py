@@ -10,6 +10,7 @@ before it through the recursion), but only the steps where it was to move train 
 On truncation the step bootstraps from the value of its last observation (values[t+1]); on
 termination it does not.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,18 @@ def gae(rewards, values, terminated, dones, valid, gamma: float, gae_lambda: flo
     return advantages, advantages + values[:-1] * valid
 
 
-def vtrace(behavior_log_probs, target_log_probs, rewards, values, terminated, dones, valid,
-           gamma: float, rho_bar: float, c_bar: float):
+def vtrace(
+    behavior_log_probs,
+    target_log_probs,
+    rewards,
+    values,
+    terminated,
+    dones,
+    valid,
+    gamma: float,
+    rho_bar: float,
+    c_bar: float,
+):
     """V-trace targets vs [T, N] and policy-gradient advantages [T, N] (IMPALA, lambda = 1)."""
     rho = torch.exp(target_log_probs - behavior_log_probs)
     clipped_rho, clipped_c = rho.clamp(max=rho_bar), rho.clamp(max=c_bar)
@@ -59,8 +70,7 @@ def vtrace(behavior_log_probs, target_log_probs, rewards, values, terminated, do
     return vs * valid_f, advantages
 
 
-def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, entropy,
-               clip_ratio: float, weight=None):
+def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, entropy, clip_ratio: float, weight=None):
     """Clipped PPO objective pieces on a minibatch of valid samples [B]. `weight` [B] (0/1, turn-based
     games: whether the agent was to move) limits the policy's pieces (loss, entropy, KL, clip fraction)
     to the samples it marks; the value loss covers them all.
@@ -78,16 +88,29 @@ def ppo_losses(new_log_probs, old_log_probs, advantages, new_values, returns, en
     return policy_loss, value_loss, mean(entropy), approx_kl, clip_fraction
 
 
-def discrete_loss_and_grads(logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
-                            value_loss_coeff: float, entropy_coeff: float, kernels: bool = None):
+def discrete_loss_and_grads(
+    logits,
+    values,
+    actions,
+    old_log_probs,
+    advantages,
+    returns,
+    clip_ratio: float,
+    value_loss_coeff: float,
+    entropy_coeff: float,
+    kernels: bool = None,
+):
     """The clipped PPO loss of categorical actions and its gradients, written out: logits [B, n], values
     [B] -> (loss, stats [5]: policy loss, value loss, mean entropy, approx KL, clip fraction, d loss / d
     logits [B, n], d loss / d values [B]). On the CPU one compiled call (kernels.KERNELS.ppo_discrete_loss);
     elsewhere the same maths as torch ops. `kernels` forces one way (True/False); None: the kernel where
     it runs. The values and gradients of ppo_losses on log_softmax (tests/test_ppo.py)."""
     if kernels if kernels is not None else use_kernels(logits):
-        return tuple(KERNELS.ppo_discrete_loss(logits, values, actions, old_log_probs, advantages, returns,
-                                                   clip_ratio, value_loss_coeff, entropy_coeff))
+        return tuple(
+            KERNELS.ppo_discrete_loss(
+                logits, values, actions, old_log_probs, advantages, returns, clip_ratio, value_loss_coeff, entropy_coeff
+            )
+        )
     log_pi = torch.log_softmax(logits, dim=-1)
     pi = log_pi.exp()
     log_ratio = log_pi.gather(1, actions.unsqueeze(1)).squeeze(1) - old_log_probs
@@ -100,8 +123,15 @@ def discrete_loss_and_grads(logits, values, actions, old_log_probs, advantages, 
     error = values - returns
     value_loss = 0.5 * error.square().mean()
     entropy_mean = entropy.mean()
-    stats = torch.stack([policy_loss, value_loss, entropy_mean, ((ratio - 1.0) - log_ratio).mean(),
-                         ((ratio - 1.0).abs() > clip_ratio).float().mean()])
+    stats = torch.stack(
+        [
+            policy_loss,
+            value_loss,
+            entropy_mean,
+            ((ratio - 1.0) - log_ratio).mean(),
+            ((ratio - 1.0).abs() > clip_ratio).float().mean(),
+        ]
+    )
     scale = 1.0 / logits.shape[0]
     d_log_prob = ratio * advantages * unclipped_taken * -scale  # d log pi(a) / d logits = onehot(a) - pi
     grad_logits = pi * -d_log_prob.unsqueeze(1)
@@ -117,11 +147,31 @@ class DiscretePPOLoss(torch.autograd.Function):
     core less than autograd through the loss's ops, each of which costs its dispatch): (loss, stats)."""
 
     @staticmethod
-    def forward(ctx, logits, values, actions, old_log_probs, advantages, returns, clip_ratio: float,
-                value_loss_coeff: float, entropy_coeff: float, kernels: bool = None):
+    def forward(
+        ctx,
+        logits,
+        values,
+        actions,
+        old_log_probs,
+        advantages,
+        returns,
+        clip_ratio: float,
+        value_loss_coeff: float,
+        entropy_coeff: float,
+        kernels: bool = None,
+    ):
         loss, stats, grad_logits, grad_values = discrete_loss_and_grads(
-            logits, values, actions, old_log_probs, advantages, returns, clip_ratio, value_loss_coeff, entropy_coeff,
-            kernels)
+            logits,
+            values,
+            actions,
+            old_log_probs,
+            advantages,
+            returns,
+            clip_ratio,
+            value_loss_coeff,
+            entropy_coeff,
+            kernels,
+        )
         ctx.save_for_backward(grad_logits, grad_values)  # the loss's own gradients, scaled by the incoming one
         ctx.mark_non_differentiable(stats)
         return loss, stats

@@ -1,5 +1,6 @@
 """What every group of the configuration builds its flags from: a field with its --help text, and the
 type of a flag that takes an integer or 'auto'."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """--config FILE: the settings of a saved config.json (of an earlier run, say), each read as its flag
 would be and checked; runs in the main process while the run plan is built (sf_engine.run.plan)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ def read_config_file(path: str) -> dict:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--config {path}: cannot be read ({exc.__class__.__name__}); pass the config.json of "
-                          f"an experiment") from None
+        raise ConfigError(
+            f"--config {path}: cannot be read ({exc.__class__.__name__}); pass the config.json of an experiment"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: not a config.json (no settings in it)")
     values: dict = {}
@@ -45,8 +47,9 @@ def read_config_file(path: str) -> dict:
             raise ConfigError(f"--config {path}: '{group_name}' is not a group of settings")
         for name, value in section.items():
             if name not in fields:
-                raise ConfigError(f"--config {path}: unknown setting {group_name}.{name}: was it written by this "
-                                  f"version of train.py?")
+                raise ConfigError(
+                    f"--config {path}: unknown setting {group_name}.{name}: was it written by this version of train.py?"
+                )
             if name in _NOT_FROM_FILE or (value is None and fields[name].default is None):
                 continue
             convert, choices = value_type(fields[name])

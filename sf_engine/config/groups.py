@@ -6,6 +6,7 @@ anything is measured, and `check_resolved` bad combinations once every 'auto' is
 sf_engine.run.plan). The config is frozen; the run plan carries it to every role, and each role reads
 only its own group (`cfg.sampler`, `cfg.learner`, ...).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,6 @@ from sf_engine.config.fields import int_or_auto
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
 
-
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
@@ -32,29 +32,45 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
-    env_backend: str = _f("auto", "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the "
-                                  "worker), or 'auto' (EnvPool when it has the id).",
-                          choices=("auto", "envpool", "gymnasium"))
+    env_backend: str = _f(
+        "auto",
+        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the "
+        "worker), or 'auto' (EnvPool when it has the id).",
+        choices=("auto", "envpool", "gymnasium"),
+    )
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    num_workers: int | str = _f("auto", "Rollout-worker processes, each stepping its own batch of envs on one CPU "
-                                        "core; 'auto': sized at start from the cores and a short measurement of "
-                                        "env step, inference and training costs (the choice is printed).",
-                                type=int_or_auto)
-    num_envs_per_worker: int | str = _f("auto", "Envs owned by each rollout worker (stepped as one batch per "
-                                                "split); 'auto': enough that one split's step amortizes the round "
-                                                "trip to the policy worker, at least the env family's default.",
-                                        type=int_or_auto)
-    worker_num_splits: int = _f(2, "Groups each worker splits its envs into: it steps one group while the "
-                                   "other waits for actions (2 = double-buffered sampling).")
-    rollout: int | str = _f("auto", "Env steps per trajectory slot (the unit handed to the learner); 'auto': 32, or "
-                                    "16 for a feed-forward policy on an env so cheap to step that even the widest "
-                                    "split whole slots per training batch allow at 32 steps in under a quarter of "
-                                    "auto sizing's target: splits twice as wide halve the policy worker's costs "
-                                    "per sample (with --num_envs_per_worker auto).", type=int_or_auto)
+    num_workers: int | str = _f(
+        "auto",
+        "Rollout-worker processes, each stepping its own batch of envs on one CPU "
+        "core; 'auto': sized at start from the cores and a short measurement of "
+        "env step, inference and training costs (the choice is printed).",
+        type=int_or_auto,
+    )
+    num_envs_per_worker: int | str = _f(
+        "auto",
+        "Envs owned by each rollout worker (stepped as one batch per "
+        "split); 'auto': enough that one split's step amortizes the round "
+        "trip to the policy worker, at least the env family's default.",
+        type=int_or_auto,
+    )
+    worker_num_splits: int = _f(
+        2,
+        "Groups each worker splits its envs into: it steps one group while the "
+        "other waits for actions (2 = double-buffered sampling).",
+    )
+    rollout: int | str = _f(
+        "auto",
+        "Env steps per trajectory slot (the unit handed to the learner); 'auto': 32, or "
+        "16 for a feed-forward policy on an env so cheap to step that even the widest "
+        "split whole slots per training batch allow at 32 steps in under a quarter of "
+        "auto sizing's target: splits twice as wide halve the policy worker's costs "
+        "per sample (with --num_envs_per_worker auto).",
+        type=int_or_auto,
+    )
 
     @property
     def envs_per_split(self) -> int:
@@ -67,118 +83,190 @@ class SamplerConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    encoder: str = _f("auto", "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
-                              "residual), 'convnet_simple' (Sample Factory's, the Doom family's default), or "
-                              "'auto' (Nature CNN); vector observations always get an MLP.",
-                      choices=("auto", "nature_cnn", "impala_cnn", "convnet_simple", "mlp"))
+    encoder: str = _f(
+        "auto",
+        "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
+        "residual), 'convnet_simple' (Sample Factory's, the Doom family's default), or "
+        "'auto' (Nature CNN); vector observations always get an MLP.",
+        choices=("auto", "nature_cnn", "impala_cnn", "convnet_simple", "mlp"),
+    )
     hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
     activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))
-    weight_init: str = _f("ppo", "Orthogonal weight init: 'ppo' (gain sqrt(2) in hidden layers, 0.01 on the policy "
-                                 "head, 1 on the value head) or 'unit' (gain 1 everywhere, Sample Factory's).",
-                          choices=("ppo", "unit"))
-    actor_critic: str = _f("auto", "'shared': one encoder (and core) feeds the policy and value heads; "
-                                   "'separate': the actor and the critic each have their own; 'auto': shared "
-                                   "with --rnn or image observations, separate otherwise.",
-                           choices=("auto", "shared", "separate"))
-    normalize_input: bool = _f(False, "Normalize observations by running mean/std (kept by the learner, used by "
-                                      "the policy worker, saved in checkpoints): vectors per entry, images per pixel "
-                                      "and channel after scaling to [0, 1] (without it, images are only scaled).")
+    weight_init: str = _f(
+        "ppo",
+        "Orthogonal weight init: 'ppo' (gain sqrt(2) in hidden layers, 0.01 on the policy "
+        "head, 1 on the value head) or 'unit' (gain 1 everywhere, Sample Factory's).",
+        choices=("ppo", "unit"),
+    )
+    actor_critic: str = _f(
+        "auto",
+        "'shared': one encoder (and core) feeds the policy and value heads; "
+        "'separate': the actor and the critic each have their own; 'auto': shared "
+        "with --rnn or image observations, separate otherwise.",
+        choices=("auto", "shared", "separate"),
+    )
+    normalize_input: bool = _f(
+        False,
+        "Normalize observations by running mean/std (kept by the learner, used by "
+        "the policy worker, saved in checkpoints): vectors per entry, images per pixel "
+        "and channel after scaling to [0, 1] (without it, images are only scaled).",
+    )
     normalize_returns: bool = _f(False, "Scale value targets by running return statistics (value normalization).")
-    rnn: str = _f("none", "Recurrent core after the encoder: 'gru', 'lstm', or 'none' (feed-forward). Its hidden "
-                          "state lives in shared memory per env and is reset at episode boundaries.",
-                  choices=("none", "gru", "lstm"))
-    rnn_size: int | str = _f("auto", "Units of the recurrent core; 'auto': 256 with image observations, 64 "
-                                     "otherwise.", type=int_or_auto)
+    rnn: str = _f(
+        "none",
+        "Recurrent core after the encoder: 'gru', 'lstm', or 'none' (feed-forward). Its hidden "
+        "state lives in shared memory per env and is reset at episode boundaries.",
+        choices=("none", "gru", "lstm"),
+    )
+    rnn_size: int | str = _f(
+        "auto", "Units of the recurrent core; 'auto': 256 with image observations, 64 otherwise.", type=int_or_auto
+    )
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
-    num_batches_per_epoch: int = _f(4, "Minibatches per training iteration; the learner trains on "
-                                       "batch_size x num_batches_per_epoch samples at a time.")
+    num_batches_per_epoch: int = _f(
+        4,
+        "Minibatches per training iteration; the learner trains on "
+        "batch_size x num_batches_per_epoch samples at a time.",
+    )
     num_epochs: int = _f(2, "Passes over each training batch (sample reuse).")
     learning_rate: float = _f(3e-3, "Adam learning rate.")
-    adam_eps: float = _f(1e-5, "Adam's epsilon (added to the root of the second moment): smaller lets parameters "
-                               "with small gradients (a CNN's large linear layer) move faster.")
-    lr_schedule: str = _f("constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.",
-                          choices=("constant", "linear"))
+    adam_eps: float = _f(
+        1e-5,
+        "Adam's epsilon (added to the root of the second moment): smaller lets parameters "
+        "with small gradients (a CNN's large linear layer) move faster.",
+    )
+    lr_schedule: str = _f(
+        "constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.", choices=("constant", "linear")
+    )
     gamma: float = _f(0.99, "Discount factor.")
     gae_lambda: float = _f(0.95, "GAE lambda (advantage estimation without V-trace).")
     ppo_clip_ratio: float = _f(0.2, "PPO clipping of the policy ratio to [1 - clip, 1 + clip].")
     value_loss_coeff: float = _f(0.5, "Weight of the value loss.")
     entropy_coeff: float = _f(0.0, "Weight of the entropy bonus.")
     max_grad_norm: float = _f(0.5, "Gradient-norm clipping (0 disables it).")
-    with_vtrace: bool = _f(False, "Use V-trace targets and advantages (off-policy correction for policy lag) "
-                                  "instead of GAE.")
+    with_vtrace: bool = _f(
+        False, "Use V-trace targets and advantages (off-policy correction for policy lag) instead of GAE."
+    )
     vtrace_rho_bar: float = _f(1.0, "V-trace: truncation of importance weights in the targets (rho_bar).")
     vtrace_c_bar: float = _f(1.0, "V-trace: truncation of the trace coefficients (c_bar).")
-    max_policy_lag: int = _f(100, "Drop samples more than this many policy versions older than the learner "
-                                  "(they are counted in train/samples_dropped_lag).")
+    max_policy_lag: int = _f(
+        100,
+        "Drop samples more than this many policy versions older than the learner "
+        "(they are counted in train/samples_dropped_lag).",
+    )
     learner_threads: int = _f(1, "Torch threads in the learner (keep threads x busy processes <= cores).")
-    recurrence: int | str = _f("auto", "With --rnn: length of the sequences trained with truncated BPTT (the core is "
-                                       "re-run from the stored state at each sequence start); must divide "
-                                       "--rollout; 'auto': the rollout length.", type=int_or_auto)
+    recurrence: int | str = _f(
+        "auto",
+        "With --rnn: length of the sequences trained with truncated BPTT (the core is "
+        "re-run from the stored state at each sequence start); must divide "
+        "--rollout; 'auto': the rollout length.",
+        type=int_or_auto,
+    )
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    config: Optional[str] = _f(None, "Start from a saved config.json (of an earlier run, say): its values replace "
-                                     "the defaults, the flags given here win; --restart, --experiment, --train_dir "
-                                     "and --shm_dir are never taken from it.",
-                               type=str)
+    config: Optional[str] = _f(
+        None,
+        "Start from a saved config.json (of an earlier run, say): its values replace "
+        "the defaults, the flags given here win; --restart, --experiment, --train_dir "
+        "and --shm_dir are never taken from it.",
+        type=str,
+    )
     experiment: str = _f("default", "Experiment name: results go to <train_dir>/<experiment>/.")
     train_dir: str = _f("train_dir", "Root directory of all experiments.")
-    mode: str = _f("async", "'async': sampling and learning overlap; 'sync': workers wait for each new policy "
-                            "(lag 0); 'serial': every role in this one process (debugging, tests).",
-                   choices=("async", "sync", "serial"))
-    device: str = _f("auto", "Device of the policy worker and learner: 'auto' (CUDA when present), 'cpu', 'cuda'.",
-                     choices=("auto", "cpu", "cuda"))
-    bf16: bool = _f(False, "Run the encoders (CNN / MLP) in bfloat16 where the hardware has native bf16 (a CPU "
-                           "with avx512_bf16 or AMX, or a GPU): the learner's under autocast (its recurrent core, "
-                           "heads, losses and optimizer stay float32), the policy worker's, on images, from "
-                           "bfloat16 copies of the image encoders' and recurrent core's weights. About 2x on CNN training on such CPUs.")
+    mode: str = _f(
+        "async",
+        "'async': sampling and learning overlap; 'sync': workers wait for each new policy "
+        "(lag 0); 'serial': every role in this one process (debugging, tests).",
+        choices=("async", "sync", "serial"),
+    )
+    device: str = _f(
+        "auto",
+        "Device of the policy worker and learner: 'auto' (CUDA when present), 'cpu', 'cuda'.",
+        choices=("auto", "cpu", "cuda"),
+    )
+    bf16: bool = _f(
+        False,
+        "Run the encoders (CNN / MLP) in bfloat16 where the hardware has native bf16 (a CPU "
+        "with avx512_bf16 or AMX, or a GPU): the learner's under autocast (its recurrent core, "
+        "heads, losses and optimizer stay float32), the policy worker's, on images, from "
+        "bfloat16 copies of the image encoders' and recurrent core's weights. About 2x on CNN training on such CPUs.",
+    )
     train_for_env_steps: int = _f(10_000_000, "Stop after this many env steps in total (resumed runs included).")
     train_for_seconds: float = _f(3600.0, "Stop after this many seconds of this run.")
-    stop_at_return: Optional[float] = _f(None, "Stop once the mean return of the last 100 episodes reaches this.",
-                                         type=float)
+    stop_at_return: Optional[float] = _f(
+        None, "Stop once the mean return of the last 100 episodes reaches this.", type=float
+    )
     save_every_sec: float = _f(120.0, "Checkpoint period in seconds (a checkpoint is also written at exit).")
     keep_checkpoints: int = _f(3, "How many recent checkpoints to keep.")
     restart: bool = _f(False, "Start over: delete the experiment's previous checkpoints and logs.")
     status_every_sec: float = _f(5.0, "Period of the one-line terminal status.")
-    eval_every_sec: float = _f(0.0, "Evaluate every this many seconds (0: never): --eval_episodes greedy episodes on "
-                                    "separate envs, logged as eval/return_mean; the best weights go to "
-                                    "checkpoints/best.pt.")
+    eval_every_sec: float = _f(
+        0.0,
+        "Evaluate every this many seconds (0: never): --eval_episodes greedy episodes on "
+        "separate envs, logged as eval/return_mean; the best weights go to "
+        "checkpoints/best.pt.",
+    )
     eval_episodes: int = _f(10, "Episodes per evaluation (played in parallel, one per evaluation env).")
     eval_max_steps: int = _f(100_000, "Upper bound on the env steps of one evaluation.")
-    sampling_only: bool = _f(False, "Measure the sampler alone: the learner hands slots straight back without "
-                                    "training (the policy stays at its initial or resumed weights).")
-    cpu_affinity: str = _f("auto", "Pin processes to cores. 'learner': a learner that trains on the CPU gets "
-                                   "--learner_threads cores of its own and every other process the rest, so "
-                                   "sampling never preempts it; 'off': the OS places every process; 'auto': "
-                                   "'learner' when training on the CPU with cores to spare, else 'off'.",
-                           choices=("auto", "learner", "off"))
+    sampling_only: bool = _f(
+        False,
+        "Measure the sampler alone: the learner hands slots straight back without "
+        "training (the policy stays at its initial or resumed weights).",
+    )
+    cpu_affinity: str = _f(
+        "auto",
+        "Pin processes to cores. 'learner': a learner that trains on the CPU gets "
+        "--learner_threads cores of its own and every other process the rest, so "
+        "sampling never preempts it; 'off': the OS places every process; 'auto': "
+        "'learner' when training on the CPU with cores to spare, else 'off'.",
+        choices=("auto", "learner", "off"),
+    )
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
-    stuck_timeout_sec: float = _f(60.0, "A process whose heartbeat stops this long is stuck (a hung env, say): "
-                                        "a rollout or policy worker is restarted, a stuck learner stops the run.")
-    max_worker_restarts: int = _f(10, "Stop the run (cleanly, with a checkpoint) once workers have been "
-                                      "restarted more than this many times within 5 minutes.")
+    stuck_timeout_sec: float = _f(
+        60.0,
+        "A process whose heartbeat stops this long is stuck (a hung env, say): "
+        "a rollout or policy worker is restarted, a stuck learner stops the run.",
+    )
+    max_worker_restarts: int = _f(
+        10,
+        "Stop the run (cleanly, with a checkpoint) once workers have been "
+        "restarted more than this many times within 5 minutes.",
+    )
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    with_wandb: bool = _f(False, "Also log the TensorBoard scalars and the config to Weights & Biases (pip install "
-                                 "'sf_engine[wandb]'; `wandb login` first, or WANDB_MODE=offline).")
+    with_wandb: bool = _f(
+        False,
+        "Also log the TensorBoard scalars and the config to Weights & Biases (pip install "
+        "'sf_engine[wandb]'; `wandb login` first, or WANDB_MODE=offline).",
+    )
     wandb_project: str = _f("sf_engine", "W&B project of the run.")
-    wandb_entity: Optional[str] = _f(None, "W&B team or user the project belongs to (default: your W&B default).",
-                                     type=str)
-    wandb_group: Optional[str] = _f(None, "W&B group of the run (default: none), to compare runs side by side.",
-                                    type=str)
+    wandb_entity: Optional[str] = _f(
+        None, "W&B team or user the project belongs to (default: your W&B default).", type=str
+    )
+    wandb_group: Optional[str] = _f(
+        None, "W&B group of the run (default: none), to compare runs side by side.", type=str
+    )
     wandb_tags: str = _f("", "Comma-separated W&B tags of the run, e.g. pong,baseline.")
 
 
-GROUPS = {"env": EnvConfig, "sampler": SamplerConfig, "model": ModelConfig, "learner": LearnerConfig,
-          "run": RunConfig, "tracking": TrackingConfig, "policies": PolicyConfig, "remote": RemoteConfig}
+GROUPS = {
+    "env": EnvConfig,
+    "sampler": SamplerConfig,
+    "model": ModelConfig,
+    "learner": LearnerConfig,
+    "run": RunConfig,
+    "tracking": TrackingConfig,
+    "policies": PolicyConfig,
+    "remote": RemoteConfig,
+}
 
 
 @dataclass(frozen=True)
@@ -228,20 +316,31 @@ def _check_sampler_nodes(cfg: Config) -> None:
         raise ConfigError(str(exc)) from None
     workers = cfg.sampler.num_workers
     if workers != "auto" and workers < (0 if cfg.remote.num_remote_samplers else 1):
-        raise ConfigError(f"--num_workers must be at least 1 (got {workers}); 0 only with "
-                          f"--num_remote_samplers, where sampler nodes do all the sampling")
+        raise ConfigError(
+            f"--num_workers must be at least 1 (got {workers}); 0 only with "
+            f"--num_remote_samplers, where sampler nodes do all the sampling"
+        )
 
 
 def check_flags(cfg: Config) -> None:
     """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
     s, lrn, run, model = cfg.sampler, cfg.learner, cfg.run, cfg.model
-    positive = {"--worker_num_splits": s.worker_num_splits, "--batch_size": lrn.batch_size,
-                "--num_batches_per_epoch": lrn.num_batches_per_epoch, "--num_epochs": lrn.num_epochs,
-                "--keep_checkpoints": run.keep_checkpoints, "--learner_threads": lrn.learner_threads,
-                "--hidden_size": model.hidden_size, "--mlp_layers": model.mlp_layers,
-                "--eval_episodes": run.eval_episodes, "--eval_max_steps": run.eval_max_steps,
-                "--num_envs_per_worker": s.num_envs_per_worker, "--rnn_size": model.rnn_size, "--recurrence": lrn.recurrence,
-                "--num_policies": cfg.policies.num_policies}
+    positive = {
+        "--worker_num_splits": s.worker_num_splits,
+        "--batch_size": lrn.batch_size,
+        "--num_batches_per_epoch": lrn.num_batches_per_epoch,
+        "--num_epochs": lrn.num_epochs,
+        "--keep_checkpoints": run.keep_checkpoints,
+        "--learner_threads": lrn.learner_threads,
+        "--hidden_size": model.hidden_size,
+        "--mlp_layers": model.mlp_layers,
+        "--eval_episodes": run.eval_episodes,
+        "--eval_max_steps": run.eval_max_steps,
+        "--num_envs_per_worker": s.num_envs_per_worker,
+        "--rnn_size": model.rnn_size,
+        "--recurrence": lrn.recurrence,
+        "--num_policies": cfg.policies.num_policies,
+    }
     for group in (cfg.env, s, model, lrn, run, cfg.policies):
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
@@ -251,14 +350,22 @@ def check_flags(cfg: Config) -> None:
         if value != "auto" and value < 1:
             raise ConfigError(f"{flag} must be at least 1 (got {value})")
     _check_sampler_nodes(cfg)
-    for flag, value in {"--ppo_clip_ratio": lrn.ppo_clip_ratio, "--vtrace_rho_bar": lrn.vtrace_rho_bar,
-                        "--vtrace_c_bar": lrn.vtrace_c_bar, "--save_every_sec": run.save_every_sec,
-                        "--learning_rate": lrn.learning_rate, "--adam_eps": lrn.adam_eps,
-                        "--status_every_sec": run.status_every_sec}.items():
+    for flag, value in {
+        "--ppo_clip_ratio": lrn.ppo_clip_ratio,
+        "--vtrace_rho_bar": lrn.vtrace_rho_bar,
+        "--vtrace_c_bar": lrn.vtrace_c_bar,
+        "--save_every_sec": run.save_every_sec,
+        "--learning_rate": lrn.learning_rate,
+        "--adam_eps": lrn.adam_eps,
+        "--status_every_sec": run.status_every_sec,
+    }.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
-    for flag, value in {"--value_loss_coeff": lrn.value_loss_coeff, "--entropy_coeff": lrn.entropy_coeff,
-                        "--max_grad_norm": lrn.max_grad_norm}.items():
+    for flag, value in {
+        "--value_loss_coeff": lrn.value_loss_coeff,
+        "--entropy_coeff": lrn.entropy_coeff,
+        "--max_grad_norm": lrn.max_grad_norm,
+    }.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")
     train_batch = lrn.batch_size * lrn.num_batches_per_epoch
@@ -266,15 +373,19 @@ def check_flags(cfg: Config) -> None:
         if s.rollout < 2:
             raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
         if train_batch % s.rollout:
-            raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
-                              f"--rollout ({s.rollout})")
+            raise ConfigError(
+                f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of --rollout ({s.rollout})"
+            )
     rollout = ROLLOUT_DEFAULT if s.rollout == "auto" else s.rollout  # with --recurrence, auto is 32
     if lrn.recurrence != "auto" and rollout % lrn.recurrence:
-        raise ConfigError(f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. "
-                          f"--recurrence {rollout}")
+        raise ConfigError(
+            f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. --recurrence {rollout}"
+        )
     if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT:
-        raise ConfigError(f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
-                          f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout")
+        raise ConfigError(
+            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
+            f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout"
+        )
     for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
@@ -285,13 +396,17 @@ def check_flags(cfg: Config) -> None:
     if run.stuck_timeout_sec <= 0:
         raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
     if run.max_worker_restarts < 0:
-        raise ConfigError(f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
-                          f"0 stops the run at the first worker failure")
+        raise ConfigError(
+            f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
+            f"0 stops the run at the first worker failure"
+        )
     if lrn.max_policy_lag < 0:
         raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
     if not _PLAIN_NAME.fullmatch(run.experiment):
-        raise ConfigError(f"--experiment must be a plain name: letters, digits, '.', '_', '-', not starting with "
-                          f"'.' or '-', at most 128 characters (got {run.experiment!r})")
+        raise ConfigError(
+            f"--experiment must be a plain name: letters, digits, '.', '_', '-', not starting with "
+            f"'.' or '-', at most 128 characters (got {run.experiment!r})"
+        )
 
 
 def check_resolved(cfg: Config) -> None:
@@ -299,17 +414,21 @@ def check_resolved(cfg: Config) -> None:
     s, lrn = cfg.sampler, cfg.learner
     train_batch = lrn.batch_size * lrn.num_batches_per_epoch
     if s.num_envs_per_worker % s.worker_num_splits:
-        raise ConfigError(f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
-                          f"--worker_num_splits ({s.worker_num_splits})")
+        raise ConfigError(
+            f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
+            f"--worker_num_splits ({s.worker_num_splits})"
+        )
     if train_batch % cfg.samples_per_slot:
         raise ConfigError(
             f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
             f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
-            f"change --batch_size or --num_envs_per_worker")
+            f"change --batch_size or --num_envs_per_worker"
+        )
     if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
         raise ConfigError(
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
-            f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker")
+            f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker"
+        )
 
 
 def _str_to_bool(text: str) -> bool:
@@ -335,9 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     default."""
     parser = argparse.ArgumentParser(
         description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
-                    "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
-                    "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
-        argument_default=argparse.SUPPRESS)
+        "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
+        "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
+        argument_default=argparse.SUPPRESS,
+    )
     for group_name, cls in GROUPS.items():
         group = parser.add_argument_group(group_name)
         for fld in dataclasses.fields(cls):

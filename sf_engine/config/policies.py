@@ -1,5 +1,6 @@
 """The `policies` group of the configuration: several policies in one run (sf_engine.config.groups imports it
 into its GROUPS; the command line and config.json read it like every group)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,37 +11,64 @@ from sf_engine.config.fields import int_or_auto
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    num_policies: int = _f(1, "Policies trained side by side (Sample Factory's name), each with its own weights, "
-                              "version counter, optimizer and TensorBoard scalars; the learner and the policy worker "
-                              "serve them all. Each env row (each agent of a multi-agent env) is played by one "
-                              "policy per episode, and trains only that policy.")
-    agent_policies: str = _f("", "How rows are given to policies: '' (default) draws a policy at random for each "
-                                 "episode of each row (random pairing in a multi-agent env); 'AGENT=P,AGENT=P' fixes "
-                                 "each agent of a PettingZoo env to policy P (every agent named).")
+    num_policies: int = _f(
+        1,
+        "Policies trained side by side (Sample Factory's name), each with its own weights, "
+        "version counter, optimizer and TensorBoard scalars; the learner and the policy worker "
+        "serve them all. Each env row (each agent of a multi-agent env) is played by one "
+        "policy per episode, and trains only that policy.",
+    )
+    agent_policies: str = _f(
+        "",
+        "How rows are given to policies: '' (default) draws a policy at random for each "
+        "episode of each row (random pairing in a multi-agent env); 'AGENT=P,AGENT=P' fixes "
+        "each agent of a PettingZoo env to policy P (every agent named).",
+    )
 
-    pool_every_versions: int = _f(0, "Self-play opponent pool: every this many versions of policy 0 a frozen snapshot "
-                                     "of it joins the pool (0: no pool). Snapshots act but never train.")
-    pool_share: float = _f(0.25, "With a pool: the share of seats of a multi-agent game played by pool snapshots "
-                                 "(each seat drawn at each episode; at least one seat of every game stays with a "
-                                 "learning policy).")
+    pool_every_versions: int = _f(
+        0,
+        "Self-play opponent pool: every this many versions of policy 0 a frozen snapshot "
+        "of it joins the pool (0: no pool). Snapshots act but never train.",
+    )
+    pool_share: float = _f(
+        0.25,
+        "With a pool: the share of seats of a multi-agent game played by pool snapshots "
+        "(each seat drawn at each episode; at least one seat of every game stays with a "
+        "learning policy).",
+    )
     pool_size: int = _f(8, "With a pool: snapshots kept; the oldest gives way to the newest.")
-    pbt: bool = _f(False, "Population-based training over the --num_policies policies: every period the worst "
-                          "--pbt_replace_fraction take a copy of a better member's weights and optimizer state "
-                          "(exploit) and mutate their hyperparameters (explore: learning rate, entropy coefficient, "
-                          "gamma, clip ratio). Members 1.. start from explored hyperparameters.")
-    pbt_period_env_steps: int | str = _f("auto", "Env steps per policy (on average over the population) between PBT "
-                                                 "rounds; 'auto': 20 training batches (--batch_size x "
-                                                 "--num_batches_per_epoch x 20).",
-                                         type=int_or_auto)
+    pbt: bool = _f(
+        False,
+        "Population-based training over the --num_policies policies: every period the worst "
+        "--pbt_replace_fraction take a copy of a better member's weights and optimizer state "
+        "(exploit) and mutate their hyperparameters (explore: learning rate, entropy coefficient, "
+        "gamma, clip ratio). Members 1.. start from explored hyperparameters.",
+    )
+    pbt_period_env_steps: int | str = _f(
+        "auto",
+        "Env steps per policy (on average over the population) between PBT "
+        "rounds; 'auto': 20 training batches (--batch_size x "
+        "--num_batches_per_epoch x 20).",
+        type=int_or_auto,
+    )
     pbt_replace_fraction: float = _f(0.3, "Share of the population replaced each round (the worst; at least one).")
     pbt_mutation_rate: float = _f(0.15, "Chance that each hyperparameter of a replaced member is mutated.")
-    pbt_resample_prob: float = _f(0.25, "Chance that a mutation draws the hyperparameter anew from its range "
-                                        "(sf_engine.roles.population.RANGES) instead of perturbing it.")
-    pbt_perturb_min: float = _f(1.05, "A perturbation multiplies or divides a hyperparameter by a factor within "
-                                      "[--pbt_perturb_min, --pbt_perturb_max].")
+    pbt_resample_prob: float = _f(
+        0.25,
+        "Chance that a mutation draws the hyperparameter anew from its range "
+        "(sf_engine.roles.population.RANGES) instead of perturbing it.",
+    )
+    pbt_perturb_min: float = _f(
+        1.05,
+        "A perturbation multiplies or divides a hyperparameter by a factor within "
+        "[--pbt_perturb_min, --pbt_perturb_max].",
+    )
     pbt_perturb_max: float = _f(1.5, "See --pbt_perturb_min.")
-    pbt_replace_reward_gap: float = _f(0.1, "A member is replaced only when its objective trails the better one's "
-                                            "by this share of the population's objective range.")
+    pbt_replace_reward_gap: float = _f(
+        0.1,
+        "A member is replaced only when its objective trails the better one's "
+        "by this share of the population's objective range.",
+    )
 
     @property
     def pool(self) -> int:
@@ -60,14 +88,21 @@ class PolicyConfig:
         if not 0.0 < self.pool_share < 1.0:
             raise ValueError(f"--pool_share must be within (0, 1) (got {self.pool_share})")
         if self.pool and len(agents) < 2:
-            raise ValueError("--pool_every_versions: an opponent pool needs a multi-agent env (its snapshots play "
-                             "seats against the learning policies); drop it for a single-agent env")
+            raise ValueError(
+                "--pool_every_versions: an opponent pool needs a multi-agent env (its snapshots play "
+                "seats against the learning policies); drop it for a single-agent env"
+            )
         if self.pbt and self.num_policies < 2:
             raise ValueError("--pbt needs a population: give --num_policies 2 or more (e.g. 4)")
-        if not 0.0 < self.pbt_replace_fraction <= 0.5 or not 0.0 <= self.pbt_mutation_rate <= 1.0 \
-                or not 0.0 <= self.pbt_resample_prob <= 1.0:
-            raise ValueError("--pbt_replace_fraction must be within (0, 0.5], --pbt_mutation_rate and "
-                             "--pbt_resample_prob within [0, 1]")
+        if (
+            not 0.0 < self.pbt_replace_fraction <= 0.5
+            or not 0.0 <= self.pbt_mutation_rate <= 1.0
+            or not 0.0 <= self.pbt_resample_prob <= 1.0
+        ):
+            raise ValueError(
+                "--pbt_replace_fraction must be within (0, 0.5], --pbt_mutation_rate and "
+                "--pbt_resample_prob within [0, 1]"
+            )
         if not 1.0 <= self.pbt_perturb_min <= self.pbt_perturb_max:
             raise ValueError("--pbt_perturb_min and --pbt_perturb_max: need 1 <= min <= max (e.g. 1.05 and 1.5)")
         if self.pbt_period_env_steps != "auto" and self.pbt_period_env_steps < 1:
@@ -87,10 +122,14 @@ class PolicyConfig:
         unknown = sorted(set(mapping) - set(agents))
         missing = [a for a in agents if a not in mapping]
         if unknown or missing:
-            raise ValueError(f"--agent_policies: the env's agents are {', '.join(agents) or 'none (single-agent env)'}"
-                             f"; {'unknown ' + ', '.join(unknown) if unknown else 'missing ' + ', '.join(missing)}")
+            raise ValueError(
+                f"--agent_policies: the env's agents are {', '.join(agents) or 'none (single-agent env)'}"
+                f"; {'unknown ' + ', '.join(unknown) if unknown else 'missing ' + ', '.join(missing)}"
+            )
         bad = [p for p in mapping.values() if not 0 <= p < self.num_policies]
         if bad:
-            raise ValueError(f"--agent_policies: policy {bad[0]} is not within 0..{self.num_policies - 1} "
-                             f"(--num_policies {self.num_policies})")
+            raise ValueError(
+                f"--agent_policies: policy {bad[0]} is not within 0..{self.num_policies - 1} "
+                f"(--num_policies {self.num_policies})"
+            )
         return tuple(mapping[a] for a in agents)

@@ -4,6 +4,7 @@ Runs in the policy worker (inference) and the learner (training). Observations a
 key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled here, on the device).
 Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [B].
 """
+
 from __future__ import annotations
 
 import copy
@@ -12,11 +13,11 @@ import math
 import torch
 from torch import nn
 
-from sf_engine.model.distributions import ActionDistribution
 from sf_engine.envs.spec import ACTION_MASK_KEY, is_image
 from sf_engine.model import kernels
 from sf_engine.model.cnn import cnn_for
 from sf_engine.model.cnn import init_layer as _init
+from sf_engine.model.distributions import ActionDistribution
 from sf_engine.model.kernels import Tanh, mlp
 from sf_engine.model.recurrent import RecurrentCore
 
@@ -142,15 +143,20 @@ class Encoder(nn.Module):
         if len(self.keys) == 1:
             key = self.keys[0]
             return nets[key](self.prepare(key, obs[key], bf16))
-        return torch.cat([nets[key](self.prepare(key, obs[key], bf16 and key in self.image_keys))
-                          for key in self.keys], dim=1)
+        return torch.cat(
+            [nets[key](self.prepare(key, obs[key], bf16 and key in self.image_keys)) for key in self.keys], dim=1
+        )
 
     def bfloat16_nets(self, copies: nn.ModuleDict = None) -> nn.ModuleDict:
         """The networks with bfloat16 copies of the image networks (the others as they are): made, or
         `copies` refreshed from the current weights."""
         if copies is None:
-            return nn.ModuleDict({key: copy.deepcopy(net).to(torch.bfloat16) if key in self.image_keys else net
-                                  for key, net in self.nets.items()})
+            return nn.ModuleDict(
+                {
+                    key: copy.deepcopy(net).to(torch.bfloat16) if key in self.image_keys else net
+                    for key, net in self.nets.items()
+                }
+            )
         with torch.no_grad():
             for key in self.image_keys:
                 for target, source in zip(copies[key].parameters(), self.nets[key].parameters()):
@@ -187,7 +193,9 @@ class ActorCritic(nn.Module):
             for layer in self.modules():
                 if isinstance(layer, (nn.Linear, nn.Conv2d)):
                     _init(layer, 1.0)
-        self.log_std = nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
+        self.log_std = (
+            nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
+        )
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
         # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
         self._bf16_acting, self._bf16_sources, self._bf16_version = None, [], 0
@@ -195,10 +203,10 @@ class ActorCritic(nn.Module):
         # run as one MLP (one compiled call on the CPU, see kernels.mlp); else None
         self._stacks = None
         if not self.recurrent and self.critic_encoder is not None and self.actor_encoder.single_mlp:
-            self._stacks = tuple((encoder, encoder.single_mlp[1].linears + [head],
-                                  encoder.single_mlp[1].activations + ("identity",))
-                                 for encoder, head in ((self.actor_encoder, self.policy_head),
-                                                       (self.critic_encoder, self.value_head)))
+            self._stacks = tuple(
+                (encoder, encoder.single_mlp[1].linears + [head], encoder.single_mlp[1].activations + ("identity",))
+                for encoder, head in ((self.actor_encoder, self.policy_head), (self.critic_encoder, self.value_head))
+            )
 
     @property
     def recurrent(self) -> bool:
@@ -219,10 +227,13 @@ class ActorCritic(nn.Module):
             encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None]
             cores = [c for c in (self.actor_core, self.critic_core) if c is not None]
             nets, weights = self._bf16_acting or ([None] * len(encoders), [None] * len(cores))
-            self._bf16_acting = ([encoder.bfloat16_nets(copies) for encoder, copies in zip(encoders, nets)],
-                                 [core.bfloat16_weights(copies) for core, copies in zip(cores, weights)])
-            self._bf16_sources = ([p for e in encoders for key in e.image_keys for p in e.nets[key].parameters()]
-                                  + [w for core in cores for w in core.weights])
+            self._bf16_acting = (
+                [encoder.bfloat16_nets(copies) for encoder, copies in zip(encoders, nets)],
+                [core.bfloat16_weights(copies) for core, copies in zip(cores, weights)],
+            )
+            self._bf16_sources = [p for e in encoders for key in e.image_keys for p in e.nets[key].parameters()] + [
+                w for core in cores for w in core.weights
+            ]
             self._bf16_version = sum(p._version for p in self._bf16_sources)
 
     def _acting_bf16(self):
@@ -262,8 +273,10 @@ class ActorCritic(nn.Module):
         """Distribution parameters [B, P] and normalized values [B]; with a core also the new state
         (`state`: [B, state_size], already zeroed where an episode starts)."""
         if self._stacks is not None and not self.bf16:
-            params, values = (mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
-                              for encoder, linears, activations in self._stacks)
+            params, values = (
+                mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
+                for encoder, linears, activations in self._stacks
+            )
             return self.legal(params, obs), values.squeeze(-1)
         acting = self._acting_bf16()
         features, critic_features = self._features(obs, acting)
@@ -280,8 +293,10 @@ class ActorCritic(nn.Module):
         if not self.masked:
             return params
         illegal = obs[ACTION_MASK_KEY].reshape(params.shape) == 0
-        none_legal = torch.cat([part.all(-1, keepdim=True).expand_as(part)
-                                for part in illegal.split(self.distribution.nvec, dim=-1)], dim=-1)
+        none_legal = torch.cat(
+            [part.all(-1, keepdim=True).expand_as(part) for part in illegal.split(self.distribution.nvec, dim=-1)],
+            dim=-1,
+        )
         return params.masked_fill(illegal & ~none_legal, MASKED_LOGIT)
 
     def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
@@ -291,12 +306,13 @@ class ActorCritic(nn.Module):
         the actor core's outputs [R, B, rnn_size] (its hidden state after each step)."""
         num_steps, batch = episode_start.shape
         features, critic_features = self._features(obs)
-        actor_state = state if self.critic_core is None else state[:, :self.actor_core.state_size]
+        actor_state = state if self.critic_core is None else state[:, : self.actor_core.state_size]
         out = self.actor_core.sequence(features.view(num_steps, batch, -1), actor_state, episode_start)
         critic_out = out
         if self.critic_core is not None:
-            critic_out = self.critic_core.sequence(critic_features.view(num_steps, batch, -1),
-                                                   state[:, self.actor_core.state_size:], episode_start)
+            critic_out = self.critic_core.sequence(
+                critic_features.view(num_steps, batch, -1), state[:, self.actor_core.state_size :], episode_start
+            )
         params = self.legal(self.policy_head(out.reshape(num_steps * batch, -1)), obs)
         values = self.value_head(critic_out.reshape(num_steps * batch, -1)).squeeze(-1)
         return params, values, out
@@ -304,8 +320,13 @@ class ActorCritic(nn.Module):
     def direct_gradients(self, obs: dict) -> bool:
         """Whether loss_gradients runs for `obs`: the separate MLP stacks (see _stacks), categorical
         actions, the compiled kernels on CPU float32, no bf16."""
-        return (self._stacks is not None and self.distribution.kind == "discrete" and not self.bf16
-                and not self.masked and kernels.use_kernels(next(iter(obs.values()))))
+        return (
+            self._stacks is not None
+            and self.distribution.kind == "discrete"
+            and not self.bf16
+            and not self.masked
+            and kernels.use_kernels(next(iter(obs.values())))
+        )
 
     def loss_gradients(self, obs: dict, loss_and_grads):
         """A training step's forward and backward without autograd, where direct_gradients(obs): both stacks'
@@ -313,10 +334,13 @@ class ActorCritic(nn.Module):
         logits, d loss / d values), and both stacks' backward adding into each parameter's .grad. The
         gradients of autograd through forward() and the same loss (tests/test_ops.py). Returns stats."""
         inputs = [encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]) for encoder, _, _ in self._stacks]
-        outputs = [kernels.mlp_outputs(x, linears, activations) for x, (_, linears, activations) in zip(inputs, self._stacks)]
+        outputs = [
+            kernels.mlp_outputs(x, linears, activations) for x, (_, linears, activations) in zip(inputs, self._stacks)
+        ]
         stats, grad_logits, grad_values = loss_and_grads(outputs[0][-1], outputs[1][-1].squeeze(-1))
-        for x, out, grad, (_, linears, activations) in zip(inputs, outputs, (grad_logits, grad_values.unsqueeze(1)),
-                                                           self._stacks):
+        for x, out, grad, (_, linears, activations) in zip(
+            inputs, outputs, (grad_logits, grad_values.unsqueeze(1)), self._stacks
+        ):
             kernels.mlp_backward_into(grad, x, out, linears, activations)
         return stats
 

@@ -1,6 +1,7 @@
 """Convolutional encoders of image observations: the Nature DQN CNN, Sample Factory's simple conv net
 (its Doom agents'), a small 3x3 CNN for tiny images and the IMPALA residual CNN. Input [B, C, H, W] float.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,10 +40,19 @@ class NatureCNN(_ConvEncoder):
     """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
 
     def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-            init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-            init_layer(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 512)
+        super().__init__(
+            nn.Sequential(
+                init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)),
+                nn.ReLU(),
+                init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)),
+                nn.ReLU(),
+                init_layer(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)),
+                nn.ReLU(),
+                nn.Flatten(),
+            ),
+            shape,
+            512,
+        )
 
 
 class SimpleCNN(_ConvEncoder):
@@ -50,11 +60,20 @@ class SimpleCNN(_ConvEncoder):
     64 4x4/2 and 128 3x3/2 convolutions, then 512 units, all ELU."""
 
     def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)), ELU(),
-            init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), ELU(),
-            init_layer(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)), ELU(), nn.Flatten()), shape, 512,
-            activation=ELU)
+        super().__init__(
+            nn.Sequential(
+                init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)),
+                ELU(),
+                init_layer(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)),
+                ELU(),
+                init_layer(nn.Conv2d(64, 128, 3, stride=2), math.sqrt(2)),
+                ELU(),
+                nn.Flatten(),
+            ),
+            shape,
+            512,
+            activation=ELU,
+        )
 
 
 class SmallCNN(_ConvEncoder):
@@ -62,10 +81,19 @@ class SmallCNN(_ConvEncoder):
     convolutions at full resolution, then 256 units (ReLU)."""
 
     def __init__(self, shape: tuple):
-        super().__init__(nn.Sequential(
-            init_layer(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)), nn.ReLU(),
-            init_layer(nn.Conv2d(16, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(),
-            init_layer(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)), nn.ReLU(), nn.Flatten()), shape, 256)
+        super().__init__(
+            nn.Sequential(
+                init_layer(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)),
+                nn.ReLU(),
+                init_layer(nn.Conv2d(16, 32, 3, padding=1), math.sqrt(2)),
+                nn.ReLU(),
+                init_layer(nn.Conv2d(32, 32, 3, padding=1), math.sqrt(2)),
+                nn.ReLU(),
+                nn.Flatten(),
+            ),
+            shape,
+            256,
+        )
 
 
 class _ResidualBlock(nn.Module):
@@ -84,8 +112,12 @@ class ImpalaCNN(_ConvEncoder):
     def __init__(self, shape: tuple, depths=(16, 32, 32)):
         layers, channels = [], shape[0]
         for depth in depths:
-            layers += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _ResidualBlock(depth), _ResidualBlock(depth)]
+            layers += [
+                nn.Conv2d(channels, depth, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _ResidualBlock(depth),
+                _ResidualBlock(depth),
+            ]
             channels = depth
         super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256)
 

@@ -1,5 +1,6 @@
 """Action distributions of the policy head: categorical (per dimension for MultiDiscrete) and diagonal
 Gaussian. Runs in the policy worker (sampling) and the learner (log-probs, entropies)."""
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,7 @@ class ActionDistribution:
         log_prob, entropy = 0.0, (0.0 if with_entropy else None)
         for i, logits in enumerate(self._split(params)):
             log_pi = torch.log_softmax(logits, dim=-1)
-            log_prob = log_prob + log_pi.gather(1, columns[:, i:i + 1]).squeeze(1)
+            log_prob = log_prob + log_pi.gather(1, columns[:, i : i + 1]).squeeze(1)
             if with_entropy:
                 entropy = entropy - (log_pi.exp() * log_pi).sum(-1)
         return log_prob, entropy

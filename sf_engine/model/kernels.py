@@ -17,6 +17,7 @@
   norm and one multiply, and Adam one fused kernel over one tensor, instead of a handful of kernels
   per parameter tensor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,21 +65,31 @@ class _CompiledMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         saved, num_layers = ctx.saved_tensors, ctx.num_layers
-        x, outputs, weights = saved[0], list(saved[1:1 + num_layers]), list(saved[1 + num_layers:])
+        x, outputs, weights = saved[0], list(saved[1 : 1 + num_layers]), list(saved[1 + num_layers :])
         grads = KERNELS.mlp_backward(grad, x, outputs, weights, ctx.activations, ctx.needs_input_grad[0])
         return (grads[0] if ctx.needs_input_grad[0] else None, None, *grads[1:])
 
 
 def use_kernels(x: torch.Tensor) -> bool:
     """Whether `mlp` runs the compiled kernels on x."""
-    return (KERNELS is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
-            and x.shape[0] > 0 and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling())
+    return (
+        KERNELS is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.shape[0] > 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _layers(linears: list, activations: tuple) -> tuple:
-    return ([linear.weight for linear in linears], [linear.bias for linear in linears],
-            [ACTIVATIONS.index(name) for name in activations])
+    return (
+        [linear.weight for linear in linears],
+        [linear.bias for linear in linears],
+        [ACTIVATIONS.index(name) for name in activations],
+    )
 
 
 def mlp_outputs(x: torch.Tensor, linears: list, activations: tuple) -> list:
@@ -119,13 +130,17 @@ class _NumpyTanh(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        y, = ctx.saved_tensors
+        (y,) = ctx.saved_tensors
         return torch.ops.aten.tanh_backward(grad, y)
 
 
 def tanh(x: torch.Tensor) -> torch.Tensor:
-    if (x.device.type == "cpu" and x.dtype in _NUMPY_DTYPES and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling()):
+    if (
+        x.device.type == "cpu"
+        and x.dtype in _NUMPY_DTYPES
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    ):
         if torch.is_grad_enabled() and x.requires_grad:
             return _NumpyTanh.apply(x)
         return torch.from_numpy(np.tanh(x.detach().numpy()))  # acting: no autograd node to build
@@ -149,7 +164,7 @@ class _KernelELU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        y, = ctx.saved_tensors
+        (y,) = ctx.saved_tensors
         return torch.ops.aten.elu_backward(grad, 1.0, 1.0, 1.0, True, y)
 
 
@@ -157,9 +172,16 @@ def elu_(x: torch.Tensor) -> torch.Tensor:
     """ELU (alpha 1) of x, in place where the compiled kernel runs (a contiguous or channels-last CPU
     float32 or bfloat16 tensor that is not a view, nor a leaf that needs a gradient), else torch's F.elu."""
     dense = x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
-    if (KERNELS is None or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or not dense
-            or x._base is not None or (x.is_leaf and x.requires_grad)
-            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+    if (
+        KERNELS is None
+        or x.device.type != "cpu"
+        or x.dtype not in (torch.float32, torch.bfloat16)
+        or not dense
+        or x._base is not None
+        or (x.is_leaf and x.requires_grad)
+        or torch.jit.is_tracing()
+        or torch.compiler.is_compiling()
+    ):
         return F.elu(x)
     if torch.is_grad_enabled() and x.requires_grad:
         return _KernelELU.apply(x)
@@ -170,8 +192,14 @@ def image_affine(rows: torch.Tensor, scale, shift, bf16: bool):
     """uint8 images [B, H, W, C] -> (x / 255 - mean) / std clipped to 5 std (`scale`, `shift` [H, W, C]
     from a normalizer's image_affine), or x / 255 (None, None), in float32 or (`bf16`) bfloat16, by
     the compiled kernel in one pass; None where it does not run (not the CPU, tracing, compiling)."""
-    if (KERNELS is None or rows.device.type != "cpu" or rows.dtype != torch.uint8 or rows.shape[0] == 0
-            or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+    if (
+        KERNELS is None
+        or rows.device.type != "cpu"
+        or rows.dtype != torch.uint8
+        or rows.shape[0] == 0
+        or torch.jit.is_tracing()
+        or torch.compiler.is_compiling()
+    ):
         return None
     if scale is None:
         return KERNELS.image_affine(rows, *_unit_affine(rows[0].numel()), 0.0, 1.0, bf16)
@@ -229,7 +257,7 @@ class FlatAdam:
         for p in params:
             if p.data_ptr() != flat[offset:].data_ptr():
                 raise ValueError("FlatAdam: the parameters are not laid out in the flat vector in order")
-            p.grad = view_like(self.grad[offset:offset + p.numel()], p)  # autograd accumulates into it
+            p.grad = view_like(self.grad[offset : offset + p.numel()], p)  # autograd accumulates into it
             offset += p.numel()
         self.param.grad = self.grad
         fused = flat.device.type in ("cpu", "cuda")
@@ -266,9 +294,21 @@ class FlatAdam:
         state["step"] += 1
         beta1, beta2 = group["betas"]
         with torch.no_grad():
-            torch._fused_adam_([self.param], [self.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [],
-                               [state["step"]], amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2,
-                               weight_decay=0.0, eps=group["eps"], maximize=False)
+            torch._fused_adam_(
+                [self.param],
+                [self.grad],
+                [state["exp_avg"]],
+                [state["exp_avg_sq"]],
+                [],
+                [state["step"]],
+                amsgrad=False,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=0.0,
+                eps=group["eps"],
+                maximize=False,
+            )
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()

@@ -26,6 +26,7 @@ reordered to i, f, o, g, the three sigmoids first).
 `RecurrentCore` is the models' core module: acting steps it once (torch's fused cell), training runs
 whole sequences through the above.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -61,8 +62,9 @@ def loops_for(tensor: torch.Tensor, loops=None) -> str:
         if loops not in ("native", "torch"):
             raise ValueError(f"loops must be 'native' or 'torch' (got {loops!r})")
         if loops == "native" and NATIVE is None:
-            raise RuntimeError("the compiled recurrent loops are not built: run "
-                               "`pip install --no-build-isolation -e .`")
+            raise RuntimeError(
+                "the compiled recurrent loops are not built: run `pip install --no-build-isolation -e .`"
+            )
         return loops
     if NATIVE is not None and tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
         return "native"
@@ -95,8 +97,9 @@ def gru_forward(x, h0, keep, resets, w_ih, w_hh, b_ih, b_hh, loops=None):
     steps, batch, _ = x.shape
     size = h0.shape[-1]
     halve = [(0, 2 * size)]
-    gi = torch.addmm(_halved_rows(b_ih, halve), x.detach().reshape(steps * batch, -1),
-                     _halved_rows(w_ih, halve).t()).view(steps, batch, 3 * size)
+    gi = torch.addmm(
+        _halved_rows(b_ih, halve), x.detach().reshape(steps * batch, -1), _halved_rows(w_ih, halve).t()
+    ).view(steps, batch, 3 * size)
     w_hh_t = _halved_rows(w_hh, halve).t().contiguous()
     b_hh = _halved_rows(b_hh, halve)
     if loops_for(x, loops) == "native":
@@ -109,10 +112,10 @@ def gru_forward(x, h0, keep, resets, w_ih, w_hh, b_ih, b_hh, loops=None):
             h = h * keep[t]
         g, a, nt, o = gh[t], rz[t], n[t], out[t]
         torch.addmm(b_hh, h, w_hh_t, out=g)
-        torch.tanh(torch.add(gi[t, :, :2 * size], g[:, :2 * size], out=a), out=a)
+        torch.tanh(torch.add(gi[t, :, : 2 * size], g[:, : 2 * size], out=a), out=a)
         _sigmoid_from_tanh(a)
-        torch.mul(a[:, :size], g[:, 2 * size:], out=nt)
-        nt += gi[t, :, 2 * size:]
+        torch.mul(a[:, :size], g[:, 2 * size :], out=nt)
+        nt += gi[t, :, 2 * size :]
         torch.tanh(nt, out=nt)
         torch.sub(h, nt, out=o)  # h' = n + z (h - n)
         o *= a[:, size:]
@@ -129,8 +132,11 @@ def lstm_forward(x, s0, keep, resets, w_ih, w_hh, b_ih, b_hh, loops=None):
     size = s0.shape[-1] // 2
     ifog = _IFOG(size, x.device)
     halve = [(0, 3 * size)]
-    gi = torch.addmm(_halved_rows((b_ih + b_hh)[ifog], halve), x.detach().reshape(steps * batch, -1),
-                     _halved_rows(w_ih[ifog], halve).t()).view(steps, batch, 4 * size)
+    gi = torch.addmm(
+        _halved_rows((b_ih + b_hh)[ifog], halve),
+        x.detach().reshape(steps * batch, -1),
+        _halved_rows(w_ih[ifog], halve).t(),
+    ).view(steps, batch, 4 * size)
     w_hh_t = _halved_rows(w_hh[ifog], halve).t().contiguous()
     if loops_for(x, loops) == "native":
         return NATIVE.lstm_forward(gi, s0.detach(), _flat_keep(keep), w_hh_t)
@@ -143,10 +149,10 @@ def lstm_forward(x, s0, keep, resets, w_ih, w_hh, b_ih, b_hh, loops=None):
         g, ht, ct, tc = gates[t], out[t, :, :size], out[t, :, size:], tanh_c[t]
         torch.addmm(gi[t], h, w_hh_t, out=g)
         torch.tanh(g, out=g)
-        _sigmoid_from_tanh(g[:, :3 * size])
-        torch.mul(g[:, :size], g[:, 3 * size:], out=ct)  # c' = i g + f c
-        ct += torch.mul(g[:, size:2 * size], c, out=scratch)
-        torch.mul(g[:, 2 * size:3 * size], torch.tanh(ct, out=tc), out=ht)  # h' = o tanh(c')
+        _sigmoid_from_tanh(g[:, : 3 * size])
+        torch.mul(g[:, :size], g[:, 3 * size :], out=ct)  # c' = i g + f c
+        ct += torch.mul(g[:, size : 2 * size], c, out=scratch)
+        torch.mul(g[:, 2 * size : 3 * size], torch.tanh(ct, out=tc), out=ht)  # h' = o tanh(c')
         h, c = ht, ct
     return out, gates, tanh_c
 
@@ -167,7 +173,7 @@ def gru_backward(grad_out, x, h0, keep, resets, w_ih, w_hh, out, gh, rz, n, loop
     """Gradients of gru_forward's outputs -> (dx, dh0, dw_ih, dw_hh, db_ih, db_hh)."""
     steps, batch, size = out.shape
     hp = _previous(out, h0, keep)
-    w_nrz = torch.cat([w_hh[2 * size:], w_hh[:2 * size]]).detach()  # w_hh's rows in (n, r, z) order
+    w_nrz = torch.cat([w_hh[2 * size :], w_hh[: 2 * size]]).detach()  # w_hh's rows in (n, r, z) order
     # d_all = [d gh_n | d a_r | d a_z | d a_n] (a: the pre-activations): [..., :3H] is d gh in (n, r, z)
     # order, [..., H:] is d gi in (r, z, n) order, so neither needs a copy
     if loops_for(x, loops) == "native":
@@ -175,12 +181,18 @@ def gru_backward(grad_out, x, h0, keep, resets, w_ih, w_hh, out, gh, rz, n, loop
     else:
         d_all, dh = _gru_backward_loop(grad_out, hp, keep, resets, w_nrz, gh, rz, n)
     d_all = d_all.view(steps * batch, 4 * size)
-    d_gi, d_gh = d_all[:, size:], d_all[:, :3 * size]
+    d_gi, d_gh = d_all[:, size:], d_all[:, : 3 * size]
     grad_w_ih = d_gi.t() @ x.detach().reshape(steps * batch, -1)
     grad_w_nrz = d_gh.t() @ hp.reshape(steps * batch, size)
     grad_b_nrz = d_gh.sum(0)
-    return ((d_gi @ w_ih.detach()).view_as(x), dh, grad_w_ih, torch.cat([grad_w_nrz[size:], grad_w_nrz[:size]]),
-            d_gi.sum(0), torch.cat([grad_b_nrz[size:], grad_b_nrz[:size]]))
+    return (
+        (d_gi @ w_ih.detach()).view_as(x),
+        dh,
+        grad_w_ih,
+        torch.cat([grad_w_nrz[size:], grad_w_nrz[:size]]),
+        d_gi.sum(0),
+        torch.cat([grad_b_nrz[size:], grad_b_nrz[:size]]),
+    )
 
 
 def _gru_backward_loop(grad_out, hp, keep, resets, w_nrz, gh, rz, n):
@@ -195,11 +207,11 @@ def _gru_backward_loop(grad_out, hp, keep, resets, w_nrz, gh, rz, n):
     torch.mul(n, n, out=from_dh[:, :, 1]).neg_().add_(1).mul_(one_minus_z)
     from_an = n.new_empty(steps, batch, 2, size)
     from_an[:, :, 0] = r
-    torch.mul(r, r, out=from_an[:, :, 1]).neg_().add_(r).mul_(gh[..., 2 * size:])
+    torch.mul(r, r, out=from_an[:, :, 1]).neg_().add_(r).mul_(gh[..., 2 * size :])
     d_all = grad_out.new_empty(steps, batch, 4 * size)
     dh, scratch = n.new_zeros(batch, size), n.new_empty(batch, size)
     d_pairs = d_all.view(steps, batch, 2, 2, size)
-    to_ghn_ar, to_az_an, d_gh = d_pairs[:, :, 0], d_pairs[:, :, 1], d_all[..., :3 * size]
+    to_ghn_ar, to_az_an, d_gh = d_pairs[:, :, 0], d_pairs[:, :, 1], d_all[..., : 3 * size]
     for t in range(steps - 1, -1, -1):
         dh += grad_out[t]
         az_an = torch.mul(dh[:, None], from_dh[t], out=to_az_an[t])
@@ -222,23 +234,29 @@ def lstm_backward(grad_out, x, s0, keep, resets, w_ih, w_hh, out, gates, tanh_c,
         d_all, ds0 = _lstm_backward_loop(grad_out, sp, keep, resets, w_hh, gates, tanh_c)
     d_a = d_all.reshape(steps * batch, 4 * size)
     grad_b = d_a.sum(0)
-    return ((d_a @ w_ih.detach()).view_as(x), ds0, d_a.t() @ x.detach().reshape(steps * batch, -1),
-            d_a.t() @ sp[..., :size].reshape(steps * batch, size), grad_b, grad_b)
+    return (
+        (d_a @ w_ih.detach()).view_as(x),
+        ds0,
+        d_a.t() @ x.detach().reshape(steps * batch, -1),
+        d_a.t() @ sp[..., :size].reshape(steps * batch, size),
+        grad_b,
+        grad_b,
+    )
 
 
 def _lstm_backward_loop(grad_out, sp, keep, resets, w_hh, gates, tanh_c):
     """The LSTM's backward recursion in torch ops -> (d_all [T, B, 4H], ds0)."""
     steps, batch, size = tanh_c.shape
-    i, f, o, g = (gates[..., k * size:(k + 1) * size] for k in range(4))
-    to_c = (1 - tanh_c * tanh_c).mul_(o)                # dh -> dc
-    to_a = gates.new_empty(steps, batch, 3 * size)      # dc -> d a_i, d a_f, d a_g
+    i, f, o, g = (gates[..., k * size : (k + 1) * size] for k in range(4))
+    to_c = (1 - tanh_c * tanh_c).mul_(o)  # dh -> dc
+    to_a = gates.new_empty(steps, batch, 3 * size)  # dc -> d a_i, d a_f, d a_g
     torch.mul(i, i, out=to_a[..., :size]).neg_().add_(i).mul_(g)
-    torch.mul(f, f, out=to_a[..., size:2 * size]).neg_().add_(f).mul_(sp[..., size:])
-    torch.mul(g, g, out=to_a[..., 2 * size:]).neg_().add_(1).mul_(i)
-    to_ao = (1 - o).mul_(o).mul_(tanh_c)                # dh -> d a_o
+    torch.mul(f, f, out=to_a[..., size : 2 * size]).neg_().add_(f).mul_(sp[..., size:])
+    torch.mul(g, g, out=to_a[..., 2 * size :]).neg_().add_(1).mul_(i)
+    to_ao = (1 - o).mul_(o).mul_(tanh_c)  # dh -> d a_o
     d_all = grad_out.new_empty(steps, batch, 4 * size)  # d a in (i, f, g, o) order
     dh, dc, scratch = gates.new_zeros(batch, size), gates.new_zeros(batch, size), gates.new_empty(batch, size)
-    d_ifg, d_o = d_all[..., :3 * size].unflatten(-1, (3, size)), d_all[..., 3 * size:]
+    d_ifg, d_o = d_all[..., : 3 * size].unflatten(-1, (3, size)), d_all[..., 3 * size :]
     to_a = to_a.unflatten(-1, (3, size))
     for t in range(steps - 1, -1, -1):
         dh += grad_out[t, :, :size]
@@ -272,8 +290,9 @@ class _Sequence(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, state, keep, w_ih, w_hh, out, *saved = ctx.saved_tensors
-        dx, dstate, dw_ih, dw_hh, db_ih, db_hh = _BACKWARD[ctx.kind](grad_out, x, state, keep, ctx.resets, w_ih,
-                                                                     w_hh, out, *saved)
+        dx, dstate, dw_ih, dw_hh, db_ih, db_hh = _BACKWARD[ctx.kind](
+            grad_out, x, state, keep, ctx.resets, w_ih, w_hh, out, *saved
+        )
         return None, dx, dstate, None, None, dw_ih, dw_hh, db_ih, db_hh
 
 
@@ -334,7 +353,7 @@ class RecurrentCore(nn.Module):
         `bf16_weights` (bfloat16_weights()) it runs in bfloat16, outputs and state back in state's dtype."""
         if torch.is_grad_enabled():
             new_state = self._run(x.unsqueeze(0), state, None)[0]
-            return new_state[:, :self.out_size], new_state
+            return new_state[:, : self.out_size], new_state
         size, weights = self.out_size, bf16_weights or self.weights
         dtype = torch.bfloat16 if bf16_weights else state.dtype
         x, cell_state = x.to(dtype), state.to(dtype)  # the encoder's features may be bf16 (--bf16)
@@ -348,4 +367,4 @@ class RecurrentCore(nn.Module):
     def sequence(self, x: torch.Tensor, state: torch.Tensor, episode_start: torch.Tensor) -> torch.Tensor:
         """x [R, B, F] time-major, state [B, state_size] before step 0, episode_start [R, B] (the state
         is zeroed before those steps) -> outputs [R, B, size]."""
-        return self._run(x, state, episode_start)[..., :self.out_size]
+        return self._run(x, state, episode_start)[..., : self.out_size]

@@ -3,6 +3,7 @@ the recurrent core, and how much recurrent state an env carries. Made once by th
 run plan (sf_engine.run.plan), before any model is built; kept apart from sf_engine.model.actor_critic, which builds
 the networks from the resolved values, so that deciding needs no torch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,9 @@ def changed_flags(saved: dict, cfg, spec) -> list:
         changed = []
         if "model" in saved:
             old = resolve_model_config(ModelConfig(**saved["model"]), spec)
-            changed = [f"--{f.name}" for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(cfg.model, f.name)]
+            changed = [
+                f"--{f.name}" for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(cfg.model, f.name)
+            ]
         if saved.get("env", {}).get("env") != cfg.env.env:
             changed.insert(0, "--env")
         if saved.get("policies", {}).get("num_policies", 1) != cfg.policies.num_policies:

@@ -4,6 +4,7 @@ and replay (enjoy.py). Runs in the process that calls it, on `device`.
 Envs reset on the step after an episode ends (Gymnasium 1.x / EnvPool): that step's action is
 ignored and it belongs to no episode; a recurrent state starts over from zeros with each episode.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,16 @@ def act(model, obs: dict, state=None, deterministic: bool = False):
     return actions, new_state
 
 
-def play(model, env, episodes_per_env: int, deterministic: bool = True, max_steps: int | None = None,
-         should_stop=lambda: False, device="cpu", max_episode_steps: int | None = None):
+def play(
+    model,
+    env,
+    episodes_per_env: int,
+    deterministic: bool = True,
+    max_steps: int | None = None,
+    should_stop=lambda: False,
+    device="cpu",
+    max_episode_steps: int | None = None,
+):
     """Play `episodes_per_env` whole episodes on each env of `env` (a BatchEnv made with training=False,
     whose episode_over marks the end of a whole game, E envs). Yields (env index, return, length) of each
     episode as it ends, in the user's score (the true game score on Atari). Gives up after `max_steps`

@@ -7,6 +7,7 @@ action the env takes (the most likely one, shifted by a Discrete space's start; 
 clipped to the action space), the value estimate, and with --rnn the new state, which the caller feeds
 back and zeroes where an episode starts. Observation normalization is inside the graph.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,15 +76,20 @@ def describe(model, spec) -> dict:
     (B: any batch size)."""
     inputs = [{"name": key, "dtype": dtype, "shape": ["B", *shape]} for key, shape, dtype in spec.obs]
     action = spec.action
-    outputs = [{"name": "action", "dtype": action.dtype, "shape": ["B", *action.buffer_shape]},
-               {"name": "value", "dtype": "float32", "shape": ["B"]}]
+    outputs = [
+        {"name": "action", "dtype": action.dtype, "shape": ["B", *action.buffer_shape]},
+        {"name": "value", "dtype": "float32", "shape": ["B"]},
+    ]
     if model.recurrent:
         inputs.append({"name": "state", "dtype": "float32", "shape": ["B", model.state_size]})
         outputs.append({"name": "state_out", "dtype": "float32", "shape": ["B", model.state_size]})
-    return {"inputs": inputs, "outputs": outputs, "action": {"kind": action.kind, "nvec": list(action.nvec),
-                                                             "low": list(action.low), "high": list(action.high)},
-            "recurrent": model.recurrent,
-            "note": "greedy actions; with a recurrent core feed state_out back as state, zeros where an episode starts"}
+    return {
+        "inputs": inputs,
+        "outputs": outputs,
+        "action": {"kind": action.kind, "nvec": list(action.nvec), "low": list(action.low), "high": list(action.high)},
+        "recurrent": model.recurrent,
+        "note": "greedy actions; with a recurrent core feed state_out back as state, zeros where an episode starts",
+    }
 
 
 def example_inputs(model, spec, batch: int = 2) -> tuple:
@@ -97,10 +103,16 @@ def export_onnx(policy: GreedyPolicy, info: dict, path: str) -> None:
     """ONNX through torch.export, any batch size."""
     inputs = example_inputs(policy.model, policy.spec)
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    program = torch.onnx.export(policy, inputs, input_names=[i["name"] for i in info["inputs"]],
-                                output_names=[o["name"] for o in info["outputs"]],
-                                dynamic_shapes=(tuple({0: batch} for _ in inputs),), opset_version=OPSET,
-                                dynamo=True, verbose=False)
+    program = torch.onnx.export(
+        policy,
+        inputs,
+        input_names=[i["name"] for i in info["inputs"]],
+        output_names=[o["name"] for o in info["outputs"]],
+        dynamic_shapes=(tuple({0: batch} for _ in inputs),),
+        opset_version=OPSET,
+        dynamo=True,
+        verbose=False,
+    )
     program.save(path)
 
 
@@ -133,8 +145,9 @@ def export(model, spec, out_dir: str, formats: str = "both") -> list:
 def parse_args(argv=None):
     parser = experiment_parser(__doc__)
     parser.add_argument("--format", default="both", choices=FORMATS, help="Which files to write.")
-    parser.add_argument("--output", default=None,
-                        help="Directory the files go to (default: <train_dir>/<experiment>/export).")
+    parser.add_argument(
+        "--output", default=None, help="Directory the files go to (default: <train_dir>/<experiment>/export)."
+    )
     return parser.parse_args(argv)
 
 
@@ -146,8 +159,10 @@ def run(args) -> int:
     if args.format in ("onnx", "both"):  # before anything is loaded or written
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:
-            raise EnjoyError(f"--format {args.format} needs the {' and '.join(missing)} package(s): pip install "
-                             f"'sf_engine[onnx]' (or --format torchscript)")
+            raise EnjoyError(
+                f"--format {args.format} needs the {' and '.join(missing)} package(s): pip install "
+                f"'sf_engine[onnx]' (or --format torchscript)"
+            )
     cfg, spec, exp_dir = load_experiment(args.train_dir, args.experiment)
     out_dir = args.output or os.path.join(exp_dir, "export")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):

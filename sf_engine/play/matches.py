@@ -10,6 +10,7 @@ next, so that both are played equally. Opponents (`make_opponent`):
   a checkpoint     another policy trained on the same env (its file is loaded as data, never run).
 A game is won when the policy's return is above the opponent's, drawn when equal, lost when below.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,8 +19,8 @@ import numpy as np
 import torch
 
 from sf_engine.envs.masks import random_actions
-from sf_engine.play.episodes import act
 from sf_engine.model.actor_critic import obs_tensors
+from sf_engine.play.episodes import act
 
 
 class OpponentError(ValueError):
@@ -49,6 +50,7 @@ def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0
 
         def call(env, rows, obs):  # the env's own action values, back to the policy's 0..n-1
             return np.array([np.asarray(function(env.raw_observation(int(row)))) - start for row in rows])
+
         return Opponent(text, spec, call)
     return _checkpoint_opponent(text, spec, load_policy, device)
 
@@ -59,8 +61,9 @@ def _import_function(text: str):
         module = importlib.import_module(module_name)
         function = getattr(module, name)
     except (ImportError, AttributeError) as exc:
-        raise OpponentError(f"--opponent {text}: cannot import it ({exc}); give random, MODULE:FUNCTION or a "
-                            f"checkpoint file") from None
+        raise OpponentError(
+            f"--opponent {text}: cannot import it ({exc}); give random, MODULE:FUNCTION or a checkpoint file"
+        ) from None
     if not callable(function):
         raise OpponentError(f"--opponent {text}: {name} is not a function of an observation")
     return function
@@ -76,18 +79,29 @@ def _checkpoint_opponent(path: str, spec, load_policy, device) -> Opponent:
     except Exception as exc:  # the loader's own error, as one line
         raise OpponentError(f"--opponent {exc}") from None
     if policy.recurrent:
-        raise OpponentError(f"--opponent {path}: a recurrent policy cannot be an opponent yet (it would play "
-                            f"without its memory); give a feed-forward one, random or MODULE:FUNCTION")
+        raise OpponentError(
+            f"--opponent {path}: a recurrent policy cannot be an opponent yet (it would play "
+            f"without its memory); give a feed-forward one, random or MODULE:FUNCTION"
+        )
 
     def choose(env, rows, obs):
         with torch.inference_mode():
             actions, _ = act(policy, obs_tensors({k: v[rows] for k, v in obs.items()}, device), None, True)
         return actions.cpu().numpy()
+
     return Opponent(os.path.basename(path), spec, choose)
 
 
-def play_matches(policy, env, opponent: Opponent, num_games: int, deterministic: bool = True, device="cpu",
-                 max_steps: int = 100_000, should_stop=lambda: False) -> dict:
+def play_matches(
+    policy,
+    env,
+    opponent: Opponent,
+    num_games: int,
+    deterministic: bool = True,
+    device="cpu",
+    max_steps: int = 100_000,
+    should_stop=lambda: False,
+) -> dict:
     """Play `num_games` whole games of a two-player `env` (a MultiAgentBatchEnv of G games) between
     `policy` (feed-forward or recurrent) and `opponent`. Game k is planned before any is played: the
     policy takes seat k mod 2, in env game k mod G, so the seats are played equally whatever the games'
@@ -134,9 +148,16 @@ def summarize(results: list, num_agents: int) -> dict:
     outcome = np.array([r[2] for r in results]) if results else np.zeros(0)
     games = max(len(results), 1)
     returns = np.array([r[1] for r in results]) if results else np.zeros(1)
-    return {"games": len(results), "wins": int((outcome > 0).sum()), "draws": int((outcome == 0).sum()),
-            "losses": int((outcome < 0).sum()), "win_rate": float((outcome > 0).sum() / games),
-            "draw_rate": float((outcome == 0).sum() / games), "loss_rate": float((outcome < 0).sum() / games),
-            "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-            "length_mean": float(np.mean([r[3] for r in results])) if results else 0.0,
-            "games_per_seat": [int(sum(1 for r in results if r[0] == s)) for s in range(num_agents)]}
+    return {
+        "games": len(results),
+        "wins": int((outcome > 0).sum()),
+        "draws": int((outcome == 0).sum()),
+        "losses": int((outcome < 0).sum()),
+        "win_rate": float((outcome > 0).sum() / games),
+        "draw_rate": float((outcome == 0).sum() / games),
+        "loss_rate": float((outcome < 0).sum() / games),
+        "return_mean": float(returns.mean()),
+        "return_std": float(returns.std()),
+        "length_mean": float(np.mean([r[3] for r in results])) if results else 0.0,
+        "games_per_seat": [int(sum(1 for r in results if r[0] == s)) for s in range(num_agents)],
+    }

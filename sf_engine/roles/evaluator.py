@@ -6,6 +6,7 @@ policy worker), plays --eval_episodes whole episodes with the most likely action
 its own batch (never the rollout workers' envs), reports them, and writes checkpoints/best.pt when
 the mean return beats every earlier evaluation.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,12 +15,12 @@ import time
 
 import numpy as np
 
-from sf_engine.runtime.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
 from sf_engine.envs import make_batch_env
-from sf_engine.play.episodes import play
-from sf_engine.stats.messages import Evaluation
 from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.play.episodes import play
+from sf_engine.runtime.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
 from sf_engine.runtime.weights import flatten_state
+from sf_engine.stats.messages import Evaluation
 
 EVAL_SEED_OFFSET = 1_000_000_007
 
@@ -35,8 +36,14 @@ class Evaluator:
         self.two_player = len(ctx.plan.spec.agents) == 2  # evaluated by games against a random player
         agents = ctx.plan.spec.num_agents  # a multi-agent env: whole games, one episode per agent
         rows = 2 * min(cfg.run.eval_episodes, 32) if self.two_player else -(-cfg.run.eval_episodes // agents) * agents
-        self.env = make_batch_env(cfg.env.env, cfg.env.env_backend, rows,
-                                  seed=cfg.env.seed + EVAL_SEED_OFFSET, spec=ctx.plan.spec, training=False)
+        self.env = make_batch_env(
+            cfg.env.env,
+            cfg.env.env_backend,
+            rows,
+            seed=cfg.env.seed + EVAL_SEED_OFFSET,
+            spec=ctx.plan.spec,
+            training=False,
+        )
         self.next_eval_time = time.monotonic() + cfg.run.eval_every_sec
         self.best_path = os.path.join(ctx.plan.paths.checkpoint_dir, BEST_NAME)
         self.best_return = self._previous_best()
@@ -78,8 +85,9 @@ class Evaluator:
         if self.two_player:
             return self._evaluate_games(version, start)
         returns, lengths = {}, {}
-        for env_index, episode_return, length in play(self.model, self.env, 1, max_steps=self.cfg.run.eval_max_steps,
-                                                      should_stop=self._should_stop):
+        for env_index, episode_return, length in play(
+            self.model, self.env, 1, max_steps=self.cfg.run.eval_max_steps, should_stop=self._should_stop
+        ):
             returns[env_index], lengths[env_index] = episode_return, length
         if not returns:
             logging.info("evaluation of version %d: no episode finished within --eval_max_steps", version)
@@ -88,9 +96,18 @@ class Evaluator:
         mean = float(finished.mean())
         if len(returns) == self.env.num_envs:
             self._keep_best(mean, version)
-        self.ctx.send(Evaluation(version, mean, float(finished.std()), float(np.mean(list(lengths.values()))),
-                                 len(returns), self.env.num_envs - len(returns), self.best_return,
-                                 time.monotonic() - start))
+        self.ctx.send(
+            Evaluation(
+                version,
+                mean,
+                float(finished.std()),
+                float(np.mean(list(lengths.values()))),
+                len(returns),
+                self.env.num_envs - len(returns),
+                self.best_return,
+                time.monotonic() - start,
+            )
+        )
         return mean
 
     def _evaluate_games(self, version: int, start: float) -> float:
@@ -98,18 +115,34 @@ class Evaluator:
         (Connect Four: wins minus losses) decides best.pt."""
         from sf_engine.play.matches import make_opponent, play_matches
 
-        figures = play_matches(self.model, self.env, make_opponent("random", self.ctx.plan.spec, seed=version),
-                               self.cfg.run.eval_episodes, max_steps=self.cfg.run.eval_max_steps,
-                               should_stop=self._should_stop)
+        figures = play_matches(
+            self.model,
+            self.env,
+            make_opponent("random", self.ctx.plan.spec, seed=version),
+            self.cfg.run.eval_episodes,
+            max_steps=self.cfg.run.eval_max_steps,
+            should_stop=self._should_stop,
+        )
         if not figures["games"]:
             return None
         mean = figures["return_mean"]
         if figures["games"] == self.cfg.run.eval_episodes:
             self._keep_best(mean, version)
-        self.ctx.send(Evaluation(version, mean, figures["return_std"], figures["length_mean"], figures["games"],
-                                 self.cfg.run.eval_episodes - figures["games"], self.best_return,
-                                 time.monotonic() - start, figures["win_rate"], figures["draw_rate"],
-                                 figures["loss_rate"]))
+        self.ctx.send(
+            Evaluation(
+                version,
+                mean,
+                figures["return_std"],
+                figures["length_mean"],
+                figures["games"],
+                self.cfg.run.eval_episodes - figures["games"],
+                self.best_return,
+                time.monotonic() - start,
+                figures["win_rate"],
+                figures["draw_rate"],
+                figures["loss_rate"],
+            )
+        )
         return mean
 
     def _keep_best(self, mean: float, version: int) -> None:
@@ -118,8 +151,15 @@ class Evaluator:
             return
         self.best_return = mean
         try:
-            save_state_atomic(self.best_path, {"model": self.model.state_dict(), "version": version,
-                                               "eval_return": mean, "config": self.cfg.to_dict()})
+            save_state_atomic(
+                self.best_path,
+                {
+                    "model": self.model.state_dict(),
+                    "version": version,
+                    "eval_return": mean,
+                    "config": self.cfg.to_dict(),
+                },
+            )
         except OSError as exc:
             logging.warning("best.pt not written (%s); the previous one is kept", exc.strerror or exc)
 

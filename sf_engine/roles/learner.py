@@ -9,6 +9,7 @@ its own trajectories. After its update a policy's
 new weights are copied into its shared tensor under the seqlock and its version is bumped; only then
 are the slots returned to the free pool (so in sync mode no slot is ever filled by an older policy).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,13 +18,13 @@ import time
 import numpy as np
 import torch
 
+from sf_engine.roles.policy_learner import PolicyLearner
+from sf_engine.roles.population import Population
 from sf_engine.runtime.checkpoint import load_checkpoint, save_checkpoint
 from sf_engine.runtime.ipc import get_many
-from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
-from sf_engine.roles.population import Population
-from sf_engine.roles.policy_learner import PolicyLearner
 from sf_engine.runtime.role import StageTimer
 from sf_engine.runtime.wiring import weight_readers
+from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
 
 _STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
 
@@ -33,12 +34,19 @@ class Learner:
         """Built from the run plan (the checkpoint to resume from is the plan's); publishes version 0
         (or the resumed version) before the first step."""
         plan = ctx.plan
-        self.ctx, self.cfg, self.lcfg, self.buffers, self.queues = ctx, plan.cfg, plan.cfg.learner, ctx.buffers, ctx.queues
+        self.ctx, self.cfg, self.lcfg, self.buffers, self.queues = (
+            ctx,
+            plan.cfg,
+            plan.cfg.learner,
+            ctx.buffers,
+            ctx.queues,
+        )
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
-        self.policies = [PolicyLearner(ctx, policy, lambda: self.env_steps)
-                         for policy in range(self.cfg.policies.num_policies)]
+        self.policies = [
+            PolicyLearner(ctx, policy, lambda: self.env_steps) for policy in range(self.cfg.policies.num_policies)
+        ]
         self.population = Population(self, ctx)  # PBT and the opponent pool (sf_engine.roles.population)
         if plan.resume_from:
             self._load(plan.resume_from)
@@ -53,8 +61,9 @@ class Learner:
     model = property(lambda self: self.policies[0].model)
     optimizer = property(lambda self: self.policies[0].optimizer)
     weights = property(lambda self: self.policies[0].weights)
-    version = property(lambda self: self.policies[0].version,
-                       lambda self, value: setattr(self.policies[0], "version", value))
+    version = property(
+        lambda self: self.policies[0].version, lambda self, value: setattr(self.policies[0], "version", value)
+    )
 
     def describe(self) -> str:
         versions = ", ".join(str(learner.version) for learner in self.policies)
@@ -119,8 +128,10 @@ class Learner:
         if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T+1, N, H]
             batch["episode_start"] = time_major(self.buffers.episode_start)
             batch["rnn_states"] = time_major(self.buffers.rnn_states)
-        return {k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
-                for k, v in batch.items()}
+        return {
+            k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
+            for k, v in batch.items()
+        }
 
     def train_on(self, slots: list) -> None:
         """One training iteration on `slots`: each policy on the samples it acted (all of them with one
@@ -145,19 +156,39 @@ class Learner:
             self.population.trained(learner.policy, int(mine.sum()))
             self.timer.lap("weight_publish")
             mine_lag = lag[mine].float() if bool(mine.any()) else torch.zeros(1)
-            self.ctx.send(Training(
-                self.timer.report("learner"), version=learner.version, samples=samples,
-                dropped_lag=int((mine & ~keep).sum()),
-                not_trainable=not_trainable,
-                lag_count=int(mine.sum()), lag_min=float(mine_lag.min()), lag_mean=float(mine_lag.mean()),
-                lag_max=float(mine_lag.max()), learning_rate=learner.optimizer.param_groups[0]["lr"], losses=losses,
-                policy=learner.policy, train_sec=train_sec))
+            self.ctx.send(
+                Training(
+                    self.timer.report("learner"),
+                    version=learner.version,
+                    samples=samples,
+                    dropped_lag=int((mine & ~keep).sum()),
+                    not_trainable=not_trainable,
+                    lag_count=int(mine.sum()),
+                    lag_min=float(mine_lag.min()),
+                    lag_mean=float(mine_lag.mean()),
+                    lag_max=float(mine_lag.max()),
+                    learning_rate=learner.optimizer.param_groups[0]["lr"],
+                    losses=losses,
+                    policy=learner.policy,
+                    train_sec=train_sec,
+                )
+            )
             not_trainable = 0
         if not_trainable:  # no policy trained on this batch: its books still count
-            self.ctx.send(Training(self.timer.report("learner"), version=self.policies[0].version, samples=0,
-                                   dropped_lag=0, not_trainable=not_trainable, lag_count=0, lag_min=0.0,
-                                   lag_mean=0.0, lag_max=0.0,
-                                   learning_rate=self.policies[0].optimizer.param_groups[0]["lr"]))
+            self.ctx.send(
+                Training(
+                    self.timer.report("learner"),
+                    version=self.policies[0].version,
+                    samples=0,
+                    dropped_lag=0,
+                    not_trainable=not_trainable,
+                    lag_count=0,
+                    lag_min=0.0,
+                    lag_mean=0.0,
+                    lag_max=0.0,
+                    learning_rate=self.policies[0].optimizer.param_groups[0]["lr"],
+                )
+            )
         self.population.step()  # a PBT round or a pool snapshot when one is due
         self.buffers.take_rows(slots)
         self.queues.free_slots.put_many(list(slots))
@@ -175,8 +206,10 @@ class Learner:
         if len(self.policies) == 1:
             state = self.policies[0].state()
         else:  # the whole population in one file: a resumed run finds every policy as it was together
-            state = {"policies": [learner.state() for learner in self.policies],
-                     "version": sum(learner.version for learner in self.policies)}
+            state = {
+                "policies": [learner.state() for learner in self.policies],
+                "version": sum(learner.version for learner in self.policies),
+            }
         state |= self.population.state()
         state |= {"env_steps": env_steps, "config": self.cfg.to_dict()}
         version = state["version"]
@@ -184,8 +217,9 @@ class Learner:
         try:
             path = save_checkpoint(self.checkpoint_dir, state, version, env_steps, self.cfg.run.keep_checkpoints)
         except OSError as exc:
-            logging.warning("checkpoint of version %d not written (%s); the previous one is kept",
-                            version, exc.strerror or exc)
+            logging.warning(
+                "checkpoint of version %d not written (%s); the previous one is kept", version, exc.strerror or exc
+            )
             self.ctx.send(CheckpointFailed(str(exc.strerror or exc)))
             return None
         self.ctx.send(CheckpointWritten(path))

@@ -2,6 +2,7 @@
 its advantage targets and PPO epochs over the samples of a batch that it acted (sf_engine.roles.learner
 gathers the batch and hands each policy its part; with --num_policies 1 there is one of these).
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,12 @@ class PolicyLearner:
     def state(self) -> dict:
         from sf_engine.roles.population import hyperparameters
 
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version,
-                "hyperparameters": hyperparameters(self.lcfg)}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "hyperparameters": hyperparameters(self.lcfg),
+        }
 
     def train(self, batch: dict, keep) -> tuple:
         """Targets of the whole batch, then PPO epochs over its samples that `keep` [T, N] marks (this
@@ -71,16 +76,25 @@ class PolicyLearner:
         advantages, returns = self._targets(batch)
         index = keep.reshape(-1).nonzero().squeeze(1)
         flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept
-        samples = {"obs": {key: flat(value[:-1].permute(0, 1, 3, 4, 2) if key in self.chw_images else value[:-1])
-                           for key, value in batch["obs"].items()},
-                   "actions": flat(batch["actions"]), "log_probs": flat(batch["log_probs"]),
-                   "advantages": flat(advantages), "returns": flat(returns)}
+        samples = {
+            "obs": {
+                key: flat(value[:-1].permute(0, 1, 3, 4, 2) if key in self.chw_images else value[:-1])
+                for key, value in batch["obs"].items()
+            },
+            "actions": flat(batch["actions"]),
+            "log_probs": flat(batch["log_probs"]),
+            "advantages": flat(advantages),
+            "returns": flat(returns),
+        }
         if "acting" in batch:
             samples["acting"] = flat(batch["acting"]).float()
         losses = {}
         if index.numel():
-            losses = (self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
-                      if self.model.recurrent else self._ppo_epochs(samples))
+            losses = (
+                self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
+                if self.model.recurrent
+                else self._ppo_epochs(samples)
+            )
             # after the epochs: the behaviour log-probs were computed with the statistics in force
             self.model.update_normalizers(samples["obs"], samples["returns"])
         return int(index.numel()), losses
@@ -106,16 +120,26 @@ class PolicyLearner:
             values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
             if not lcfg.with_vtrace:
                 values = torch.cat([batch["values"], values[-1:]])
-                return ppo.gae(batch["rewards"], values, batch["terminated"], dones, batch["valid"],
-                               lcfg.gamma, lcfg.gae_lambda)
+                return ppo.gae(
+                    batch["rewards"], values, batch["terminated"], dones, batch["valid"], lcfg.gamma, lcfg.gae_lambda
+                )
             actions = batch["actions"].reshape(num_steps * num_traj, *batch["actions"].shape[2:])
-            target_log_probs, _ = model.log_prob_entropy(params[:num_steps * num_traj], actions)
+            target_log_probs, _ = model.log_prob_entropy(params[: num_steps * num_traj], actions)
             target_log_probs = target_log_probs.reshape(num_steps, num_traj)
             if "acting" in batch:  # a waiting agent's action changed nothing: no correction there
                 target_log_probs = torch.where(batch["acting"], target_log_probs, batch["log_probs"])
-            vs, advantages = ppo.vtrace(batch["log_probs"], target_log_probs,
-                                        batch["rewards"], values, batch["terminated"], dones, batch["valid"],
-                                        lcfg.gamma, lcfg.vtrace_rho_bar, lcfg.vtrace_c_bar)
+            vs, advantages = ppo.vtrace(
+                batch["log_probs"],
+                target_log_probs,
+                batch["rewards"],
+                values,
+                batch["terminated"],
+                dones,
+                batch["valid"],
+                lcfg.gamma,
+                lcfg.vtrace_rho_bar,
+                lcfg.vtrace_c_bar,
+            )
             return advantages, vs
 
     def _sequences(self, batch: dict, keep, advantages, returns) -> dict:
@@ -124,12 +148,17 @@ class PolicyLearner:
         num_steps, num_traj = keep.shape
         index = ppo.sequence_index(num_steps, num_traj, self.lcfg.recurrence).to(self.device)
         cut = lambda x: x.reshape(num_steps * num_traj, *x.shape[2:])[index]  # noqa: E731
-        return {"obs": {key: cut(value[:-1]) for key, value in batch["obs"].items()},
-                "actions": cut(batch["actions"]), "log_probs": cut(batch["log_probs"]),
-                "advantages": cut(advantages), "returns": cut(returns), "keep": cut(keep),
-                "starts": cut(batch["episode_start"][:-1]),
-                **({"acting": cut(batch["acting"]).float()} if "acting" in batch else {}),
-                "states": batch["rnn_states"][:-1].reshape(num_steps * num_traj, -1)[index[0]]}
+        return {
+            "obs": {key: cut(value[:-1]) for key, value in batch["obs"].items()},
+            "actions": cut(batch["actions"]),
+            "log_probs": cut(batch["log_probs"]),
+            "advantages": cut(advantages),
+            "returns": cut(returns),
+            "keep": cut(keep),
+            "starts": cut(batch["episode_start"][:-1]),
+            **({"acting": cut(batch["acting"]).float()} if "acting" in batch else {}),
+            "states": batch["rnn_states"][:-1].reshape(num_steps * num_traj, -1)[index[0]],
+        }
 
     def _own_sequences(self, seq: dict) -> dict:
         """With several policies: only the sequences holding a sample this policy keeps (the others'
@@ -138,8 +167,11 @@ class PolicyLearner:
             return seq
         columns = seq["keep"].any(0).nonzero().squeeze(1)
         pick = lambda x: x.index_select(1, columns)  # noqa: E731  [R, M, ...] -> its M'
-        out = {key: ({k: pick(v) for k, v in value.items()} if isinstance(value, dict) else pick(value))
-               for key, value in seq.items() if key != "states"}
+        out = {
+            key: ({k: pick(v) for k, v in value.items()} if isinstance(value, dict) else pick(value))
+            for key, value in seq.items()
+            if key != "states"
+        }
         return out | {"states": seq["states"].index_select(0, columns)}
 
     def _set_learning_rate(self) -> None:
@@ -150,12 +182,23 @@ class PolicyLearner:
 
     def _ppo_epochs(self, samples: dict) -> dict:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""
+
         def minibatch_outputs(minibatch):
             take = lambda x: x.index_select(0, minibatch)  # noqa: E731  (a row copy: faster than x[minibatch])
-            params, values = self.model({key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
-                                         for key, obs in samples["obs"].items()})
-            return (params, values, take(samples["actions"]), take(samples["log_probs"]), take(samples["advantages"]),
-                    take(samples["returns"])) + ((take(samples["acting"]),) if "acting" in samples else ())
+            params, values = self.model(
+                {
+                    key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
+                    for key, obs in samples["obs"].items()
+                }
+            )
+            return (
+                params,
+                values,
+                take(samples["actions"]),
+                take(samples["log_probs"]),
+                take(samples["advantages"]),
+                take(samples["returns"]),
+            ) + ((take(samples["acting"]),) if "acting" in samples else ())
 
         if "acting" in samples or not self.model.direct_gradients(samples["obs"]):
             return self._optimize(samples["log_probs"].numel(), self._autograd_gradients(minibatch_outputs))
@@ -172,8 +215,17 @@ class PolicyLearner:
             return self.model.loss_gradients(
                 {key: take(obs) for key, obs in samples["obs"].items()},
                 lambda logits, values: ppo.discrete_loss_and_grads(
-                    logits, values, actions, old_log_probs, advantages, returns, lcfg.ppo_clip_ratio,
-                    lcfg.value_loss_coeff, lcfg.entropy_coeff)[1:])
+                    logits,
+                    values,
+                    actions,
+                    old_log_probs,
+                    advantages,
+                    returns,
+                    lcfg.ppo_clip_ratio,
+                    lcfg.value_loss_coeff,
+                    lcfg.entropy_coeff,
+                )[1:],
+            )
 
         return self._optimize(samples["log_probs"].numel(), direct)
 
@@ -183,19 +235,28 @@ class PolicyLearner:
         recurrence = seq["keep"].shape[0]
 
         def minibatch_outputs(minibatch):
-            obs = {key: value[:, minibatch].reshape(recurrence * len(minibatch), *value.shape[2:])
-                   for key, value in seq["obs"].items()}
+            obs = {
+                key: value[:, minibatch].reshape(recurrence * len(minibatch), *value.shape[2:])
+                for key, value in seq["obs"].items()
+            }
             params, values, _ = self.model.forward_sequence(obs, seq["states"][minibatch], seq["starts"][:, minibatch])
             kept = seq["keep"][:, minibatch].reshape(-1).nonzero().squeeze(1)
             pick = lambda x: x[:, minibatch].reshape(-1, *x.shape[2:])[kept]  # noqa: E731
-            return (params[kept], values[kept], pick(seq["actions"]), pick(seq["log_probs"]), pick(seq["advantages"]),
-                    pick(seq["returns"])) + ((pick(seq["acting"]),) if "acting" in seq else ())
+            return (
+                params[kept],
+                values[kept],
+                pick(seq["actions"]),
+                pick(seq["log_probs"]),
+                pick(seq["advantages"]),
+                pick(seq["returns"]),
+            ) + ((pick(seq["acting"]),) if "acting" in seq else ())
 
         return self._optimize(seq["keep"].shape[1], self._autograd_gradients(minibatch_outputs), unit=recurrence)
 
     def _autograd_gradients(self, minibatch_outputs):
         """gradients(indices) for _optimize, through autograd: minibatch_outputs(indices) = (distribution
         parameters, values, actions, behaviour log-probs, advantages, returns) of its kept samples."""
+
         def gradients(minibatch):
             outputs = minibatch_outputs(minibatch)
             if outputs[1].numel() < 2:
@@ -247,12 +308,21 @@ class PolicyLearner:
         lcfg, model = self.lcfg, self.model
         advantages, returns = ppo.normalize(advantages, acting), model.normalize_returns(returns)
         if model.distribution.kind == "discrete" and acting is None:
-            return ppo.DiscretePPOLoss.apply(params, values, actions, old_log_probs, advantages, returns,
-                                             lcfg.ppo_clip_ratio, lcfg.value_loss_coeff, lcfg.entropy_coeff)
+            return ppo.DiscretePPOLoss.apply(
+                params,
+                values,
+                actions,
+                old_log_probs,
+                advantages,
+                returns,
+                lcfg.ppo_clip_ratio,
+                lcfg.value_loss_coeff,
+                lcfg.entropy_coeff,
+            )
         log_probs, entropy = model.log_prob_entropy(params, actions)
-        losses = ppo.ppo_losses(log_probs, old_log_probs, advantages, values, returns, entropy, lcfg.ppo_clip_ratio,
-                                weight=acting)
+        losses = ppo.ppo_losses(
+            log_probs, old_log_probs, advantages, values, returns, entropy, lcfg.ppo_clip_ratio, weight=acting
+        )
         policy_loss, value_loss, entropy_mean = losses[:3]
         loss = policy_loss + lcfg.value_loss_coeff * value_loss - lcfg.entropy_coeff * entropy_mean
         return loss, torch.stack([x.detach() for x in losses])
-

@@ -6,6 +6,7 @@ actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, r
 token back to the worker.
 Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights).
 """
+
 from __future__ import annotations
 
 import time
@@ -14,11 +15,11 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from sf_engine.runtime.ipc import get_many
-from sf_engine.stats.messages import Inference
 from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.role import StageTimer
 from sf_engine.runtime.weights import flatten_state
+from sf_engine.stats.messages import Inference
 
 STATS_EVERY_SEC = 1.0
 
@@ -31,8 +32,9 @@ class PolicyWorker:
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
         self.num_policies = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
-        self.models = [ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device)
-                       for _ in range(self.num_policies)]
+        self.models = [
+            ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device) for _ in range(self.num_policies)
+        ]
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
@@ -107,8 +109,9 @@ class PolicyWorker:
         buf.actions[slots, rows] = actions.reshape(*per_request, *actions.shape[1:])
         buf.log_probs[slots, rows] = log_probs.reshape(per_request)
         buf.values[slots, rows] = values.reshape(per_request)
-        buf.policy_version[slots, rows] = (self.versions[0] if policies is None
-                                           else self.versions[policies].reshape(per_request))
+        buf.policy_version[slots, rows] = (
+            self.versions[0] if policies is None else self.versions[policies].reshape(per_request)
+        )
         replies = defaultdict(list)
         for worker, token, _, _ in requests:
             replies[worker].append(token)
@@ -136,8 +139,10 @@ class PolicyWorker:
                 started = time.perf_counter()
                 rows = np.flatnonzero(policies == policy)
                 index = torch.from_numpy(rows).to(self.device)
-                out = self.models[int(policy)].sample({k: v.index_select(0, index) for k, v in obs.items()},
-                                                      None if state is None else state.index_select(0, index))
+                out = self.models[int(policy)].sample(
+                    {k: v.index_select(0, index) for k, v in obs.items()},
+                    None if state is None else state.index_select(0, index),
+                )
                 out = [None if x is None else x.cpu().numpy() for x in out]
                 if results is None:
                     results = [None if x is None else np.empty((len(policies),) + x.shape[1:], x.dtype) for x in out]
@@ -148,8 +153,9 @@ class PolicyWorker:
             return tuple(results)
 
     def send_stats(self) -> None:
-        self.ctx.send(Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples,
-                                dict(self.policy_sec)))
+        self.ctx.send(
+            Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples, dict(self.policy_sec))
+        )
         self.num_forwards = self.num_samples = 0
         self.policy_sec.clear()
         self.last_stats_time = time.monotonic()

@@ -16,6 +16,7 @@ The opponent pool: every --pool_every_versions versions of policy 0 the learner 
 the oldest of --pool_size snapshot slots (acting policies num_policies..), which the policy worker
 serves like any policy and which are never trained (frozen until replaced by a newer snapshot).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,12 @@ import math
 import numpy as np
 
 # the hyperparameters PBT explores, with the ranges they are drawn from and kept within
-RANGES = {"learning_rate": (1e-5, 1e-2), "entropy_coeff": (1e-4, 5e-2), "gamma": (0.9, 0.999),
-          "ppo_clip_ratio": (0.05, 0.4)}
+RANGES = {
+    "learning_rate": (1e-5, 1e-2),
+    "entropy_coeff": (1e-4, 5e-2),
+    "gamma": (0.9, 0.999),
+    "ppo_clip_ratio": (0.05, 0.4),
+}
 HYPERPARAMETERS = tuple(RANGES)
 
 
@@ -89,8 +94,11 @@ def exploits(objectives: list, pcfg, rng: np.random.Generator) -> list:
     pairs = []
     for value, member in ranked[:count]:
         source = int(rng.choice(best))
-        if source != member and objectives[source] - value > max(pcfg.pbt_replace_reward_gap * spread, 0.0) \
-                and objectives[source] > value:
+        if (
+            source != member
+            and objectives[source] - value > max(pcfg.pbt_replace_reward_gap * spread, 0.0)
+            and objectives[source] > value
+        ):
             pairs.append((member, source))
     return pairs
 
@@ -170,14 +178,19 @@ class Population:
             member.weights.publish(member.params, member.version)
         self.rounds += 1
         self.steps = [0] * len(self.members)
-        self._report([(target, source, objectives[target], objectives[source]) for target, source in pairs],
-                     objectives)
+        self._report([(target, source, objectives[target], objectives[source]) for target, source in pairs], objectives)
 
     def _report(self, exploited: list, objectives: list | None = None) -> None:
         from sf_engine.stats.messages import PbtRound
 
-        self.ctx.send(PbtRound(self.rounds, exploited, [hyperparameters(m.lcfg) for m in self.members],
-                               objectives or [None] * len(self.members)))
+        self.ctx.send(
+            PbtRound(
+                self.rounds,
+                exploited,
+                [hyperparameters(m.lcfg) for m in self.members],
+                objectives or [None] * len(self.members),
+            )
+        )
 
     def state(self) -> dict:
         """What a checkpoint keeps of the population (the members' hyperparameters are in their own)."""
@@ -185,8 +198,11 @@ class Population:
         if self.pcfg.pbt:
             out["pbt"] = {"rounds": self.rounds, "steps": list(self.steps)}
         if self.snapshots:
-            out["pool"] = {"taken": self.taken, "versions": list(self.snapshot_versions),
-                           "params": [params.detach().cpu().clone() for params in self.snapshot_params]}
+            out["pool"] = {
+                "taken": self.taken,
+                "versions": list(self.snapshot_versions),
+                "params": [params.detach().cpu().clone() for params in self.snapshot_params],
+            }
         return out
 
     def load(self, state: dict) -> None:

@@ -11,6 +11,7 @@ carry a token `generation x splits + split`, so replies meant for a dead predece
 The worker marks the slots it fills in `slot_owner` and counts their rows in `slot_rows`, so the runner
 can take back a dead worker's half-written slots.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,8 @@ import numpy as np
 
 from sf_engine.envs import make_batch_env
 from sf_engine.runtime.ipc import get_many
-from sf_engine.stats.messages import Episodes
 from sf_engine.runtime.role import StageTimer
+from sf_engine.stats.messages import Episodes
 
 STATS_EVERY_SEC = 0.5
 SLOT_POLL_SEC = 0.0005  # how often a worker with nothing else to do looks for a free slot
@@ -32,16 +33,32 @@ class RolloutWorker:
         """Makes and resets the envs (`ctx.generation` > 0: a restarted worker, with new seeds), then
         queues each split for a free slot."""
         cfg, worker_idx, generation = ctx.cfg, ctx.index, ctx.generation
-        self.ctx, self.idx, self.buffers, self.queues, self.generation = ctx, worker_idx, ctx.buffers, ctx.queues, generation
+        self.ctx, self.idx, self.buffers, self.queues, self.generation = (
+            ctx,
+            worker_idx,
+            ctx.buffers,
+            ctx.queues,
+            generation,
+        )
         self.replies = self.queues.actions_ready[worker_idx]
         s = cfg.sampler
         self.rollout, self.num_splits, self.envs_per_split = s.rollout, s.worker_num_splits, s.envs_per_split
         # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
-        first_seed = (cfg.env.seed * 1_000_003 + worker_idx * s.num_envs_per_worker
-                      + generation * s.num_workers * s.num_envs_per_worker)
-        self.envs = [make_batch_env(cfg.env.env, cfg.env.env_backend, self.envs_per_split,
-                                    seed=first_seed + split * self.envs_per_split, spec=ctx.plan.spec)
-                     for split in range(self.num_splits)]
+        first_seed = (
+            cfg.env.seed * 1_000_003
+            + worker_idx * s.num_envs_per_worker
+            + generation * s.num_workers * s.num_envs_per_worker
+        )
+        self.envs = [
+            make_batch_env(
+                cfg.env.env,
+                cfg.env.env_backend,
+                self.envs_per_split,
+                seed=first_seed + split * self.envs_per_split,
+                spec=ctx.plan.spec,
+            )
+            for split in range(self.num_splits)
+        ]
         self.slot = [-1] * self.num_splits
         self.row = [0] * self.num_splits
         # a split between two slots keeps its current obs here until a free slot arrives
@@ -97,9 +114,12 @@ class RolloutWorker:
         a game)."""
         if self.num_acting == 1 or not rows.any():
             return
-        chosen = (self.fixed_policy.copy() if self.fixed_policy is not None
-                  else self.rng.integers(0, self.num_policies, self.envs_per_split).astype(np.int16))
-        snapshots = np.flatnonzero(self.buffers.param_seq[self.num_policies:] > 0) + self.num_policies
+        chosen = (
+            self.fixed_policy.copy()
+            if self.fixed_policy is not None
+            else self.rng.integers(0, self.num_policies, self.envs_per_split).astype(np.int16)
+        )
+        snapshots = np.flatnonzero(self.buffers.param_seq[self.num_policies :] > 0) + self.num_policies
         if len(snapshots):
             pooled = rows & (self.rng.random(self.envs_per_split) < self.pool_share)
             games = pooled.reshape(-1, self.num_agents)
@@ -214,8 +234,11 @@ class RolloutWorker:
             self.finished_lengths.extend(self.episode_length[split, ended].tolist())
             self.finished_policies.extend(self.row_policy[split, ended].tolist())
             if self.buffers.policy_episodes is not None:  # PBT's objective per policy
-                objective = self.episode_return[split, ended] if objectives is None else np.where(
-                    np.isnan(objectives[ended]), self.episode_return[split, ended], objectives[ended])
+                objective = (
+                    self.episode_return[split, ended]
+                    if objectives is None
+                    else np.where(np.isnan(objectives[ended]), self.episode_return[split, ended], objectives[ended])
+                )
                 np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 0), 1.0)
                 np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 1), objective)
             self.episode_return[split, ended] = 0.0
@@ -223,10 +246,16 @@ class RolloutWorker:
 
     def send_stats(self) -> None:
         """Episodes finished since the last call (the last 100 of them in full) and stage times."""
-        self.ctx.send(Episodes(self.timer.report(self.ctx.name), len(self.finished_returns),
-                               self.finished_returns[-100:], self.finished_lengths[-100:],
-                               {name: values[-100:] for name, values in self.finished_extra.items()},
-                               self.finished_policies[-100:] if self.num_policies > 1 else []))
+        self.ctx.send(
+            Episodes(
+                self.timer.report(self.ctx.name),
+                len(self.finished_returns),
+                self.finished_returns[-100:],
+                self.finished_lengths[-100:],
+                {name: values[-100:] for name, values in self.finished_extra.items()},
+                self.finished_policies[-100:] if self.num_policies > 1 else [],
+            )
+        )
         self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
         self.finished_policies = []
         self.last_stats_time = time.monotonic()

@@ -1,7 +1,8 @@
 """`--num_workers auto` and `--num_envs_per_worker auto`: size the sampler from the cores and a short
 measurement (well under a second) of what one env step, one inference and one training sample cost.
 
-Runs in the main process while it builds the run plan, before the buffers are laid out. The rule is a throughput balance:
+Runs in the main process while it builds the run plan, before the buffers are laid out. The rule is a throughput
+balance:
   envs per split  the fewest (dividing the training batch into whole slots, at least the family's hint)
                   whose batched step takes >= TARGET_SPLIT_SEC, so a round trip to the policy worker
                   is a small part of a split's cycle;
@@ -11,6 +12,7 @@ Runs in the main process while it builds the run plan, before the buffers are la
                   at most the cores' share left after inference and learning, an env that mostly waits
                   (sleeps, I/O) may get more workers than cores, up to MAX_WORKERS_PER_CORE per core.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +39,7 @@ ENV_MEMORY_SHARE = 0.5  # the envs auto sizing builds take at most this share of
 class Costs:
     """Seconds per env step of one env (wall and CPU, measured in a batch) and CPU seconds per sample
     of inference and of training (all epochs)."""
+
     env_wall: float
     env_cpu: float
     inference: float
@@ -135,9 +138,11 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         def train_step():
             if sequence:
                 steps = sequence[0] * sequence[1]
-                params, values, _ = model.forward_sequence({k: v[:steps] for k, v in train_inputs.items()},
-                                                           model.initial_state(sequence[1]),
-                                                           torch.zeros(sequence, dtype=torch.bool))
+                params, values, _ = model.forward_sequence(
+                    {k: v[:steps] for k, v in train_inputs.items()},
+                    model.initial_state(sequence[1]),
+                    torch.zeros(sequence, dtype=torch.bool),
+                )
             else:
                 params, values = model(train_inputs)
             loss = params.square().mean() + values.square().mean()
@@ -200,8 +205,16 @@ def choose_num_workers(costs: Costs, cores: int, learner_threads: int = 1) -> tu
     return max(1, min(workers, MAX_WORKERS_PER_CORE * cores)), demand
 
 
-def fit_memory(workers: int, per_split: int, splits: int, costs: Costs, available_bytes: float,
-               allowed_per_split: list, fixed_workers: bool = False, fixed_envs: bool = False) -> tuple[int, int]:
+def fit_memory(
+    workers: int,
+    per_split: int,
+    splits: int,
+    costs: Costs,
+    available_bytes: float,
+    allowed_per_split: list,
+    fixed_workers: bool = False,
+    fixed_envs: bool = False,
+) -> tuple[int, int]:
     """(workers, envs per split) lowered until the envs and the processes fit in ENV_MEMORY_SHARE of
     `available_bytes`: fewer workers while the processes alone do not fit, then fewer envs per split
     (down the `allowed_per_split` sizes), then fewer workers; a size the user gave (`fixed_*`) stays."""
@@ -238,43 +251,58 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     if not (auto_workers or auto_envs):
         return s, []
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
-        chosen = dataclasses.replace(s, num_workers=1 if auto_workers else s.num_workers,
-                                     num_envs_per_worker=envs_per_worker_hint if auto_envs else s.num_envs_per_worker)
-        return chosen, [f"serial mode, nothing to balance: {chosen.num_workers} workers x "
-                        f"{chosen.num_envs_per_worker} envs"]
+        chosen = dataclasses.replace(
+            s,
+            num_workers=1 if auto_workers else s.num_workers,
+            num_envs_per_worker=envs_per_worker_hint if auto_envs else s.num_envs_per_worker,
+        )
+        return chosen, [
+            f"serial mode, nothing to balance: {chosen.num_workers} workers x {chosen.num_envs_per_worker} envs"
+        ]
     cores = usable_cores()
     probe = (envs_per_worker_hint if auto_envs else int(s.num_envs_per_worker)) // s.worker_num_splits
     probe = -(-max(1, probe) // spec.num_agents) * spec.num_agents  # whole games of a multi-agent env
     costs = measure(cfg, spec, probe)
-    lines = [f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
-             f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
-             f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"]
+    lines = [
+        f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
+        f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
+        f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"
+    ]
     num_workers, num_envs = s.num_workers, s.num_envs_per_worker
     train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
     if shorten and choose_rollout(costs, train_batch) != s.rollout:
         s = dataclasses.replace(s, rollout=choose_rollout(costs, train_batch))
-        lines.append(f"--rollout auto = {s.rollout}: {train_batch // ROLLOUT_DEFAULT} envs step in "
-                     f"{train_batch // ROLLOUT_DEFAULT * costs.env_wall * 1e3:.2f} ms, so slots of {s.rollout} "
-                     f"steps let splits be twice as wide")
+        lines.append(
+            f"--rollout auto = {s.rollout}: {train_batch // ROLLOUT_DEFAULT} envs step in "
+            f"{train_batch // ROLLOUT_DEFAULT * costs.env_wall * 1e3:.2f} ms, so slots of {s.rollout} "
+            f"steps let splits be twice as wide"
+        )
     if auto_envs:
-        per_split = choose_envs_per_split(costs, train_batch // s.rollout,
-                                          max(1, envs_per_worker_hint // s.worker_num_splits), spec.num_agents)
+        per_split = choose_envs_per_split(
+            costs, train_batch // s.rollout, max(1, envs_per_worker_hint // s.worker_num_splits), spec.num_agents
+        )
         num_envs = per_split * s.worker_num_splits
-        lines.append(f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
-                     f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
-                     f"round trip to the policy worker is a small part of it; whole slots per training batch)")
+        lines.append(
+            f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
+            f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
+            f"round trip to the policy worker is a small part of it; whole slots per training batch)"
+        )
     if auto_workers:
         num_workers, demand = choose_num_workers(costs, cores, cfg.learner.learner_threads)
-        lines.append(f"--num_workers auto = {num_workers}: learning and inference can take about "
-                     f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
-                     f"{1 / costs.env_wall:,.0f}")
-    num_workers, num_envs = _within_memory(s, costs, num_workers, num_envs, train_batch // s.rollout, lines,
-                                           spec.num_agents)
+        lines.append(
+            f"--num_workers auto = {num_workers}: learning and inference can take about "
+            f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
+            f"{1 / costs.env_wall:,.0f}"
+        )
+    num_workers, num_envs = _within_memory(
+        s, costs, num_workers, num_envs, train_batch // s.rollout, lines, spec.num_agents
+    )
     return dataclasses.replace(s, num_workers=num_workers, num_envs_per_worker=num_envs), lines
 
 
-def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_divisor: int, lines: list,
-                   multiple: int = 1) -> tuple:
+def _within_memory(
+    s, costs: Costs, num_workers: int, num_envs: int, slot_divisor: int, lines: list, multiple: int = 1
+) -> tuple:
     """The chosen sizes, lowered where the envs would not fit in memory (see fit_memory); says so in
     `lines`."""
     import psutil
@@ -282,11 +310,21 @@ def _within_memory(s, costs: Costs, num_workers: int, num_envs: int, slot_diviso
     splits, available = s.worker_num_splits, psutil.virtual_memory().available
     allowed = [d for d in _divisors(slot_divisor, multiple) if d <= MAX_ENVS_PER_SPLIT]
     fixed_envs = s.num_envs_per_worker != "auto"
-    workers, per_split = fit_memory(num_workers, num_envs // splits, splits, costs, available, allowed,
-                                    fixed_workers=s.num_workers != "auto", fixed_envs=fixed_envs)
+    workers, per_split = fit_memory(
+        num_workers,
+        num_envs // splits,
+        splits,
+        costs,
+        available,
+        allowed,
+        fixed_workers=s.num_workers != "auto",
+        fixed_envs=fixed_envs,
+    )
     envs = num_envs if fixed_envs else per_split * splits  # a size the user gave is kept as given
     if (workers, envs) != (num_workers, num_envs):
-        lines.append(f"lowered to {workers} workers x {envs} envs so that the envs "
-                     f"({costs.env_bytes / 2**20:,.1f} MiB each) and the processes fit in "
-                     f"{ENV_MEMORY_SHARE:.0%} of the {available / 2**30:,.1f} GiB available")
+        lines.append(
+            f"lowered to {workers} workers x {envs} envs so that the envs "
+            f"({costs.env_bytes / 2**20:,.1f} MiB each) and the processes fit in "
+            f"{ENV_MEMORY_SHARE:.0%} of the {available / 2**30:,.1f} GiB available"
+        )
     return workers, envs

@@ -2,6 +2,7 @@
 experiment, what a dead run left behind, --restart, config.json, the log file and processes.json.
 Runs in the main process, after the run plan was built (so a bad flag never gets here).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -15,11 +16,11 @@ import sys
 
 import psutil
 
-from sf_engine.runtime.checkpoint import list_checkpoints, remove_temporary_files
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs import reap_orphaned_processes
-from sf_engine.stats.report import write_json_atomic
+from sf_engine.runtime.checkpoint import list_checkpoints, remove_temporary_files
 from sf_engine.runtime.shared_buffers import SHM_PREFIX
+from sf_engine.stats.report import write_json_atomic
 
 _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
 
@@ -34,10 +35,15 @@ class Experiment:
         the latest; nothing in the experiment changes yet."""
         os.makedirs(self.paths.checkpoint_dir, exist_ok=True)
         self._lock_file = _lock(self.paths.experiment_dir, self.plan.cfg.run.experiment)
-        if not self.plan.cfg.run.restart and tuple(list_checkpoints(self.paths.checkpoint_dir)) != self.plan.checkpoints_seen:
+        if (
+            not self.plan.cfg.run.restart
+            and tuple(list_checkpoints(self.paths.checkpoint_dir)) != self.plan.checkpoints_seen
+        ):
             self.close()  # another run of the experiment wrote a checkpoint since the plan chose one
-            raise ConfigError(f"--experiment {self.plan.cfg.run.experiment} changed while this run was starting "
-                              f"(another run wrote a checkpoint): run the same command again to resume from it")
+            raise ConfigError(
+                f"--experiment {self.plan.cfg.run.experiment} changed while this run was starting "
+                f"(another run wrote a checkpoint): run the same command again to resume from it"
+            )
 
     def prepare(self) -> None:
         """Once locked: kill what a dead run of the experiment left alive, clear it on --restart, start
@@ -54,8 +60,10 @@ class Experiment:
             logging.info(line)
         remove_temporary_files(self.paths.checkpoint_dir)
         # the resolved config (no 'auto') and the command line that was given
-        write_json_atomic(os.path.join(self.paths.experiment_dir, "config.json"),
-                          {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)})
+        write_json_atomic(
+            os.path.join(self.paths.experiment_dir, "config.json"),
+            {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)},
+        )
 
     def write_processes(self, rows: list) -> None:
         """processes.json: (role, index, pid) of every live process of the run with its start time and
@@ -65,13 +73,25 @@ class Experiment:
         for role, index, pid in [("runner", 0, os.getpid())] + rows:
             try:
                 process = psutil.Process(pid)
-                out.append({"role": role, "index": index, "pid": pid, "create_time": process.create_time(),
-                            "cmdline": process.cmdline()})
+                out.append(
+                    {
+                        "role": role,
+                        "index": index,
+                        "pid": pid,
+                        "create_time": process.create_time(),
+                        "cmdline": process.cmdline(),
+                    }
+                )
             except psutil.Error:
                 continue
-        write_json_atomic(os.path.join(self.paths.experiment_dir, "processes.json"),
-                          {"processes": out, "shm_path": os.path.realpath(self.paths.shm_path),
-                           "experiment": _identity(self.paths.experiment_dir)})
+        write_json_atomic(
+            os.path.join(self.paths.experiment_dir, "processes.json"),
+            {
+                "processes": out,
+                "shm_path": os.path.realpath(self.paths.shm_path),
+                "experiment": _identity(self.paths.experiment_dir),
+            },
+        )
 
     def close(self) -> None:
         if self._lock_file is not None:
@@ -86,8 +106,10 @@ def _lock(experiment_dir: str, experiment: str):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise ConfigError(f"--experiment {experiment} is already running in another process: "
-                          f"wait for it or choose another --experiment") from None
+        raise ConfigError(
+            f"--experiment {experiment} is already running in another process: "
+            f"wait for it or choose another --experiment"
+        ) from None
     return lock
 
 

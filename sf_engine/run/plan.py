@@ -8,6 +8,7 @@ lays out the shared buffers, checks the resources, and finds the checkpoint to r
 is found here, so it can never cost a file. The plan is frozen; every role is built from it (plus its
 own config section), and `config.json` records its resolved config.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,19 +21,25 @@ from dataclasses import dataclass
 
 import psutil
 
-from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
-from sf_engine.runtime.checkpoint import (checkpoint_dir, env_steps_of, latest_checkpoint, latest_valid_checkpoint,
-                                  list_checkpoints)
-from sf_engine.config.groups import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
 from sf_engine.config.file import read_config_file
-from sf_engine.runtime.device import cpu_has_native_bf16, resolve_device
+from sf_engine.config.groups import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from sf_engine.envs.registry import registered_envs, resolve_backend
-from sf_engine.run.experiment import leftover_segment
 from sf_engine.model.shape import changed_flags, resolve_model_config, state_size
 from sf_engine.roles.population import period as pbt_period
+from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
+from sf_engine.run.experiment import leftover_segment
+from sf_engine.runtime.checkpoint import (
+    checkpoint_dir,
+    env_steps_of,
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+)
+from sf_engine.runtime.device import cpu_has_native_bf16, resolve_device
 from sf_engine.runtime.shared_buffers import buffer_layout, required_bytes, shm_path
 from sf_engine.stats.tracking import check_tracking
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -80,45 +87,76 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)
     if cfg.sampler.envs_per_split % spec.num_agents:
-        raise ConfigError(f"--num_envs_per_worker {cfg.sampler.num_envs_per_worker}: {cfg.env.env} has "
-                          f"{spec.num_agents} agents per game, each a row, and a worker's "
-                          f"{cfg.sampler.worker_num_splits} splits take whole games: use a multiple of "
-                          f"{spec.num_agents * cfg.sampler.worker_num_splits}")
+        raise ConfigError(
+            f"--num_envs_per_worker {cfg.sampler.num_envs_per_worker}: {cfg.env.env} has "
+            f"{spec.num_agents} agents per game, each a row, and a worker's "
+            f"{cfg.sampler.worker_num_splits} splits take whole games: use a multiple of "
+            f"{spec.num_agents * cfg.sampler.worker_num_splits}"
+        )
     if cfg.run.bf16 and cfg.run.device == "cpu" and not cpu_has_native_bf16():
-        raise ConfigError("--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
-                          "and slower: drop --bf16")
+        raise ConfigError(
+            "--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
+            "and slower: drop --bf16"
+        )
     envs = registered_envs()
     if cfg.run.mode != "serial":
         _check_picklable(envs)
     experiment_dir = os.path.join(cfg.run.train_dir, cfg.run.experiment)
-    paths = Paths(experiment_dir, checkpoint_dir(experiment_dir), os.path.join(experiment_dir, "train.log"),
-                  shm_path(cfg.run.shm_dir, experiment_dir))
+    paths = Paths(
+        experiment_dir,
+        checkpoint_dir(experiment_dir),
+        os.path.join(experiment_dir, "train.log"),
+        shm_path(cfg.run.shm_dir, experiment_dir),
+    )
     layout = buffer_layout(cfg, spec, state_size(cfg.model))
     _check_resources(cfg, layout, paths.experiment_dir)
     resume_from, skipped = _resume_point(cfg, spec, paths)
     notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
-    return RunPlan(cfg, spec, layout, paths, resume_from, tuple(list_checkpoints(paths.checkpoint_dir)),
-                   env_steps_of(resume_from),
-                   tuple(argv if argv is not None else sys.argv[1:]), envs, tuple(notes))
+    return RunPlan(
+        cfg,
+        spec,
+        layout,
+        paths,
+        resume_from,
+        tuple(list_checkpoints(paths.checkpoint_dir)),
+        env_steps_of(resume_from),
+        tuple(argv if argv is not None else sys.argv[1:]),
+        envs,
+        tuple(notes),
+    )
 
 
 def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
     """Every 'auto' of `cfg` replaced by its value; returns (config, lines explaining the choices)."""
     cfg = dataclasses.replace(
-        cfg, env=dataclasses.replace(cfg.env, env_backend=resolve_backend(cfg.env.env, cfg.env.env_backend)),
-        model=resolve_model_config(cfg.model, spec), run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)))
+        cfg,
+        env=dataclasses.replace(cfg.env, env_backend=resolve_backend(cfg.env.env, cfg.env.env_backend)),
+        model=resolve_model_config(cfg.model, spec),
+        run=dataclasses.replace(cfg.run, device=_resolve_device(cfg.run.device)),
+    )
     if cfg.run.cpu_affinity == "auto":  # a CPU learner with cores to spare gets its own (process.pin_to_cores)
-        learner_cores = (cfg.run.device == "cpu" and cfg.run.mode != "serial" and not cfg.run.sampling_only
-                         and usable_cores() > cfg.learner.learner_threads)
-        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off"))
+        learner_cores = (
+            cfg.run.device == "cpu"
+            and cfg.run.mode != "serial"
+            and not cfg.run.sampling_only
+            and usable_cores() > cfg.learner.learner_threads
+        )
+        cfg = dataclasses.replace(
+            cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off")
+        )
     sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
     recurrence = sampler.rollout if cfg.learner.recurrence == "auto" else cfg.learner.recurrence
-    cfg = dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, recurrence=recurrence),
-                              policies=dataclasses.replace(cfg.policies, pbt_period_env_steps=pbt_period(cfg)))
+    cfg = dataclasses.replace(
+        cfg,
+        learner=dataclasses.replace(cfg.learner, recurrence=recurrence),
+        policies=dataclasses.replace(cfg.policies, pbt_period_env_steps=pbt_period(cfg)),
+    )
     notes = [f"auto sizing: {line}" for line in lines]
     if cfg.learner.learner_threads > usable_cores():
-        notes.append(f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "
-                     f"cores: threads will contend; use --learner_threads {usable_cores()}")
+        notes.append(
+            f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "
+            f"cores: threads will contend; use --learner_threads {usable_cores()}"
+        )
     return dataclasses.replace(cfg, sampler=sampler), notes
 
 
@@ -135,8 +173,10 @@ def _check_picklable(envs: dict) -> None:
         try:
             pickle.dumps(make_env)
         except Exception:
-            raise ConfigError(f"--env {name}: its register_env factory cannot be sent to worker processes; "
-                              f"register a module-level function or class, not a lambda or closure") from None
+            raise ConfigError(
+                f"--env {name}: its register_env factory cannot be sent to worker processes; "
+                f"register a module-level function or class, not a lambda or closure"
+            ) from None
 
 
 def _check_writable(experiment_dir: str) -> None:
@@ -148,8 +188,9 @@ def _check_writable(experiment_dir: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError(f"--train_dir: {path} is a file, not a directory: choose another --train_dir")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"--train_dir: {path} is not writable by this user: choose another --train_dir "
-                          f"or fix its permissions")
+        raise ConfigError(
+            f"--train_dir: {path} is not writable by this user: choose another --train_dir or fix its permissions"
+        )
 
 
 def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
@@ -161,16 +202,20 @@ def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
     available = stat.f_bavail * stat.f_frsize + (os.path.getsize(leftover) if leftover else 0)
     needed = required_bytes(layout)
     if needed > available:
-        raise ConfigError(f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
-                          f"{available / 2**20:,.0f} MiB free: lower --num_envs_per_worker or --batch_size, "
-                          f"or choose a larger --shm_dir")
+        raise ConfigError(
+            f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
+            f"{available / 2**20:,.0f} MiB free: lower --num_envs_per_worker or --batch_size, "
+            f"or choose a larger --shm_dir"
+        )
     processes = cfg.sampler.num_workers + 3
     memory = needed + processes * PROCESS_MEMORY_BYTES
     free = psutil.virtual_memory().available
     if memory > free:
-        raise ConfigError(f"this run needs about {memory / 2**20:,.0f} MiB of memory (buffers and {processes} "
-                          f"processes) but {free / 2**20:,.0f} MiB are available: lower --num_workers or "
-                          f"--num_envs_per_worker")
+        raise ConfigError(
+            f"this run needs about {memory / 2**20:,.0f} MiB of memory (buffers and {processes} "
+            f"processes) but {free / 2**20:,.0f} MiB are available: lower --num_workers or "
+            f"--num_envs_per_worker"
+        )
 
 
 def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
@@ -184,15 +229,20 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
             with open(path) as f:
                 changed = changed_flags(json.load(f), cfg, spec)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc}); pass --restart to "
-                              f"start over or choose another --experiment") from None
+            raise ConfigError(
+                f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc}); pass --restart to "
+                f"start over or choose another --experiment"
+            ) from None
         if changed:
-            raise ConfigError(f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
-                              f"pass --restart to start over or choose another --experiment")
+            raise ConfigError(
+                f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
+                f"pass --restart to start over or choose another --experiment"
+            )
     resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir, load=True)
     if resume_from is None:
-        raise ConfigError(f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); "
-                          f"pass --restart to start over")
+        raise ConfigError(
+            f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); pass --restart to start over"
+        )
     return resume_from, skipped
 
 
@@ -202,18 +252,42 @@ def log_plan(plan: RunPlan) -> None:
         (logging.warning if note.startswith("warning: ") else logging.info)(note.removeprefix("warning: "))
     cfg = plan.cfg
     if plan.resume_from:
-        logging.info("resuming experiment %s from %s (%s env steps; --restart starts over)", cfg.run.experiment,
-                     os.path.basename(plan.resume_from), f"{plan.env_steps_base:,}")
-    logging.info("experiment %s: %s on %s, mode %s, device %s, %d workers x %d envs, %d slots of %d steps x %d envs",
-                 cfg.run.experiment, cfg.env.env, cfg.env.env_backend, cfg.run.mode, cfg.run.device,
-                 cfg.sampler.num_workers, cfg.sampler.num_envs_per_worker, cfg.num_slots, cfg.sampler.rollout,
-                 cfg.sampler.envs_per_split)
+        logging.info(
+            "resuming experiment %s from %s (%s env steps; --restart starts over)",
+            cfg.run.experiment,
+            os.path.basename(plan.resume_from),
+            f"{plan.env_steps_base:,}",
+        )
+    logging.info(
+        "experiment %s: %s on %s, mode %s, device %s, %d workers x %d envs, %d slots of %d steps x %d envs",
+        cfg.run.experiment,
+        cfg.env.env,
+        cfg.env.env_backend,
+        cfg.run.mode,
+        cfg.run.device,
+        cfg.sampler.num_workers,
+        cfg.sampler.num_envs_per_worker,
+        cfg.num_slots,
+        cfg.sampler.rollout,
+        cfg.sampler.envs_per_split,
+    )
     remote = cfg.remote
     if remote.num_remote_samplers:
-        logging.info("sampler nodes: %d Ray actors (--ray_address %s), each %d rollout workers x %d envs and a "
-                     "policy worker on %d reserved cores", remote.num_remote_samplers, remote.ray_address,
-                     remote.remote_num_workers, cfg.sampler.num_envs_per_worker, remote.remote_cpus_per_sampler)
+        logging.info(
+            "sampler nodes: %d Ray actors (--ray_address %s), each %d rollout workers x %d envs and a "
+            "policy worker on %d reserved cores",
+            remote.num_remote_samplers,
+            remote.ray_address,
+            remote.remote_num_workers,
+            cfg.sampler.num_envs_per_worker,
+            remote.remote_cpus_per_sampler,
+        )
     idle = cfg.sampler.total_splits - cfg.slots_per_batch % max(1, cfg.sampler.total_splits)
     if cfg.run.mode == "sync" and idle < cfg.sampler.total_splits:
-        logging.info("sync mode: %d of %d env groups wait each round for a slot; a training batch of a multiple "
-                     "of %d slots keeps them all busy", idle, cfg.sampler.total_splits, cfg.sampler.total_splits)
+        logging.info(
+            "sync mode: %d of %d env groups wait each round for a slot; a training batch of a multiple "
+            "of %d slots keeps them all busy",
+            idle,
+            cfg.sampler.total_splits,
+            cfg.sampler.total_splits,
+        )

@@ -7,6 +7,7 @@ In async and sync modes every role is a child process started through a forkserv
 torch and the env libraries once, while the main process builds the plan (start-up is part of the
 user's wait).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,14 @@ from sf_engine.config.groups import ConfigError, make_config, parse_flags
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.run.experiment import Experiment
-from sf_engine.runtime.ipc import drain_into, make_lifeline
 from sf_engine.run.plan import RunPlan, build_plan, log_plan, saved_config
-from sf_engine.stats.report import Reporter
-from sf_engine.runtime.shared_buffers import SharedBuffers
-from sf_engine.stats.run_stats import RunStats
 from sf_engine.run.supervisor import ChildFailed, Supervisor
-from sf_engine.stats.tracking import WandbRun
+from sf_engine.runtime.ipc import drain_into, make_lifeline
+from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.wiring import make_queues
+from sf_engine.stats.report import Reporter
+from sf_engine.stats.run_stats import RunStats
+from sf_engine.stats.tracking import WandbRun
 
 MONITOR_EVERY_SEC = 0.25
 
@@ -38,8 +39,18 @@ def start_forkserver(env: str, env_backend: str):
     torch._dynamo is what torch.optim imports on first use: preloaded once here, not in every child."""
     ctx = multiprocessing.get_context("forkserver")
     modules = ["envpool"] if may_use_envpool(env, env_backend) else []
-    ctx.set_forkserver_preload(modules + ["gymnasium", "torch", "torch._dynamo", "sf_engine.roles.rollout_worker",
-                                          "sf_engine.roles.policy_worker", "sf_engine.roles.learner", "sf_engine.roles.evaluator"])
+    ctx.set_forkserver_preload(
+        modules
+        + [
+            "gymnasium",
+            "torch",
+            "torch._dynamo",
+            "sf_engine.roles.rollout_worker",
+            "sf_engine.roles.policy_worker",
+            "sf_engine.roles.learner",
+            "sf_engine.roles.evaluator",
+        ]
+    )
     multiprocessing.forkserver.ensure_running()
     return ctx
 
@@ -83,8 +94,9 @@ def run(plan: RunPlan, mp_context=None) -> int:
         try:
             # the write end stays open in this process while it lives: children see EOF once it is gone
             lifeline = (None, None) if serial else make_lifeline(mp_context)
-            queues = make_queues(cfg.sampler.num_workers, None if serial else mp_context, lifeline[0],
-                                 cfg.policies.num_acting)
+            queues = make_queues(
+                cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
+            )
             queues.free_slots.put_many(list(range(cfg.num_slots)))
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
             reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)
@@ -99,9 +111,18 @@ def run(plan: RunPlan, mp_context=None) -> int:
             tracker.finish(summary, exit_code)
         experiment.close()
     logging.info("stopped: %s", reason)
-    brief = {k: v for k, v in summary.items() if k not in ("stage_seconds", "role_wall_seconds",
-                                                            "env_steps_per_sec_windows", "bottleneck_report",
-                                                            "env_step_books")}
+    brief = {
+        k: v
+        for k, v in summary.items()
+        if k
+        not in (
+            "stage_seconds",
+            "role_wall_seconds",
+            "env_steps_per_sec_windows",
+            "bottleneck_report",
+            "env_step_books",
+        )
+    }
     logging.info("summary: %s", json.dumps(brief))
     return exit_code
 

@@ -1,5 +1,6 @@
 """Serial mode: every role of a run in this one process, built from the same plan and classes as in
 the other modes and stepped in turn (debugging, deterministic tests)."""
+
 from __future__ import annotations
 
 from sf_engine.runtime.role import RoleContext, set_torch_threads

@@ -2,6 +2,7 @@
 their heartbeats, restarts failed workers (recycling the trajectory slots they were filling), and stops
 everything at the end. Runs in the main process; serial mode (sf_engine.run.serial) needs none of this.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sf_engine.runtime.checkpoint import latest_valid_checkpoint
 from sf_engine.envs import reap_orphaned_processes
+from sf_engine.runtime.checkpoint import latest_valid_checkpoint
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import run_role
 from sf_engine.runtime.weights import SharedWeights
@@ -58,8 +59,9 @@ class Supervisor:
 
     def _spawn(self, role: str, index: int = 0, generation: int = 0) -> None:
         self.buffers.heartbeat[heartbeat_index(role, index)] = 0.0  # not beaten yet
-        process = self.ctx.Process(target=run_role, args=(role, index, generation, self.plan, self.queues),
-                                   name=f"{role}_{index}", daemon=True)
+        process = self.ctx.Process(
+            target=run_role, args=(role, index, generation, self.plan, self.queues), name=f"{role}_{index}", daemon=True
+        )
         process.start()
         self.children[(role, index)] = Child(process, time.monotonic(), generation)
 
@@ -86,8 +88,10 @@ class Supervisor:
         self._kill(role, index)
         if role == "learner":
             last, _ = latest_valid_checkpoint(self.plan.paths.checkpoint_dir)
-            raise ChildFailed(f"the learner {cause}; the last good checkpoint is {last or 'none yet'}: run the "
-                              f"same command again to resume from it (details in {self.plan.paths.log_path})")
+            raise ChildFailed(
+                f"the learner {cause}; the last good checkpoint is {last or 'none yet'}: run the "
+                f"same command again to resume from it (details in {self.plan.paths.log_path})"
+            )
         if role == "evaluator":
             del self.children[(role, index)]
             logging.warning("evaluation is off for the rest of this run; training goes on")
@@ -108,8 +112,9 @@ class Supervisor:
         elif role == "rollout_worker":
             self._restart_workers([index])
             self.stats.worker_restarts += 1
-            logging.warning("restarted rollout worker %d with fresh envs (%d worker restarts)", index,
-                            self.stats.worker_restarts)
+            logging.warning(
+                "restarted rollout worker %d with fresh envs (%d worker restarts)", index, self.stats.worker_restarts
+            )
         else:  # policy worker: its pending requests are gone, so every rollout worker starts over too
             workers = [w for r, w in self.children if r == "rollout_worker"]
             for w in workers:
@@ -130,8 +135,10 @@ class Supervisor:
         while now - self.restart_times[0] > RESTART_WINDOW_SEC:
             self.restart_times.popleft()
         if len(self.restart_times) > self.cfg.run.max_worker_restarts:
-            raise ChildFailed(f"{len(self.restart_times)} worker failures within {RESTART_WINDOW_SEC:.0f} s (last: "
-                              f"{what}); fix the env or raise --max_worker_restarts")
+            raise ChildFailed(
+                f"{len(self.restart_times)} worker failures within {RESTART_WINDOW_SEC:.0f} s (last: "
+                f"{what}); fix the env or raise --max_worker_restarts"
+            )
 
     def _restart_workers(self, workers: list) -> None:
         """Rollout workers start over with fresh envs and new seeds; the slots their dead predecessors
@@ -155,8 +162,13 @@ class Supervisor:
         process.join(timeout=5.0)
 
     def _write_processes(self) -> None:
-        self.experiment.write_processes([(role, index, child.process.pid) for (role, index), child
-                                         in self.children.items() if child.process.is_alive()])
+        self.experiment.write_processes(
+            [
+                (role, index, child.process.pid)
+                for (role, index), child in self.children.items()
+                if child.process.is_alive()
+            ]
+        )
 
     def shutdown(self) -> None:
         """Stop every child within STOP_TIMEOUT_SEC (the learner saves a checkpoint first) and kill what

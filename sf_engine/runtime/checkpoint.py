@@ -9,6 +9,7 @@ File name `checkpoint_v{version:09d}_s{env_steps:013d}.pt`, so the runner can re
 count of a run to resume without importing torch. File contents: torch.save bytes, then a trailer of
 MAGIC and the SHA-256 of those bytes.
 """
+
 from __future__ import annotations
 
 import glob
@@ -56,7 +57,7 @@ def read_verified(path: str) -> bytes:
     body, trailer = data[:-_TRAILER], data[-_TRAILER:]
     if len(data) < _TRAILER or not trailer.startswith(MAGIC):
         raise CheckpointError(f"{path} is truncated or corrupted (no checksum at its end)")
-    if hashlib.sha256(body).digest() != trailer[len(MAGIC):]:
+    if hashlib.sha256(body).digest() != trailer[len(MAGIC) :]:
         raise CheckpointError(f"{path} is truncated or corrupted (checksum mismatch)")
     return body
 
@@ -124,8 +125,8 @@ def load_checkpoint(path: str, device="cpu") -> dict:
     try:
         return torch.load(io.BytesIO(body), map_location=device, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} holds more than tensors and plain data: refused, as loading it could run "
-                              f"code") from None
+        raise CheckpointError(
+            f"{path} holds more than tensors and plain data: refused, as loading it could run code"
+        ) from None
     except Exception as exc:
         raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
-

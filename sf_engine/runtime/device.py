@@ -1,5 +1,6 @@
 """Device selection, decided once in the main process: `cuda_device_count()` asks the CUDA driver
 directly, so a run without a GPU never imports torch for it."""
+
 from __future__ import annotations
 
 import ctypes

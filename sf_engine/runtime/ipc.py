@@ -8,6 +8,7 @@ workers wait for actions on their own pipe (kernel objects, robust to a dead rea
 free slots; the runner polls its stats queue; a restarted policy worker gets a new policy_requests
 queue (the rollout workers are restarted with it).
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -53,7 +54,7 @@ class ReplyPipe:
     def send(self, tokens: list) -> None:
         data = np.asarray(tokens, np.int64).tobytes()
         for start in range(0, len(data), self._MAX_WRITE):
-            os.write(self.writer.fileno(), data[start:start + self._MAX_WRITE])
+            os.write(self.writer.fileno(), data[start : start + self._MAX_WRITE])
 
     def receive(self, timeout_sec: float) -> list:
         """Tokens waiting (blocks up to `timeout_sec` for the first; 0 = never blocks)."""

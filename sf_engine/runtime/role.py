@@ -7,6 +7,7 @@ learner's last checkpoint, the last stats) and `close()` (release envs); sf_engi
 the rest of what the plumbing needs to know of it. `run_role` is the process target of every role; serial mode
 (sf_engine.run.serial) builds the same classes from the same plan and steps them in one process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,10 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from sf_engine.stats import messages
 from sf_engine.runtime.ipc import ParentWatch
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.wiring import ROLES, heartbeat_index, role_class
+from sf_engine.stats import messages
 
 
 class StageTimer:
@@ -53,6 +54,7 @@ class StageTimer:
 class RoleContext:
     """What a role is built from: the run plan, its place (role, index, generation of a restarted
     worker), the shared buffers and the queues."""
+
     plan: object  # sf_engine.run.plan.RunPlan
     role: str
     index: int
@@ -95,8 +97,9 @@ def _init_child(role: str, index: int, log_path: str) -> None:
     """The main process alone handles Ctrl-C; logs go to the run's file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    logging.basicConfig(filename=log_path, level=logging.INFO,
-                        format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        filename=log_path, level=logging.INFO, format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s"
+    )
 
 
 def set_torch_threads(role: str, cfg) -> None:

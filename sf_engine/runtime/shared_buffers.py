@@ -45,6 +45,7 @@ int64 (set by the supervisor when a restarted reader needs a policy's shared wei
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -67,9 +68,11 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     step = (slots, rollout, envs)
     layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
     if state:
-        layout |= {"episode_start": ((slots, rollout + 1, envs), "bool"),
-                   "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
-                   "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32")}
+        layout |= {
+            "episode_start": ((slots, rollout + 1, envs), "bool"),
+            "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
+            "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32"),
+        }
     if spec.turn_based:
         layout["acting"] = (step, "bool")
     policies = cfg.policies.num_acting  # the trained ones, then the opponent pool's snapshots
@@ -100,8 +103,20 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
 
 
 # the arrays of buffer_layout that hold one slot's trajectory besides the observations, where a run has them
-_SLOT_ARRAYS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated",
-                "valid", "acting", "policy_id", "episode_start", "rnn_states")
+_SLOT_ARRAYS = (
+    "actions",
+    "log_probs",
+    "values",
+    "policy_version",
+    "rewards",
+    "terminated",
+    "truncated",
+    "valid",
+    "acting",
+    "policy_id",
+    "episode_start",
+    "rnn_states",
+)
 
 
 def slot_fields(layout: dict) -> tuple:

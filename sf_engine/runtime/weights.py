@@ -14,6 +14,7 @@ odd while the learner writes; a reader copies, then checks that the counter did 
 torch is imported where a tensor is handled, not with the module: the supervisor (in the main process,
 which needs no torch) asks for the weights again through `want`.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,12 +35,16 @@ def flatten_state(model):
     from sf_engine.model.kernels import flat_layout, view_like
 
     tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
-    tensors += [("buffer", m, n, t) for m in model.modules() for n, t in m._buffers.items()
-                if t is not None and t.is_floating_point()]
+    tensors += [
+        ("buffer", m, n, t)
+        for m in model.modules()
+        for n, t in m._buffers.items()
+        if t is not None and t.is_floating_point()
+    ]
     flat = torch.cat([flat_layout(t.detach()).float() for _, _, _, t in tensors]).contiguous()
     offset = 0
     for kind, module, name, tensor in tensors:
-        view = view_like(flat[offset:offset + tensor.numel()], tensor)
+        view = view_like(flat[offset : offset + tensor.numel()], tensor)
         if kind == "param":
             tensor.data = view
         else:
@@ -53,7 +58,7 @@ class SharedWeights:
     (param_seq, params_wanted); `channels`: {(reader role, policy): channel} that carry the shared vector."""
 
     def __init__(self, buffers, channels: dict, policy: int = 0):
-        self.seq = buffers.param_seq[policy:policy + 1]
+        self.seq = buffers.param_seq[policy : policy + 1]
         self.wanted = buffers.params_wanted[policy]
         self.channels, self.policy = channels, policy
         self.shared = None  # the shared vector, once created (writer) or received (reader)

@@ -13,6 +13,7 @@ read (and grep) who talks to whom. Queues carry small messages only, never traje
                                              receiver
   lifeline           held by the main process  every child           EOF once the main process is gone
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,6 +26,7 @@ from sf_engine.runtime.shared_buffers import HEARTBEAT_ROLES, WEIGHT_READERS
 
 _QUEUE_BYTES = 1 << 20
 
+
 @dataclass(frozen=True)
 class Role:
     """What the plumbing needs to know of a role. `cls`: "module:Class", imported in the process that
@@ -32,6 +34,7 @@ class Role:
     the shared heartbeat array (rollout worker w: HEARTBEAT_WORKERS + w); `step_timeout_sec`: how long
     one `step` may wait in a process; `serial_order`: its turn in serial mode's round (a request made in
     a round is served in it); `torch_threads(cfg)`: torch threads of its process (None: no torch)."""
+
     cls: str
     heartbeat: int | None
     step_timeout_sec: float
@@ -87,14 +90,19 @@ class Queues:
 
 def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1) -> Queues:
     """`mp_context` None means serial mode (no child processes)."""
+
     def weight_channel():
         return LocalChannel() if mp_context is None else mp_context.Queue()
 
-    return Queues(policy_requests=new_policy_requests(),
-                  actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
-                  full_slots=Queue(_QUEUE_BYTES), free_slots=Queue(_QUEUE_BYTES), stats=Queue(4 * _QUEUE_BYTES),
-                  weights={(reader, policy): weight_channel() for reader in WEIGHT_READERS
-                           for policy in range(num_policies)}, lifeline=lifeline)
+    return Queues(
+        policy_requests=new_policy_requests(),
+        actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
+        full_slots=Queue(_QUEUE_BYTES),
+        free_slots=Queue(_QUEUE_BYTES),
+        stats=Queue(4 * _QUEUE_BYTES),
+        weights={(reader, policy): weight_channel() for reader in WEIGHT_READERS for policy in range(num_policies)},
+        lifeline=lifeline,
+    )
 
 
 def new_policy_requests() -> Queue:

@@ -9,6 +9,7 @@ the receiver to write into the learner's free slots (sf_engine.scaleout.slot_tra
 actor runs one caller's calls in submission order, so the versions arrive in the order they were
 published. Ray is imported here and in the receiver only: a run without sampler nodes never imports it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,12 +35,15 @@ def node_plan(plan, index: int, reconstructed: bool = False):
     cfg = plan.cfg
     seed = cfg.env.seed + 7919 * (index + 1) + (104_729 * (os.getpid() % 10_007) if reconstructed else 0)
     node_cfg = dataclasses.replace(
-        cfg, env=dataclasses.replace(cfg.env, seed=seed),
+        cfg,
+        env=dataclasses.replace(cfg.env, seed=seed),
         sampler=dataclasses.replace(cfg.sampler, num_workers=cfg.remote.remote_num_workers),
         remote=dataclasses.replace(cfg.remote, ray_address=None, num_remote_samplers=0),
-        run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device="cpu"))
-    return dataclasses.replace(plan, cfg=node_cfg, layout=buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model)),
-                               resume_from=None)
+        run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device="cpu"),
+    )
+    return dataclasses.replace(
+        plan, cfg=node_cfg, layout=buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model)), resume_from=None
+    )
 
 
 class SamplerActor:
@@ -49,8 +53,8 @@ class SamplerActor:
     kill, by the next actor started on the node (its file name holds the pid of the actor that made it)."""
 
     def __init__(self, plan, index: int, run_key: str, shm_dir: str | None = None):
+        from sf_engine.runtime.shared_buffers import shm_path
         from sf_engine.scaleout.sampler_node import SamplerNode
-        from sf_engine.runtime.shared_buffers import SHM_PREFIX, shm_path
 
         reconstructed = _reconstructed()
         directory = shm_dir or plan.cfg.run.shm_dir
@@ -76,12 +80,23 @@ class SamplerActor:
         if versions is not None:
             self.set_weights(versions)
         if any(weights.shared is None for weights in self.node.weights):  # started after the weights went out
-            return {"payloads": [], "messages": [], "env_steps": int(self.node.buffers.env_steps.sum()),
-                    "sample_sec": 0.0, "identity": self.identity, "needs_weights": True}
+            return {
+                "payloads": [],
+                "messages": [],
+                "env_steps": int(self.node.buffers.env_steps.sum()),
+                "sample_sec": 0.0,
+                "identity": self.identity,
+                "needs_weights": True,
+            }
         started = time.perf_counter()
         payloads, messages = self.node.collect(count)
-        return {"payloads": payloads, "messages": messages, "env_steps": int(self.node.buffers.env_steps.sum()),
-                "sample_sec": time.perf_counter() - started, "identity": self.identity}
+        return {
+            "payloads": payloads,
+            "messages": messages,
+            "env_steps": int(self.node.buffers.env_steps.sum()),
+            "sample_sec": time.perf_counter() - started,
+            "identity": self.identity,
+        }
 
     def close(self) -> None:
         self.node.close()
@@ -97,7 +112,7 @@ def _remove_leftovers(directory: str) -> None:
     from sf_engine.runtime.shared_buffers import SHM_PREFIX
 
     for path in glob.glob(os.path.join(directory, f"{SHM_PREFIX}{NODE_SHM_TAG}_*")):
-        pid = os.path.basename(path)[len(SHM_PREFIX + NODE_SHM_TAG) + 1:].partition("_")[0]
+        pid = os.path.basename(path)[len(SHM_PREFIX + NODE_SHM_TAG) + 1 :].partition("_")[0]
         if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
             try:
                 os.unlink(path)

@@ -15,6 +15,7 @@ closes the books whatever became of this process. An actor that dies (or whose n
 steps it had stepped and not returned: they are booked as dropped, Ray starts a new actor in its
 place, and this receiver sends it the weights and goes on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sf_engine.runtime.ipc import get_many
-from sf_engine.stats.messages import Episodes, Inference, RemoteNodes
 from sf_engine.runtime.role import StageTimer
 from sf_engine.scaleout.slot_transport import ROWS_KEY, PayloadError, unpack_slot
+from sf_engine.stats.messages import Episodes, Inference, RemoteNodes
 
 COLLECTS_IN_FLIGHT = 2  # calls open per actor: it samples the next slots while this one moves the last
 REPORT_EVERY_SEC = 1.0
@@ -51,6 +52,7 @@ def remote_books_at_stop(books) -> tuple:
 class RemoteSampler:
     """One sampler actor as the receiver sees it. `stepped`/`returned`: env steps the current incarnation
     reported stepped / returned in slots; `figures`: the cumulative ones sent in RemoteNodes."""
+
     index: int
     actor: object
     calls: list = field(default_factory=list)  # Ray object refs of the open collect calls, oldest first
@@ -62,9 +64,24 @@ class RemoteSampler:
     lost_at: float | None = None  # when a call to it failed, until an incarnation answers again
     retry_at: float = 0.0
     failures: int = 0  # calls in a row that raised in the actor
-    figures: dict = field(default_factory=lambda: {
-        "host": None, "node": None, "pid": None, "slots": 0, "restarts": 0, "recovery_sec": None, "lag_sum": 0.0, "lag_count": 0,
-        "lag_max": 0, "sample_sec": 0.0, "fetch_sec": 0.0, "write_sec": 0.0, "forwards": 0, "forward_samples": 0})
+    figures: dict = field(
+        default_factory=lambda: {
+            "host": None,
+            "node": None,
+            "pid": None,
+            "slots": 0,
+            "restarts": 0,
+            "recovery_sec": None,
+            "lag_sum": 0.0,
+            "lag_count": 0,
+            "lag_max": 0,
+            "sample_sec": 0.0,
+            "fetch_sec": 0.0,
+            "write_sec": 0.0,
+            "forwards": 0,
+            "forward_samples": 0,
+        }
+    )
 
 
 class Receiver:
@@ -79,9 +96,14 @@ class Receiver:
         connect(cfg.remote.ray_address)
         actor_class = remote_sampler_class(num_cpus=cfg.remote.remote_cpus_per_sampler)
         run_key = os.path.basename(ctx.plan.paths.shm_path)[-16:]
-        self.samplers = [RemoteSampler(i, actor_class.options(scheduling_strategy="SPREAD").remote(ctx.plan, i, run_key),
-                                       stepped_before=int(self.books[i, STEPPED]))  # a predecessor's, after a restart
-                         for i in range(cfg.remote.num_remote_samplers)]
+        self.samplers = [
+            RemoteSampler(
+                i,
+                actor_class.options(scheduling_strategy="SPREAD").remote(ctx.plan, i, run_key),
+                stepped_before=int(self.books[i, STEPPED]),
+            )  # a predecessor's, after a restart
+            for i in range(cfg.remote.num_remote_samplers)
+        ]
         self.slots_per_call = cfg.remote.remote_num_workers * cfg.sampler.worker_num_splits
         self.backlog_limit = max(cfg.slots_per_batch, 2 * len(self.samplers) * self.slots_per_call)
         self.envs_per_split = cfg.sampler.envs_per_split
@@ -159,8 +181,9 @@ class Receiver:
                 if self.local_params[policy] is None:
                     self.local_params[policy] = weights.shared.detach().to("cpu", copy=True)
                 self.held_versions[policy] = weights.read_into(self.local_params[policy])
-            versions = [(p, params.numpy(), int(v)) for p, (params, v) in
-                        enumerate(zip(self.local_params, self.held_versions))]
+            versions = [
+                (p, params.numpy(), int(v)) for p, (params, v) in enumerate(zip(self.local_params, self.held_versions))
+            ]
             self.weights_object = publish_weights(versions)
             self.weights_versions_sent += 1
             self.weights_bytes = sum(params.numel() * 4 for params in self.local_params)
@@ -181,8 +204,10 @@ class Receiver:
         except ray.exceptions.RayTaskError as exc:  # its envs or roles failed: start it over, a few times
             sampler.failures += 1
             if sampler.failures > MAX_CONSECUTIVE_FAILURES:
-                raise RuntimeError(f"sampler actor {sampler.index} failed {sampler.failures} times in a row, "
-                                   f"last:\n{str(exc).rstrip()}") from None
+                raise RuntimeError(
+                    f"sampler actor {sampler.index} failed {sampler.failures} times in a row, "
+                    f"last:\n{str(exc).rstrip()}"
+                ) from None
             logging.error("sampler actor %d failed:\n%s", sampler.index, str(exc).rstrip())
             ray.kill(sampler.actor, no_restart=False)
             self._call_failed(sampler, "failed (Ray starts it again)")
@@ -208,8 +233,13 @@ class Receiver:
         the reply that says whether the same incarnation answers (see _heard_from)."""
         if sampler.lost_at is None:
             sampler.lost_at = time.monotonic()
-            logging.warning("sampler actor %d on %s %s; its next call in %g s", sampler.index,
-                            sampler.figures["host"], how, RETRY_AFTER_SEC)
+            logging.warning(
+                "sampler actor %d on %s %s; its next call in %g s",
+                sampler.index,
+                sampler.figures["host"],
+                how,
+                RETRY_AFTER_SEC,
+            )
         sampler.calls, sampler.weights_sent = [], None
         sampler.retry_at = time.monotonic() + RETRY_AFTER_SEC
 
@@ -228,9 +258,14 @@ class Receiver:
             figures["restarts"] += 1
             since = sampler.lost_at if sampler.lost_at is not None else time.monotonic()
             figures["recovery_sec"] = round(time.monotonic() - since, 2)
-            logging.warning("sampler actor %d back on %s after %.1f s (pid %d); %d env steps its predecessor had "
-                            "not sent dropped", sampler.index, identity["host"], figures["recovery_sec"],
-                            identity["pid"], dropped)
+            logging.warning(
+                "sampler actor %d back on %s after %.1f s (pid %d); %d env steps its predecessor had not sent dropped",
+                sampler.index,
+                identity["host"],
+                figures["recovery_sec"],
+                identity["pid"],
+                dropped,
+            )
         sampler.identity, sampler.lost_at = identity, None
         figures.update({key: identity[key] for key in ("host", "node", "pid")})
 
@@ -300,9 +335,16 @@ class Receiver:
 
     # --- reports and the end ----------------------------------------------------------------------
     def report(self) -> None:
-        nodes = [{"sampler": s.index, **s.figures, "stepped": int(self.books[s.index, STEPPED]),
-                  "placed": int(self.books[s.index, PLACED]), "dropped": int(self.books[s.index, DROPPED])}
-                 for s in self.samplers]
+        nodes = [
+            {
+                "sampler": s.index,
+                **s.figures,
+                "stepped": int(self.books[s.index, STEPPED]),
+                "placed": int(self.books[s.index, PLACED]),
+                "dropped": int(self.books[s.index, DROPPED]),
+            }
+            for s in self.samplers
+        ]
         self.ctx.send(RemoteNodes(self.timer.report("receiver"), nodes, self.weights_versions_sent, self.weights_bytes))
         self.last_report = time.monotonic()
 

@@ -9,6 +9,7 @@ the version of the learner that made those weights. Full slots go out packed
 hands the slots back to the node's free pool. A receiver writes them into free slots of the learner's
 run with `unpack_slot`, where they train like local ones.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +17,9 @@ import numpy as np
 from sf_engine.runtime.ipc import drain, get_many
 from sf_engine.runtime.role import RoleContext
 from sf_engine.runtime.shared_buffers import SharedBuffers
-from sf_engine.scaleout.slot_transport import pack_slot
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import make_queues, role_class
+from sf_engine.scaleout.slot_transport import pack_slot
 
 STEPS_PER_COLLECT = 100_000  # steps of the roles before collect gives up on filling a slot
 
@@ -36,8 +37,9 @@ class SamplerNode:
             self.weights = [SharedWeights(self.buffers, self.queues.weights, p) for p in range(self.num_acting)]
             context = lambda role, index: RoleContext(plan, role, index, self.buffers, self.queues)  # noqa: E731
             self.policy_worker = role_class("policy_worker")(context("policy_worker", 0))
-            self.workers = [role_class("rollout_worker")(context("rollout_worker", w))
-                            for w in range(cfg.sampler.num_workers)]
+            self.workers = [
+                role_class("rollout_worker")(context("rollout_worker", w)) for w in range(cfg.sampler.num_workers)
+            ]
         except BaseException:
             self.buffers.release()
             raise
@@ -52,8 +54,10 @@ class SamplerNode:
         if weights.shared is None:
             weights.create(flat, version, readers=("policy_worker",))
         elif flat.shape != weights.shared.shape:
-            raise ValueError(f"weights of policy {policy}: {flat.numel()} floats where the node's model has "
-                             f"{weights.shared.numel()}: the learner runs another model")
+            raise ValueError(
+                f"weights of policy {policy}: {flat.numel()} floats where the node's model has "
+                f"{weights.shared.numel()}: the learner runs another model"
+            )
         else:
             weights.publish(flat, version)
 

@@ -12,6 +12,7 @@ V-trace see the same version tags. The env steps it holds are returned for the r
 training (versions, policy ids, finite floats). It does not decode anything: whatever carries the
 payload (Ray's object store unpickles it) must connect trusted peers only.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,24 +50,31 @@ def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = 
     if not isinstance(payload, dict):
         raise PayloadError(f"a slot payload is a dict of arrays, not {type(payload).__name__}")
     if not 0 <= slot < buffers.slot_owner.shape[0] or buffers.slot_owner[slot] != owner:
-        raise PayloadError(f"slot {slot} is not a free slot of this run (0..{buffers.slot_owner.shape[0] - 1}, "
-                           f"owned by no worker)")
+        raise PayloadError(
+            f"slot {slot} is not a free slot of this run (0..{buffers.slot_owner.shape[0] - 1}, owned by no worker)"
+        )
     fields = slot_fields(buffers.layout)
     unknown = sorted(set(payload) - set(fields) - {ROWS_KEY}, key=str)
     if unknown:
-        raise PayloadError(f"slot payload field {unknown[0]!r} has no place here: the sender runs another "
-                           f"configuration (same env and flags needed)")
+        raise PayloadError(
+            f"slot payload field {unknown[0]!r} has no place here: the sender runs another "
+            f"configuration (same env and flags needed)"
+        )
     rollout = buffers.log_probs.shape[1]
     for name in fields + (ROWS_KEY,):
         value = payload.get(name)
         local = buffers.slot_rows if name == ROWS_KEY else _array(buffers, name)
         want = (local.dtype, local.shape[1:])
         if type(value) is not np.ndarray:
-            raise PayloadError(f"slot payload field {name!r} is {'missing' if value is None else type(value).__name__}"
-                               f": a plain numpy array is needed")
+            raise PayloadError(
+                f"slot payload field {name!r} is {'missing' if value is None else type(value).__name__}"
+                f": a plain numpy array is needed"
+            )
         if (value.dtype, value.shape) != want:
-            raise PayloadError(f"slot payload field {name!r} is {value.dtype}{list(value.shape)} where this run "
-                               f"holds {want[0]}{list(want[1])}: the sender runs another configuration")
+            raise PayloadError(
+                f"slot payload field {name!r} is {value.dtype}{list(value.shape)} where this run "
+                f"holds {want[0]}{list(want[1])}: the sender runs another configuration"
+            )
     rows = int(payload[ROWS_KEY])
     if not 0 <= rows <= rollout:
         raise PayloadError(f"slot payload says {rows} rows were written; a slot holds 0..{rollout}")
@@ -80,12 +88,16 @@ def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = 
 def _check_values(buffers, payload: dict, latest_version) -> None:
     versions = payload["policy_version"]
     if versions.size and (versions.min() < 0 or (latest_version is not None and versions.max() > latest_version)):
-        raise PayloadError(f"slot payload holds policy versions {versions.min()}..{versions.max()}; this learner "
-                           f"has published 0..{latest_version}: the sender acts with another learner's weights")
+        raise PayloadError(
+            f"slot payload holds policy versions {versions.min()}..{versions.max()}; this learner "
+            f"has published 0..{latest_version}: the sender acts with another learner's weights"
+        )
     if "policy_id" in payload and payload["policy_id"].size:
         ids, policies = payload["policy_id"], buffers.param_seq.shape[0]
         if ids.min() < 0 or ids.max() >= policies:
-            raise PayloadError(f"slot payload holds policy ids {ids.min()}..{ids.max()}; this run has 0..{policies - 1}")
+            raise PayloadError(
+                f"slot payload holds policy ids {ids.min()}..{ids.max()}; this run has 0..{policies - 1}"
+            )
     for name in _FLOATS:
         if name in payload and not np.isfinite(payload[name]).all():
             raise PayloadError(f"slot payload field {name!r} holds a value that is not finite")

@@ -5,6 +5,7 @@ Runs in the runner, over the stage seconds that the roles accumulated during a w
 less their waiting: the learner reports once per training batch, so its latest batch may still be
 running when the window closes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,8 +34,11 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     workers = [v for k, v in stage_sec.items() if k.startswith("rollout_worker")]
     receiver = stage_sec.get("receiver")
     window = max(window_sec, 1e-9)
-    remote = {} if receiver is None else {
-        "receiver_busy": 1.0 - (receiver.get("wait_remote", 0.0) + receiver.get("wait_slot", 0.0)) / window}
+    remote = (
+        {}
+        if receiver is None
+        else {"receiver_busy": 1.0 - (receiver.get("wait_remote", 0.0) + receiver.get("wait_slot", 0.0)) / window}
+    )
     return remote | {
         "learner_busy": 1.0 - learner.get("wait_data", 0.0) / window if learner else 0.0,
         "learner_wait_data": learner.get("wait_data", 0.0) / window,
@@ -49,31 +53,56 @@ def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
     f = stage_fractions(stage_sec, window_sec)
     pct = {k: f"{100 * v:.0f}%" for k, v in f.items()}
     if f["learner_busy"] >= NEVER_WAITS or (f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING):
-        return Diagnosis("learning", f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
-                         f"{pct['workers_wait_slot']} for free slots: raise --batch_size or lower --num_epochs, "
-                         f"or use a GPU (--device cuda)", f)
+        return Diagnosis(
+            "learning",
+            f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
+            f"{pct['workers_wait_slot']} for free slots: raise --batch_size or lower --num_epochs, "
+            f"or use a GPU (--device cuda)",
+            f,
+        )
     if f["inference_busy"] >= BUSY and f["workers_wait_actions"] >= WAITING:
-        return Diagnosis("inference", f"inference-bound: policy worker busy {pct['inference_busy']}, workers wait "
-                         f"{pct['workers_wait_actions']} for actions: use a GPU (--device cuda) or a smaller model",
-                         f)
+        return Diagnosis(
+            "inference",
+            f"inference-bound: policy worker busy {pct['inference_busy']}, workers wait "
+            f"{pct['workers_wait_actions']} for actions: use a GPU (--device cuda) or a smaller model",
+            f,
+        )
     if "receiver_busy" in f and f["learner_wait_data"] >= WAITING and f["workers_env_step"] < 0.5:
         if f["receiver_busy"] >= BUSY:
-            return Diagnosis("receiving", f"receiver-bound: the receiver is busy {pct['receiver_busy']} moving "
-                             f"slots from the sampler actors, the learner waits {pct['learner_wait_data']} for data: "
-                             f"raise --num_envs_per_worker (fewer, larger slots) or give the receiver a core of "
-                             f"its own (fewer local --num_workers)", f)
-        return Diagnosis("sampling", f"sampling-bound: the learner waits {pct['learner_wait_data']} for data while "
-                         f"the receiver waits for the sampler actors (busy {pct['receiver_busy']}): add "
-                         f"--num_remote_samplers (or local --num_workers)", f)
+            return Diagnosis(
+                "receiving",
+                f"receiver-bound: the receiver is busy {pct['receiver_busy']} moving "
+                f"slots from the sampler actors, the learner waits {pct['learner_wait_data']} for data: "
+                f"raise --num_envs_per_worker (fewer, larger slots) or give the receiver a core of "
+                f"its own (fewer local --num_workers)",
+                f,
+            )
+        return Diagnosis(
+            "sampling",
+            f"sampling-bound: the learner waits {pct['learner_wait_data']} for data while "
+            f"the receiver waits for the sampler actors (busy {pct['receiver_busy']}): add "
+            f"--num_remote_samplers (or local --num_workers)",
+            f,
+        )
     if f["workers_env_step"] >= 0.5 and f["learner_wait_data"] >= WAITING:
-        return Diagnosis("sampling", f"sampling-bound: workers step envs {pct['workers_env_step']} of the time, "
-                         f"the learner waits {pct['learner_wait_data']} for data: add --num_workers (up to the "
-                         f"cores) or raise --num_envs_per_worker", f)
-    return Diagnosis("balanced", f"balanced: learner busy {pct['learner_busy']}, policy worker busy "
-                     f"{pct['inference_busy']}, workers stepping envs {pct['workers_env_step']}", f)
+        return Diagnosis(
+            "sampling",
+            f"sampling-bound: workers step envs {pct['workers_env_step']} of the time, "
+            f"the learner waits {pct['learner_wait_data']} for data: add --num_workers (up to the "
+            f"cores) or raise --num_envs_per_worker",
+            f,
+        )
+    return Diagnosis(
+        "balanced",
+        f"balanced: learner busy {pct['learner_busy']}, policy worker busy "
+        f"{pct['inference_busy']}, workers stepping envs {pct['workers_env_step']}",
+        f,
+    )
 
 
 def subtract(newer: dict, older: dict) -> dict:
     """Stage seconds accumulated between two snapshots of cumulative per-role stage seconds."""
-    return {role: {stage: max(0.0, sec - older.get(role, {}).get(stage, 0.0)) for stage, sec in stages.items()}
-            for role, stages in newer.items()}  # a restarted process starts its counts from 0
+    return {
+        role: {stage: max(0.0, sec - older.get(role, {}).get(stage, 0.0)) for stage, sec in stages.items()}
+        for role, stages in newer.items()
+    }  # a restarted process starts its counts from 0

@@ -3,6 +3,7 @@
 Small dataclasses (pickled by faster-fifo); sf_engine.stats.run_stats.RunStats aggregates them. Stage seconds
 are cumulative per process: `stage_sec` {stage: seconds} covers `wall_sec` of that process's loop.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Stages:
     """Where one process's time went: `role` names it ('learner', 'policy_worker', 'rollout_worker_3')."""
+
     role: str
     stage_sec: dict
     wall_sec: float
@@ -20,6 +22,7 @@ class Stages:
 class Episodes:
     """Rollout worker: episodes finished since its last report (the last 100 of them in full); `extra`:
     the envs' own episode stats, name -> the last 100 values."""
+
     stages: Stages
     count: int
     returns: list
@@ -32,6 +35,7 @@ class Episodes:
 class Training:
     """Learner: one training batch of one policy. Lag = learner version - the version that acted, over
     valid samples."""
+
     stages: Stages
     version: int
     samples: int
@@ -50,6 +54,7 @@ class Training:
 @dataclass
 class Inference:
     """Policy worker: forward passes and samples since its last report."""
+
     stages: Stages
     forwards: int
     samples: int
@@ -59,6 +64,7 @@ class Inference:
 @dataclass
 class Evaluation:
     """Evaluator: one greedy evaluation of `version`."""
+
     version: int
     return_mean: float
     return_std: float
@@ -76,6 +82,7 @@ class Evaluation:
 class PbtRound:
     """Learner with --pbt: a round (0: the population's start). `exploits` [(replaced member, member it
     copied, its objective, the copied one's)]; `hyperparameters`: each member's after the round."""
+
     round: int
     exploits: list
     hyperparameters: list
@@ -95,12 +102,14 @@ class CheckpointFailed:
 @dataclass
 class Recycled:
     """Learner with --sampling_only: env steps handed back untrained."""
+
     steps: int
 
 
 @dataclass
 class Fault:
     """A role's process failed: its traceback, logged once by the supervisor."""
+
     role: str
     index: int
     traceback: str
@@ -109,11 +118,12 @@ class Fault:
 @dataclass
 class RemoteNodes:
     """Receiver: every sampler actor's figures since the run started (cumulative), one dict each: its
-    `host`, Ray `node` and `pid` (the latest incarnation's), env steps `stepped` (as it reported them), `placed` in local slots and `dropped` with a lost
-    actor, `slots`, `restarts`, `recovery_sec` (loss to the first slot of its successor, the latest),
-    the lag of its slots at arrival (`lag_sum`, `lag_count`, `lag_max`), and seconds spent `sample_sec`
-    (the actor collecting), `fetch_sec` (moving its slots out of the object store) and `write_sec`
-    (into local slots)."""
+    `host`, Ray `node` and `pid` (the latest incarnation's), env steps `stepped` (as it reported them), `placed` in
+    local slots and `dropped` with a lost actor, `slots`, `restarts`, `recovery_sec` (loss to the first slot of its
+    successor, the latest), the lag of its slots at arrival (`lag_sum`, `lag_count`, `lag_max`), and seconds spent
+    `sample_sec` (the actor collecting), `fetch_sec` (moving its slots out of the object store) and `write_sec` (into
+    local slots)."""
+
     stages: Stages
     nodes: list
     weights_versions_sent: int = 0

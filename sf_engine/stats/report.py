@@ -2,6 +2,7 @@
 on its own schedule. They read the aggregated RunStats (sf_engine.stats.run_stats) and write; they aggregate
 nothing. Runs in the main process (no torch: events are written with TensorBoard's own writer).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,47 +31,79 @@ def write_json_atomic(path: str, data: dict) -> None:
 def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     """TensorBoard tag -> value of everything known now."""
     rate = stats.throughput.rate
-    out = {"perf/env_steps_per_sec_10s": rate(10.0), "perf/env_steps_per_sec_60s": rate(60.0),
-           "perf/learner_samples_per_sec": rate(10.0, 2), "train/samples_dropped_lag": stats.books.dropped_lag,
-           "faults/worker_restarts": stats.worker_restarts,
-           "faults/policy_worker_restarts": stats.policy_worker_restarts,
-           "faults/checkpoint_failures": stats.checkpoint_failures}
+    out = {
+        "perf/env_steps_per_sec_10s": rate(10.0),
+        "perf/env_steps_per_sec_60s": rate(60.0),
+        "perf/learner_samples_per_sec": rate(10.0, 2),
+        "train/samples_dropped_lag": stats.books.dropped_lag,
+        "faults/worker_restarts": stats.worker_restarts,
+        "faults/policy_worker_restarts": stats.policy_worker_restarts,
+        "faults/checkpoint_failures": stats.checkpoint_failures,
+    }
     out["perf/frames_per_sec_10s"] = out["perf/env_steps_per_sec_10s"] * frameskip
     out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * frameskip
     if stats.inference_forwards:
         out["perf/inference_batch_mean"] = stats.inference_samples / stats.inference_forwards
     if stats.env_steps > stats.env_steps_base:
-        out["perf/sample_reuse"] = stats.books.trained * cfg.learner.num_epochs / (stats.env_steps - stats.env_steps_base)
+        out["perf/sample_reuse"] = (
+            stats.books.trained * cfg.learner.num_epochs / (stats.env_steps - stats.env_steps_base)
+        )
     if stats.returns:
         out["episode/return"] = stats.return_mean
         out["episode/length"] = sum(stats.lengths) / len(stats.lengths)
     out.update({f"episode/{name}": value for name, value in stats.extra_means.items()})
     if stats.evaluation:
-        out.update({"eval/return_mean": stats.evaluation.return_mean, "eval/return_best": stats.evaluation.best,
-                    "eval/length_mean": stats.evaluation.length_mean})
+        out.update(
+            {
+                "eval/return_mean": stats.evaluation.return_mean,
+                "eval/return_best": stats.evaluation.best,
+                "eval/length_mean": stats.evaluation.length_mean,
+            }
+        )
         if stats.evaluation.win_rate is not None:
-            out.update({"eval/win_rate_vs_random": stats.evaluation.win_rate,
-                        "eval/draw_rate_vs_random": stats.evaluation.draw_rate,
-                        "eval/loss_rate_vs_random": stats.evaluation.loss_rate})
+            out.update(
+                {
+                    "eval/win_rate_vs_random": stats.evaluation.win_rate,
+                    "eval/draw_rate_vs_random": stats.evaluation.draw_rate,
+                    "eval/loss_rate_vs_random": stats.evaluation.loss_rate,
+                }
+            )
     train = stats.training
     if train:
-        out.update({"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max})
+        out.update(
+            {"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max}
+        )
         out.update({f"train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
         out.update({"train/learning_rate": train.learning_rate, "train/version": train.version})
     for figures in _trained_policies(stats, cfg):  # each policy's own
         prefix, train = f"policy_{figures['policy']}/", stats.policy_training.get(figures["policy"])
-        out.update({prefix + name: figures[key] for name, key in
-                    (("episode/return", "episode_return_mean"), ("train/version", "version"),
-                     ("policy_lag/mean", "policy_lag_mean"), ("train/learning_rate", "learning_rate"),
-                     ("perf/trained_samples_per_sec", "trained_samples_per_sec"),
-                     ("perf/learner_share", "learner_share"), ("perf/inference_share", "inference_share"))
-                    if figures[key] is not None})
+        out.update(
+            {
+                prefix + name: figures[key]
+                for name, key in (
+                    ("episode/return", "episode_return_mean"),
+                    ("train/version", "version"),
+                    ("policy_lag/mean", "policy_lag_mean"),
+                    ("train/learning_rate", "learning_rate"),
+                    ("perf/trained_samples_per_sec", "trained_samples_per_sec"),
+                    ("perf/learner_share", "learner_share"),
+                    ("perf/inference_share", "inference_share"),
+                )
+                if figures[key] is not None
+            }
+        )
         if train:
             out.update({f"{prefix}train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
     for node in stats.remote_figures():  # --num_remote_samplers: each sampler actor's own
         prefix = f"remote_{node['sampler']}/"
-        out.update({prefix + "env_steps_per_sec_10s": node["env_steps_per_sec_10s"], prefix + "restarts": node["restarts"],
-                    prefix + "dropped_env_steps": node["dropped"], prefix + "fetch_sec": node["fetch_sec"]})
+        out.update(
+            {
+                prefix + "env_steps_per_sec_10s": node["env_steps_per_sec_10s"],
+                prefix + "restarts": node["restarts"],
+                prefix + "dropped_env_steps": node["dropped"],
+                prefix + "fetch_sec": node["fetch_sec"],
+            }
+        )
         if node["lag_mean"] is not None:
             out[prefix + "policy_lag_mean"] = node["lag_mean"]
     if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
@@ -83,8 +116,10 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
 def policy_shares(policies: list) -> str:
     """'policy 0: learner 52%, inference 50% | policy 1: ...' (several policies), or ''."""
     pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
-    return " | ".join(f"policy {f['policy']}: learner {pct(f['learner_share'])}, inference {pct(f['inference_share'])}"
-                      for f in policies)
+    return " | ".join(
+        f"policy {f['policy']}: learner {pct(f['learner_share'])}, inference {pct(f['inference_share'])}"
+        for f in policies
+    )
 
 
 def _trained_policies(stats: RunStats, cfg) -> list:
@@ -105,9 +140,11 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
     ret = f"{stats.return_mean:.1f}" if stats.returns else "-"
     train = stats.training
     lag = f"{train.lag_mean:.1f}/{train.lag_max:.0f}" if train else "-"
-    line = (f"[{elapsed:6.1f}s] env steps {stats.env_steps:,} | {rate:,.0f} env steps/s "
-            f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
-            f"| lag mean/max {lag} | version {train.version if train else 0}")
+    line = (
+        f"[{elapsed:6.1f}s] env steps {stats.env_steps:,} | {rate:,.0f} env steps/s "
+        f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
+        f"| lag mean/max {lag} | version {train.version if train else 0}"
+    )
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
     if extra:  # the env's own episode stats: frags, deaths, ...
         line += " | " + " ".join(extra)
@@ -115,12 +152,16 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
     if policies:  # --num_policies > 1: each policy's return and version
         line += " | policies " + " ".join(
             f"{f['policy']}:{'-' if f['episode_return_mean'] is None else format(f['episode_return_mean'], '.1f')}"
-            f"@v{f['version']}" for f in policies)
+            f"@v{f['version']}"
+            for f in policies
+        )
     nodes = stats.remote_figures()
     if nodes:  # sampler actors: their env steps/s together, lag at arrival, restarts
         lags = [n["lag_mean"] for n in nodes if n["lag_mean"] is not None]
-        line += (f" | {len(nodes)} sampler actors {sum(n['env_steps_per_sec_10s'] for n in nodes):,.0f} env steps/s, "
-                 f"lag {max(lags) if lags else 0:.1f}, restarts {sum(n['restarts'] for n in nodes)}")
+        line += (
+            f" | {len(nodes)} sampler actors {sum(n['env_steps_per_sec_10s'] for n in nodes):,.0f} env steps/s, "
+            f"lag {max(lags) if lags else 0:.1f}, restarts {sum(n['restarts'] for n in nodes)}"
+        )
     remaining = [cfg.run.train_for_seconds - elapsed]
     if rate > 0:
         remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
@@ -132,39 +173,56 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
     steps_per_sec = stats.throughput.env_steps_per_sec()
     diagnosis, evaluation, train = stats.diagnosis, stats.evaluation, stats.training
     return {
-        "env": cfg.env.env, "mode": cfg.run.mode, "num_workers": cfg.sampler.num_workers,
-        "num_envs_per_worker": cfg.sampler.num_envs_per_worker, "rollout": cfg.sampler.rollout,
-        "env_steps": stats.env_steps, "frames": stats.env_steps * frameskip,
+        "env": cfg.env.env,
+        "mode": cfg.run.mode,
+        "num_workers": cfg.sampler.num_workers,
+        "num_envs_per_worker": cfg.sampler.num_envs_per_worker,
+        "rollout": cfg.sampler.rollout,
+        "env_steps": stats.env_steps,
+        "frames": stats.env_steps * frameskip,
         "wall_sec": round(time.monotonic() - stats.start_time, 2),
-        "env_steps_per_sec": round(steps_per_sec, 1), "frames_per_sec": round(steps_per_sec * frameskip, 1),
-        "episode_return_mean": stats.return_mean, "episodes": stats.episodes,
+        "env_steps_per_sec": round(steps_per_sec, 1),
+        "frames_per_sec": round(steps_per_sec * frameskip, 1),
+        "episode_return_mean": stats.return_mean,
+        "episodes": stats.episodes,
         "episode_extra_stats": stats.extra_means,
         "policy_lag_mean": stats.lag_sum / stats.lag_count if stats.lag_count else None,
         "policy_lag_max": stats.lag_max if stats.lag_count else None,
-        "learner_version": train.version if train else 0, "learner_samples": stats.books.trained,
-        "samples_dropped_lag": stats.books.dropped_lag, "stage_seconds": stats.stage_sec,
+        "learner_version": train.version if train else 0,
+        "learner_samples": stats.books.trained,
+        "samples_dropped_lag": stats.books.dropped_lag,
+        "stage_seconds": stats.stage_sec,
         "role_wall_seconds": {role: stages.wall_sec for role, stages in stats.stages.items()},
         "bottleneck": diagnosis.stage if diagnosis else None,
         "bottleneck_report": diagnosis.message if diagnosis else None,
-        "inference_batch_mean": (stats.inference_samples / stats.inference_forwards
-                                 if stats.inference_forwards else None),
+        "inference_batch_mean": (
+            stats.inference_samples / stats.inference_forwards if stats.inference_forwards else None
+        ),
         "env_steps_per_sec_windows": [round(r, 1) for r in stats.throughput.window_rates],
         "checkpoint": stats.checkpoint_path,
         "eval_return_mean": evaluation.return_mean if evaluation else None,
         "eval_return_best": evaluation.best if evaluation else None,
         "eval_win_rate_vs_random": evaluation.win_rate if evaluation else None,
-        "worker_restarts": stats.worker_restarts, "policy_worker_restarts": stats.policy_worker_restarts,
+        "worker_restarts": stats.worker_restarts,
+        "policy_worker_restarts": stats.policy_worker_restarts,
         "checkpoint_failures": stats.checkpoint_failures,
         "env_step_books": stats.books.as_dict(stats.env_steps - stats.env_steps_base),
         "policies": _trained_policies(stats, cfg) or None,
         "remote_samplers": stats.remote_figures() or None,
-        "remote_weights": None if stats.remote is None else {
-            "objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
-        "pbt": None if stats.pbt is None else {
-            "rounds": stats.pbt.round, "hyperparameters": stats.pbt.hyperparameters,
+        "remote_weights": None
+        if stats.remote is None
+        else {"objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
+        "pbt": None
+        if stats.pbt is None
+        else {
+            "rounds": stats.pbt.round,
+            "hyperparameters": stats.pbt.hyperparameters,
             "objectives": stats.pbt.objectives,
-            "exploits": [{"round": r, "replaced": t, "copied": s, "objective_replaced": a, "objective_copied": b}
-                         for r, t, s, a, b in stats.pbt_exploits]},
+            "exploits": [
+                {"round": r, "replaced": t, "copied": s, "objective_replaced": a, "objective_copied": b}
+                for r, t, s, a, b in stats.pbt_exploits
+            ],
+        },
     }
 
 
@@ -205,12 +263,14 @@ class Reporter:
         if shares:
             logging.info("each policy's part since the start: %s", shares)
         summary_pb = text_pb("perf/bottleneck", diagnosis.message)
-        summary_pb.value.extend(Summary.Value(tag=f"perf/{name}", simple_value=float(v))
-                                for name, v in diagnosis.fractions.items())
+        summary_pb.value.extend(
+            Summary.Value(tag=f"perf/{name}", simple_value=float(v)) for name, v in diagnosis.fractions.items()
+        )
         self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
         if self.tracker is not None:
-            self.tracker.log({f"perf/{name}": float(v) for name, v in diagnosis.fractions.items()},
-                             self.stats.env_steps)
+            self.tracker.log(
+                {f"perf/{name}": float(v) for name, v in diagnosis.fractions.items()}, self.stats.env_steps
+            )
 
     def write_tensorboard(self) -> None:
         """The scalars to TensorBoard, and to W&B with --with_wandb."""

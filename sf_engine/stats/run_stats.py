@@ -4,6 +4,7 @@ is sf_engine.stats.report's job.
 
 Throughput figures: env steps/s counts agent steps; frames/s = env steps/s x frameskip.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,6 +68,7 @@ class Books:
     recycled untrained (sampling only) + dropped with a failed worker + dropped with a lost sampler
     actor (--num_remote_samplers) + in flight at the stop (in local slots, or stepped by a sampler
     actor and not placed here yet)."""
+
     trained: int = 0
     dropped_lag: int = 0
     not_trainable: int = 0
@@ -86,6 +88,7 @@ class Books:
 @dataclass
 class PolicyBooks:
     """One policy's lag over its training batches and the samples it trained (--num_policies > 1)."""
+
     lag_sum: float = 0.0
     lag_count: int = 0
     lag_max: float = 0.0
@@ -123,10 +126,18 @@ class RunStats:
         self.diagnosis = None
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
-        self._handlers = {msg.Episodes: self._episodes, msg.Training: self._training, msg.Inference: self._inference,
-                          msg.Evaluation: self._evaluation, msg.CheckpointWritten: self._checkpoint,
-                          msg.CheckpointFailed: self._checkpoint_failed, msg.Recycled: self._recycled,
-                          msg.Fault: self._fault, msg.PbtRound: self._pbt, msg.RemoteNodes: self._remote}
+        self._handlers = {
+            msg.Episodes: self._episodes,
+            msg.Training: self._training,
+            msg.Inference: self._inference,
+            msg.Evaluation: self._evaluation,
+            msg.CheckpointWritten: self._checkpoint,
+            msg.CheckpointFailed: self._checkpoint_failed,
+            msg.Recycled: self._recycled,
+            msg.Fault: self._fault,
+            msg.PbtRound: self._pbt,
+            msg.RemoteNodes: self._remote,
+        }
 
     @property
     def env_steps(self) -> int:
@@ -147,13 +158,21 @@ class RunStats:
         for policy in sorted(set(self.policy_returns) | set(self.policy_training)):
             returns, train = self.policy_returns.get(policy, ()), self.policy_training.get(policy)
             books = self.policy_books.get(policy, PolicyBooks())
-            figures.append({"policy": policy, "episode_return_mean": sum(returns) / len(returns) if returns else None,
-                            "episodes": len(returns), "version": train.version if train else 0,
-                            "policy_lag_mean": books.lag_sum / books.lag_count if books.lag_count else None,
-                            "policy_lag_max": books.lag_max, "learning_rate": train.learning_rate if train else None,
-                            "trained_samples": books.trained,
-                            "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9),
-                            "learner_train_sec": books.train_sec, "inference_sec": books.forward_sec})
+            figures.append(
+                {
+                    "policy": policy,
+                    "episode_return_mean": sum(returns) / len(returns) if returns else None,
+                    "episodes": len(returns),
+                    "version": train.version if train else 0,
+                    "policy_lag_mean": books.lag_sum / books.lag_count if books.lag_count else None,
+                    "policy_lag_max": books.lag_max,
+                    "learning_rate": train.learning_rate if train else None,
+                    "trained_samples": books.trained,
+                    "trained_samples_per_sec": books.trained / max(time.monotonic() - self.start_time, 1e-9),
+                    "learner_train_sec": books.train_sec,
+                    "inference_sec": books.forward_sec,
+                }
+            )
         return figures
 
     @property
@@ -171,7 +190,7 @@ class RunStats:
             self.lengths.extend(m.lengths)
             for name, values in m.extra.items():
                 self.extra.setdefault(name, deque(maxlen=100)).extend(values)
-            for policy, value in zip(m.policies, m.returns[-len(m.policies):] if m.policies else []):
+            for policy, value in zip(m.policies, m.returns[-len(m.policies) :] if m.policies else []):
                 self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
             self.stages[m.stages.role] = m.stages
 
@@ -201,21 +220,37 @@ class RunStats:
 
     def _evaluation(self, m: msg.Evaluation) -> None:
         self.evaluation = m
-        logging.info("evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)%s",
-                     m.version, m.return_mean, m.return_std, m.episodes, m.unfinished, m.best,
-                     "" if m.win_rate is None else f"; against a random player: won {m.win_rate:.1%}, "
-                                                   f"drew {m.draw_rate:.1%}, lost {m.loss_rate:.1%}")
+        logging.info(
+            "evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)%s",
+            m.version,
+            m.return_mean,
+            m.return_std,
+            m.episodes,
+            m.unfinished,
+            m.best,
+            ""
+            if m.win_rate is None
+            else f"; against a random player: won {m.win_rate:.1%}, drew {m.draw_rate:.1%}, lost {m.loss_rate:.1%}",
+        )
 
     def _pbt(self, m: msg.PbtRound) -> None:
         self.pbt = m
         self.pbt_exploits += [(m.round, *exploit) for exploit in m.exploits]
         for target, source, worse, better in m.exploits:
-            logging.info("PBT round %d: policy %d (objective %.2f) takes policy %d's weights (%.2f); its "
-                         "hyperparameters now %s", m.round, target, worse, source, better,
-                         ", ".join(f"{k} {v:.3g}" for k, v in m.hyperparameters[target].items()))
+            logging.info(
+                "PBT round %d: policy %d (objective %.2f) takes policy %d's weights (%.2f); its hyperparameters now %s",
+                m.round,
+                target,
+                worse,
+                source,
+                better,
+                ", ".join(f"{k} {v:.3g}" for k, v in m.hyperparameters[target].items()),
+            )
         if m.round == 0:
             for member, hyper in enumerate(m.hyperparameters):
-                logging.info("PBT: policy %d starts with %s", member, ", ".join(f"{k} {v:.3g}" for k, v in hyper.items()))
+                logging.info(
+                    "PBT: policy %d starts with %s", member, ", ".join(f"{k} {v:.3g}" for k, v in hyper.items())
+                )
 
     def _remote(self, m: msg.RemoteNodes) -> None:
         self.remote = m
@@ -237,8 +272,13 @@ class RunStats:
         for i, node in enumerate(self.remote.nodes):
             rate = (newest[i] - oldest[1][i]) / span if span > 0 else 0.0
             lag = node["lag_sum"] / node["lag_count"] if node["lag_count"] else None
-            figures.append({**{k: v for k, v in node.items() if k != "lag_sum"}, "env_steps_per_sec_10s": round(rate, 1),
-                            "lag_mean": lag})
+            figures.append(
+                {
+                    **{k: v for k, v in node.items() if k != "lag_sum"},
+                    "env_steps_per_sec_10s": round(rate, 1),
+                    "lag_mean": lag,
+                }
+            )
         return figures
 
     def _checkpoint(self, m: msg.CheckpointWritten) -> None:

@@ -6,6 +6,7 @@ A resumed experiment continues its W&B run: the run id is kept in <experiment>/w
 --restart starts a new one. The local W&B files go to <experiment>/wandb/ (with WANDB_MODE=offline
 they stay there until `wandb sync`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,7 +33,9 @@ def check_tracking(cfg: Config) -> None:
     if importlib.util.find_spec("wandb") is None:
         raise ConfigError("--with_wandb needs the wandb package: pip install 'sf_engine[wandb]' (or drop --with_wandb)")
     if not _PROJECT.fullmatch(tracking.wandb_project):
-        raise ConfigError(f"--wandb_project must be a name without '/\\#?%:,' or spaces (got {tracking.wandb_project!r})")
+        raise ConfigError(
+            f"--wandb_project must be a name without '/\\#?%:,' or spaces (got {tracking.wandb_project!r})"
+        )
     for flag in ("wandb_entity", "wandb_group"):
         value = getattr(tracking, flag)
         if value is not None and not 0 < len(value) <= 128:
@@ -61,15 +64,24 @@ class WandbRun:
         id_path = os.path.join(plan.paths.experiment_dir, "wandb_run_id")
         run_id = _read_run_id(id_path) if plan.resume_from else None
         try:
-            run = wandb.init(project=cfg.tracking.wandb_project, entity=cfg.tracking.wandb_entity,
-                             group=cfg.tracking.wandb_group, tags=tags(cfg), name=cfg.run.experiment,
-                             id=run_id or secrets.token_hex(6), resume="allow", dir=plan.paths.experiment_dir,
-                             config={**cfg.to_dict(), "command_line": list(plan.command_line)},
-                             settings=wandb.Settings(console="off"))
+            run = wandb.init(
+                project=cfg.tracking.wandb_project,
+                entity=cfg.tracking.wandb_entity,
+                group=cfg.tracking.wandb_group,
+                tags=tags(cfg),
+                name=cfg.run.experiment,
+                id=run_id or secrets.token_hex(6),
+                resume="allow",
+                dir=plan.paths.experiment_dir,
+                config={**cfg.to_dict(), "command_line": list(plan.command_line)},
+                settings=wandb.Settings(console="off"),
+            )
         except wandb.errors.Error as exc:
             first_line = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-            raise ConfigError(f"--with_wandb: W&B refused the run ({first_line}); run `wandb login`, or set "
-                              f"WANDB_MODE=offline to log locally and `wandb sync` later") from None
+            raise ConfigError(
+                f"--with_wandb: W&B refused the run ({first_line}); run `wandb login`, or set "
+                f"WANDB_MODE=offline to log locally and `wandb sync` later"
+            ) from None
         with open(id_path, "w") as f:
             f.write(run.id)
         run.define_metric(_STEP)
@@ -81,8 +93,13 @@ class WandbRun:
 
     def finish(self, summary: dict | None, exit_code: int) -> None:
         if summary:
-            self.run.summary.update({f"summary/{key}": value for key, value in summary.items()
-                                     if isinstance(value, (int, float, str)) and not isinstance(value, bool)})
+            self.run.summary.update(
+                {
+                    f"summary/{key}": value
+                    for key, value in summary.items()
+                    if isinstance(value, (int, float, str)) and not isinstance(value, bool)
+                }
+            )
         self.run.finish(exit_code=exit_code)
 
 
