@@ -1,4 +1,4 @@
-"""Scripted opponents for evaluation (`enjoy.py --opponent envs.opponents:NAME`): functions of the env's
+"""Scripted opponents for evaluation (`enjoy.py --opponent sf_engine.envs.opponents:NAME`): functions of the env's
 own observation of their seat, as PettingZoo gives it, returning an action."""
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from envs.opponents import connect_four_heuristic, connect_four_tactics  # noqa: E402
 from sf_engine.envs import make_batch_env  # noqa: E402
+from sf_engine.envs.opponents import connect_four_heuristic, connect_four_tactics  # noqa: E402
 from sf_engine.model.actor_critic import obs_tensors  # noqa: E402
-from sf_engine.play.enjoy import EnjoyError, load_experiment, load_policy  # noqa: E402
+from sf_engine.play.loading import EnjoyError, load_experiment, load_policy  # noqa: E402
 from sf_engine.runtime.checkpoint import latest_checkpoint  # noqa: E402
 
 GAMES_AT_ONCE = 32

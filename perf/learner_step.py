@@ -91,7 +91,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     flags = [x for x in extra if x != "--"]
     from sf_engine.runtime.ipc import get_many
-    from sf_engine.runtime.role import StageTimer
+    from sf_engine.stats.stages import StageTimer
 
     plan, buffers, queues, learner = build(flags, "/dev/shm")
     try:

@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--at", default="10,20", help="comma-separated minutes whose checkpoints are played")
     parser.add_argument(
         "--opponents",
-        default="random,envs.opponents:connect_four_heuristic",
+        default="random,sf_engine.envs.opponents:connect_four_heuristic",
         help="comma-separated enjoy.py --opponent values",
     )
     parser.add_argument("--games", type=int, default=200, help="games per checkpoint and opponent")

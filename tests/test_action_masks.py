@@ -134,7 +134,7 @@ def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
     """The learner's ways through masked logits: the compiled PPO loss against torch's ops (a row with no
     legal action is left unmasked, so both stay finite and equal), and a recurrent model's sequence
     re-run against its acting steps."""
-    from sf_engine.algo import ppo_math as ppo
+    from sf_engine.algo import ppo_loss
     from sf_engine.model import kernels
 
     spec = probe_env_spec("toy_envs:MaskedChoiceEnv", "auto")
@@ -145,10 +145,18 @@ def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
         logits = model(obs)[0]
     assert (logits[5] > -1e8).all() and (logits[6][obs["action_mask"][6] == 0] == -1e9).all()
     actions = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)
-    args = (logits, torch.randn(64), actions, torch.randn(64) - 1.5, torch.randn(64), torch.randn(64), 0.2, 0.5, 0.01)
-    torch_way = ppo.discrete_loss_and_grads(*args, kernels=False)
+    args = (
+        logits,
+        torch.randn(64),
+        actions,
+        torch.randn(64) - 1.5,
+        torch.randn(64),
+        torch.randn(64),
+        ppo_loss.LossCoefficients(0.2, 0.5, 0.01),
+    )
+    torch_way = ppo_loss.discrete_loss_and_grads(*args, kernels=False)
     if kernels.KERNELS is not None:
-        for ours, reference in zip(ppo.discrete_loss_and_grads(*args, kernels=True), torch_way):
+        for ours, reference in zip(ppo_loss.discrete_loss_and_grads(*args, kernels=True), torch_way):
             torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
     assert all(torch.isfinite(t).all() for t in torch_way)
 

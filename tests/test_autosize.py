@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sf_engine.config.groups import check_resolved
+from sf_engine.config.checks import check_resolved
 from sf_engine.run.autosize import Costs, choose_envs_per_split, choose_num_workers
 from sf_engine.run.plan import build_plan
 

@@ -67,15 +67,15 @@ def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
-    image = batch["obs"]["image"]
+    image = batch.obs["image"]
     assert image.dtype.is_floating_point is False and str(image.dtype) == "torch.uint8"
     values = image.numpy()[:, :, 0, 0, 0].astype(int)  # [T+1, N]
     assert (image.numpy() == values[:, :, None, None, None]).all()  # every pixel intact
     for t in range(values.shape[0] - 1):
         np.testing.assert_array_equal(values[t + 1], [_next_value(v) for v in values[t]])
     # the step that follows an episode end is the env's reset step: never a valid transition
-    ends = batch["terminated"].numpy()
-    valid = batch["valid"].numpy()
+    ends = batch.terminated.numpy()
+    valid = batch.valid.numpy()
     np.testing.assert_array_equal(valid[1:], ~ends[:-1])
     assert ((values[:-1] % 10 == 5) == ~valid).all()  # terminal obs rows are exactly the invalid ones
     roles.close()
@@ -99,12 +99,12 @@ def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
-    dones = (batch["terminated"] | batch["truncated"]).numpy()
-    valid = batch["valid"].numpy()
+    dones = (batch.terminated | batch.truncated).numpy()
+    valid = batch.valid.numpy()
     assert dones.any()
     np.testing.assert_array_equal(valid[1:], ~dones[:-1])
     trained = []
-    roles.learner.policies[0]._ppo_epochs = lambda samples: trained.append(samples["log_probs"].numel()) or {}
+    roles.learner.policies[0].algorithm._ppo_epochs = lambda samples: trained.append(samples.log_probs.numel()) or {}
     roles.learner.train_on(slots)
     assert trained == [int(valid.sum())]
     roles.worker.send_stats()

@@ -41,8 +41,8 @@ def _record(train_dir, experiment, steps=60, num_envs=8):
     """Observations [T, B, 4] of CartPole played by the experiment's own policy (greedy, the engine's
     acting path), and its actions [T, B]."""
     from sf_engine.envs import make_batch_env
-    from sf_engine.play.enjoy import load_experiment, load_policy, resolve_checkpoint
     from sf_engine.play.episodes import act
+    from sf_engine.play.loading import load_experiment, load_policy, resolve_checkpoint
 
     cfg, spec, exp_dir = load_experiment(str(train_dir), experiment)
     model = load_policy(cfg, spec, resolve_checkpoint(exp_dir, experiment, "latest"), "cpu")

@@ -15,7 +15,7 @@ pytest.importorskip("pettingzoo")
 
 from conftest import REPO, read_json, run_train, train_error  # noqa: E402
 
-from sf_engine.algo import ppo_math as ppo  # noqa: E402
+from sf_engine.algo import ppo_loss  # noqa: E402
 from sf_engine.envs import make_batch_env, probe_env_spec  # noqa: E402
 from sf_engine.run.plan import build_plan  # noqa: E402
 from sf_engine.run.runner import run  # noqa: E402
@@ -100,16 +100,22 @@ def test_waiting_rows_train_the_value_but_never_the_policy():
     acting = (torch.arange(64) % 2 == 0).float()
     log_pi = logits.log_softmax(-1)
     log_probs, entropy = log_pi.gather(1, actions[:, None]).squeeze(1), -(log_pi.exp() * log_pi).sum(-1)
-    losses = ppo.ppo_losses(
-        log_probs, old, ppo.normalize(advantages, acting), values, returns, entropy, 0.2, weight=acting
+    losses = ppo_loss.ppo_losses(
+        log_probs, old, ppo_loss.normalize(advantages, acting), values, returns, entropy, 0.2, weight=acting
     )
     (losses[0] - 0.01 * losses[2] + losses[1]).backward()
     assert not logits.grad[1::2].any() and logits.grad[0::2].abs().sum() > 0
     assert values.grad[1::2].abs().sum() > 0
 
     keep = acting.bool()
-    alone = ppo.ppo_losses(
-        log_probs[keep], old[keep], ppo.normalize(advantages[keep]), values[keep], returns[keep], entropy[keep], 0.2
+    alone = ppo_loss.ppo_losses(
+        log_probs[keep],
+        old[keep],
+        ppo_loss.normalize(advantages[keep]),
+        values[keep],
+        returns[keep],
+        entropy[keep],
+        0.2,
     )
     for name, ours, reference in zip(
         ("policy", "entropy", "kl", "clip"), [losses[i] for i in (0, 2, 3, 4)], [alone[i] for i in (0, 2, 3, 4)]
@@ -229,7 +235,7 @@ def test_connect_four_in_processes_beats_a_random_player(tmp_path, shm_dir):
 
 
 def test_the_connect_four_heuristic_wins_when_it_can_and_blocks_when_it_must():
-    from envs.opponents import connect_four_heuristic
+    from sf_engine.envs.opponents import connect_four_heuristic
 
     planes = np.zeros((6, 7, 2), np.int8)
     planes[5, 0:3, 0] = 1  # three of ours in the bottom row: column 3 wins

@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sf_engine.model import kernels
-from sf_engine.model.kernels import FlatAdam, Tanh
-from sf_engine.runtime.weights import flatten_state
+from sf_engine.model.kernels import FlatAdam, Tanh, flatten_state
 
 needs_kernels = pytest.mark.skipif(kernels.KERNELS is None, reason="the compiled CPU kernels are not built")
 
@@ -74,8 +73,8 @@ def test_actor_critic_stacks_match_its_modules():
 def test_direct_gradients_match_autograd_through_the_model_and_loss():
     """The learner's step for separate MLP stacks with categorical actions (CartPole's model): compiled
     forward, loss and backward into the optimizer's flat gradient, against autograd through forward()
-    and ppo.DiscretePPOLoss (its torch ops)."""
-    from sf_engine.algo import ppo_math as ppo
+    and ppo_loss.DiscretePPOLoss (its torch ops)."""
+    from sf_engine.algo import ppo_loss
     from sf_engine.envs import ActionSpec, EnvSpec
     from sf_engine.model.actor_critic import ActorCritic
     from sf_engine.model.shape import resolve_model_config
@@ -103,20 +102,20 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
     obs = {"obs": torch.randn(700, 4) * 2}
     model.update_normalizers(obs, torch.randn(700) * 5)  # normalized inputs and returns
     actions, old_log_probs = torch.randint(0, 3, (700,)), torch.randn(700) * 0.3 - 1.1
-    advantages, returns = ppo.normalize(torch.randn(700)), model.normalize_returns(torch.randn(700) * 5)
+    advantages, returns = ppo_loss.normalize(torch.randn(700)), model.normalize_returns(torch.randn(700) * 5)
     assert model.direct_gradients(obs)
     optimizer.zero_grad()
     stats = model.loss_gradients(
         obs,
-        lambda logits, values: ppo.discrete_loss_and_grads(
-            logits, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01
+        lambda logits, values: ppo_loss.discrete_loss_and_grads(
+            logits, values, actions, old_log_probs, advantages, returns, ppo_loss.LossCoefficients(0.2, 0.5, 0.01)
         )[1:],
     )
     direct = optimizer.grad.clone()
     optimizer.zero_grad()
     params, values = model(obs)
-    loss, reference_stats = ppo.DiscretePPOLoss.apply(
-        params, values, actions, old_log_probs, advantages, returns, 0.2, 0.5, 0.01, False
+    loss, reference_stats = ppo_loss.DiscretePPOLoss.apply(
+        params, values, actions, old_log_probs, advantages, returns, ppo_loss.LossCoefficients(0.2, 0.5, 0.01), False
     )
     loss.backward()
     assert direct.abs().sum() > 0

@@ -18,13 +18,13 @@ def _recorded_training(learner) -> list:
     """Wraps each policy's train(): returns the list of (policy, keep mask, batch) it is called with."""
     calls = []
     for policy_learner in learner.policies:
-        original = policy_learner.train
+        original = policy_learner.algorithm.train
 
         def train(batch, keep, _original=original, _policy=policy_learner.policy):
             calls.append((_policy, keep.clone(), batch))
             return _original(batch, keep)
 
-        policy_learner.train = train
+        policy_learner.algorithm.train = train
     return calls
 
 
@@ -58,10 +58,10 @@ def test_each_trajectory_is_acted_and_trained_by_its_own_policy(tmp_path, shm_di
         assert sorted(policy for policy, _, _ in calls) == [0, 1, 2]
         covered = torch.zeros_like(calls[0][1])
         for policy, keep, batch in calls:
-            assert bool((batch["policy_id"][:-1][keep] == policy).all())
+            assert bool((batch.policy_id[:-1][keep] == policy).all())
             assert not bool((covered & keep).any())
             covered |= keep
-        assert bool((covered == calls[0][2]["valid"]).all())
+        assert bool((covered == calls[0][2].valid).all())
         assert [learner.version for learner in harness.learner.policies] == [1, 1, 1]
     finally:
         harness.close()
@@ -131,9 +131,9 @@ def test_a_population_is_saved_and_resumed_whole(tmp_path, shm_dir):
         assert [learner.version for learner in harness.learner.policies] == versions
         state = torch.load(plan.resume_from, weights_only=True)
         for learner, saved in zip(harness.learner.policies, state["policies"]):
-            for name, tensor in learner.model.state_dict().items():
+            for name, tensor in learner.algorithm.model.state_dict().items():
                 assert torch.equal(tensor, saved["model"][name])
-            assert learner.optimizer.state_dict()["state"].keys() == saved["optimizer"]["state"].keys()
+            assert learner.algorithm.optimizer.state_dict()["state"].keys() == saved["optimizer"]["state"].keys()
     finally:
         harness.close()
     with pytest.raises(Exception, match="--num_policies"):
@@ -145,7 +145,7 @@ def test_several_policies_train_in_processes(tmp_path, shm_dir):
     """--num_policies 2 on CartPole in processes: both policies train and report (with each one's part
     of the learner's and the policy worker's time), the processes exit and the shared memory is released."""
     result = run_train(
-        ["--num_policies", "2", "--experiment", "two", "--shm_dir", shm_dir, "--train_for_env_steps", "150000"],
+        ["--num_policies", "2", "--experiment", "two", "--shm_dir", shm_dir, "--train_for_env_steps", "400000"],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -157,7 +157,7 @@ def test_several_policies_train_in_processes(tmp_path, shm_dir):
         assert all(p[key] > 0 for p in policies), policies
     for key in ("learner_share", "inference_share"):
         assert sum(p[key] for p in policies) == pytest.approx(1.0) and all(0.1 < p[key] < 0.9 for p in policies)
-    from sf_engine.play.enjoy import load_experiment, load_policy
+    from sf_engine.play.loading import load_experiment, load_policy
     from sf_engine.runtime.checkpoint import load_checkpoint
 
     cfg, spec, _ = load_experiment(str(tmp_path), "two")  # enjoy.py --policy 1 of the population's checkpoint
@@ -172,7 +172,7 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
     """A PBT round with three members whose objectives are set by hand: the worst takes the best's weights
     (normalizer statistics included) and optimizer state, its hyperparameters are the best's mutated
     within their ranges, and what it acted with its old weights is no longer trained on."""
-    from sf_engine.roles.population import RANGES
+    from sf_engine.algo.pbt import RANGES
 
     plan = serial_plan(
         tmp_path,
@@ -204,12 +204,13 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
         version = members[0].version
         learner.population._round()
         assert torch.equal(members[0].params, members[2].params)
-        ours, theirs = members[0].optimizer.state_dict()["state"][0], members[2].optimizer.state_dict()["state"][0]
+        ours = members[0].algorithm.optimizer.state_dict()["state"][0]
+        theirs = members[2].algorithm.optimizer.state_dict()["state"][0]
         assert torch.equal(ours["exp_avg"], theirs["exp_avg"]) and ours["exp_avg"] is not theirs["exp_avg"]
-        hyper = {name: getattr(members[0].lcfg, name) for name in RANGES}
-        assert hyper != {name: getattr(members[2].lcfg, name) for name in RANGES}
+        hyper = {name: getattr(members[0].algorithm.lcfg, name) for name in RANGES}
+        assert hyper != {name: getattr(members[2].algorithm.lcfg, name) for name in RANGES}
         assert all(RANGES[name][0] <= value <= RANGES[name][1] for name, value in hyper.items()), hyper
-        assert members[0].optimizer.param_groups[0]["lr"] == hyper["learning_rate"]
+        assert members[0].algorithm.optimizer.param_groups[0]["lr"] == hyper["learning_rate"]
         assert members[0].version == version + 1 and members[0].min_version == version + 1
         assert members[1].version == version  # the middle member is kept
         assert harness.buffers.param_seq[0] == 2 * (version + 1)  # the new weights are published
@@ -289,9 +290,7 @@ def test_a_resumed_population_keeps_its_hyperparameters(tmp_path, shm_dir):
     assert saved[0] != saved[1]
     harness = SerialRun(build_plan(args + ["--train_for_env_steps", "4000"]), tmp_path)
     try:
-        from sf_engine.roles.population import hyperparameters
-
-        assert [hyperparameters(m.lcfg) for m in harness.learner.policies] == saved
+        assert [m.algorithm.hyperparameters() for m in harness.learner.policies] == saved
     finally:
         harness.close()
 
@@ -346,13 +345,13 @@ def test_several_recurrent_policies_each_train_on_their_own_sequences(tmp_path, 
     try:
         seen = []
         for learner in harness.learner.policies:
-            original = learner._ppo_epochs_recurrent
+            original = learner.algorithm._ppo_epochs_recurrent
 
             def epochs(seq, _original=original, _policy=learner.policy):
-                seen.append((_policy, seq["keep"].shape[1], bool(seq["keep"].any(0).all())))
+                seen.append((_policy, seq.keep.shape[1], bool(seq.keep.any(0).all())))
                 return _original(seq)
 
-            learner._ppo_epochs_recurrent = epochs
+            learner.algorithm._ppo_epochs_recurrent = epochs
         harness.learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
         assert [policy for policy, _, _ in seen] == [0, 1] and all(every for _, _, every in seen)
         assert [learner.version for learner in harness.learner.policies] == [1, 1]

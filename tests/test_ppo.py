@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from sf_engine.algo import ppo_math as ppo
+from sf_engine.algo import ppo_loss, targets
 from sf_engine.envs import ActionSpec
 from sf_engine.model import kernels
 from sf_engine.model.distributions import ActionDistribution
@@ -48,7 +48,7 @@ def gae_reference(rewards, values, terminated, dones, valid, gamma, lam):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_gae_matches_numpy_reference(seed):
     rewards, values, terminated, truncated, dones, valid = random_rollout(seed)
-    adv, returns = ppo.gae(*map(torch.from_numpy, (rewards, values, terminated, dones, valid)), 0.97, 0.9)
+    adv, returns = targets.gae(*map(torch.from_numpy, (rewards, values, terminated, dones, valid)), 0.97, 0.9)
     expected = gae_reference(rewards, values, terminated, dones, valid, 0.97, 0.9)
     np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns.numpy(), (expected + values[:-1]) * valid, rtol=1e-5, atol=1e-5)
@@ -62,7 +62,7 @@ def test_gae_truncation_bootstraps_and_termination_does_not():
     terminated = torch.tensor([[False], [False], [True]])
     truncated = torch.tensor([[True], [False], [False]])
     valid = torch.tensor([[True], [False], [True]])
-    adv, _ = ppo.gae(rewards, values, terminated, terminated | truncated, valid, 0.9, 0.8)
+    adv, _ = targets.gae(rewards, values, terminated, terminated | truncated, valid, 0.9, 0.8)
     assert adv[0, 0].item() == pytest.approx(1.0 + 0.9 * 10.0 - 0.5)  # bootstraps from the final obs
     assert adv[1, 0].item() == 0.0
     assert adv[2, 0].item() == pytest.approx(2.0 - 0.3)  # no bootstrap after termination
@@ -101,7 +101,7 @@ def test_vtrace_matches_numpy_reference(seed):
     rng = np.random.default_rng(seed + 100)
     behavior = rng.normal(-0.7, 0.3, size=rewards.shape).astype(np.float32)
     target = behavior + rng.normal(0, 0.5, size=rewards.shape).astype(np.float32)
-    vs, adv = ppo.vtrace(
+    vs, adv = targets.vtrace(
         *map(torch.from_numpy, (behavior, target, rewards, values, terminated, dones, valid)),
         gamma=0.95,
         rho_bar=1.0,
@@ -115,8 +115,8 @@ def test_vtrace_matches_numpy_reference(seed):
 def test_vtrace_on_policy_equals_gae_with_lambda_one():
     rewards, values, terminated, truncated, dones, valid = map(torch.from_numpy, random_rollout(5))
     log_probs = torch.full(rewards.shape, -0.5)
-    vs, _ = ppo.vtrace(log_probs, log_probs, rewards, values, terminated, dones, valid, 0.9, 1.0, 1.0)
-    _, returns = ppo.gae(rewards, values, terminated, dones, valid, 0.9, 1.0)
+    vs, _ = targets.vtrace(log_probs, log_probs, rewards, values, terminated, dones, valid, 0.9, 1.0, 1.0)
+    _, returns = targets.gae(rewards, values, terminated, dones, valid, 0.9, 1.0)
     torch.testing.assert_close(vs, returns)
 
 
@@ -124,7 +124,7 @@ def test_ppo_losses_hand_computed():
     old = torch.log(torch.tensor([0.5, 0.5]))
     new = torch.log(torch.tensor([0.75, 0.25]))  # ratios 1.5 and 0.5
     adv = torch.tensor([1.0, -2.0])
-    policy_loss, value_loss, entropy, approx_kl, clip_fraction = ppo.ppo_losses(
+    policy_loss, value_loss, entropy, approx_kl, clip_fraction = ppo_loss.ppo_losses(
         new, old, adv, torch.tensor([1.0, 2.0]), torch.tensor([0.0, 4.0]), torch.tensor([0.3, 0.5]), 0.2
     )
     # min(1.5*1, 1.2*1) = 1.2 ; min(0.5*-2, 0.8*-2) = -1.6  -> -(1.2 - 1.6) / 2
@@ -153,13 +153,13 @@ def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, 
     old[:64] = log_pi[:64]  # ratio exactly 1
     advantages, returns = torch.randn(512), torch.randn(512)
     advantages[64:96] = 0.0
-    loss, stats = ppo.DiscretePPOLoss.apply(
-        logits, values, actions, old, advantages, returns, 0.2, 0.5, entropy_coeff, compiled
+    loss, stats = ppo_loss.DiscretePPOLoss.apply(
+        logits, values, actions, old, advantages, returns, ppo_loss.LossCoefficients(0.2, 0.5, entropy_coeff), compiled
     )
     fused_grads = torch.autograd.grad(loss, [logits, values])
     reference_log_pi = torch.log_softmax(logits, -1)
     entropy = -(reference_log_pi.exp() * reference_log_pi).sum(-1)
-    pieces = ppo.ppo_losses(
+    pieces = ppo_loss.ppo_losses(
         reference_log_pi.gather(1, actions.unsqueeze(1)).squeeze(1), old, advantages, values, returns, entropy, 0.2
     )
     reference = pieces[0] + 0.5 * pieces[1] - entropy_coeff * pieces[2]
@@ -215,8 +215,8 @@ def test_backward_recursion_numpy_and_torch_ways_agree():
     """GAE's and V-trace's recursion runs in NumPy on the CPU and as torch ops elsewhere (CUDA)."""
     torch.manual_seed(0)
     delta, carry, valid = torch.randn(17, 9), torch.rand(17, 9), (torch.rand(17, 9) > 0.1).float()
-    by_numpy = ppo.backward_recursion(delta, carry, valid, numpy=True)
-    torch.testing.assert_close(by_numpy, ppo.backward_recursion(delta, carry, valid, numpy=False))
+    by_numpy = targets.backward_recursion(delta, carry, valid, numpy=True)
+    torch.testing.assert_close(by_numpy, targets.backward_recursion(delta, carry, valid, numpy=False))
     expected, last = np.zeros((17, 9), np.float32), np.zeros(9, np.float32)
     for t in reversed(range(17)):
         last = (delta[t].numpy() + carry[t].numpy() * last) * valid[t].numpy()

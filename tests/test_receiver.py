@@ -61,10 +61,10 @@ def test_a_lost_actor_drops_what_it_stepped_and_did_not_send():
     receiver._call_failed(sampler, "lost")  # its other open call fails too
     assert sampler.calls == [] and receiver.books[1, DROPPED] == 0, "booked before knowing the actor is gone"
     receiver._heard_from(sampler, first)  # the same process answers: nothing lost
-    assert receiver.books[1, DROPPED] == 0 and sampler.figures["restarts"] == 0
+    assert receiver.books[1, DROPPED] == 0 and sampler.figures.restarts == 0
     receiver._call_failed(sampler, "lost")
     receiver._heard_from(sampler, second)  # a new process: its predecessor's unsent steps are dropped
-    assert receiver.books[1, DROPPED] == 904 and sampler.figures["restarts"] == 1
+    assert receiver.books[1, DROPPED] == 904 and sampler.figures.restarts == 1
     assert (sampler.stepped_before, sampler.stepped, sampler.returned) == (5_000, 0, 0)
     assert remote_books_at_stop(receiver.books) == (904, 0)
 

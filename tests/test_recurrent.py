@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO, SerialRun, compiled_kernels_expected, read_json, run_train, serial_plan
 
-from sf_engine.algo import ppo_math as ppo
+from sf_engine.algo import ppo_loss, targets
 from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.recurrent import run_sequence
@@ -88,45 +88,45 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)  # acted with version 0, which the learner still has (no lag)
     model = roles.learner.model
-    starts = batch["episode_start"][:-1]
+    starts = batch.episode_start[:-1]
     assert starts[1:].any()  # episodes started inside the slots (random CartPole episodes are short)
     with torch.no_grad():
         params, values, outputs = model.forward_sequence(
-            {k: v[:-1].reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()}, batch["rnn_states"][0], starts
+            {k: v[:-1].reshape(-1, *v.shape[2:]) for k, v in batch.obs.items()}, batch.rnn_states[0], starts
         )
-        log_probs, _ = model.log_prob_entropy(params, batch["actions"].reshape(-1))
-    torch.testing.assert_close(log_probs.view_as(batch["log_probs"]), batch["log_probs"], rtol=1e-4, atol=1e-5)
+        log_probs, _ = model.log_prob_entropy(params, batch.actions.reshape(-1))
+    torch.testing.assert_close(log_probs.view_as(batch.log_probs), batch.log_probs, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(
-        model.denormalize_values(values).view_as(batch["values"]), batch["values"], rtol=1e-4, atol=1e-5
+        model.denormalize_values(values).view_as(batch.values), batch.values, rtol=1e-4, atol=1e-5
     )
     # the state the policy worker acted from at step t + 1 is the core's output at step t (rows 1..T-1
     # zeroed where an episode starts; row T, the bootstrap row's, is stored before that zeroing)
     size = outputs.shape[-1]
-    acted_from = batch["rnn_states"][1:, :, :size]
-    continuing = ~batch["episode_start"][1:]
+    acted_from = batch.rnn_states[1:, :, :size]
+    continuing = ~batch.episode_start[1:]
     continuing[-1] = True
     torch.testing.assert_close(acted_from[continuing], outputs[continuing], rtol=1e-4, atol=1e-5)
     # GAE's bootstrap value, one step from the stored row-T state, is the value of re-running the
     # core over all T + 1 rows
     with torch.no_grad():
         _, all_values, _ = model.forward_sequence(
-            {k: v.reshape(-1, *v.shape[2:]) for k, v in batch["obs"].items()},
-            batch["rnn_states"][0],
-            batch["episode_start"],
+            {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.obs.items()},
+            batch.rnn_states[0],
+            batch.episode_start,
         )
     bootstrap = model.denormalize_values(all_values.view(len(starts) + 1, -1)[-1])
-    advantages, returns = roles.learner.policies[0]._targets(batch)
-    recomputed, _ = ppo.gae(
-        batch["rewards"],
-        torch.cat([batch["values"], bootstrap.unsqueeze(0)]),
-        batch["terminated"],
-        batch["terminated"] | batch["truncated"],
-        batch["valid"],
-        roles.learner.policies[0].lcfg.gamma,
-        roles.learner.policies[0].lcfg.gae_lambda,
+    advantages, returns = roles.learner.policies[0].algorithm._targets(batch)
+    recomputed, _ = targets.gae(
+        batch.rewards,
+        torch.cat([batch.values, bootstrap.unsqueeze(0)]),
+        batch.terminated,
+        batch.terminated | batch.truncated,
+        batch.valid,
+        roles.learner.policies[0].algorithm.lcfg.gamma,
+        roles.learner.policies[0].algorithm.lcfg.gae_lambda,
     )
     torch.testing.assert_close(advantages, recomputed, rtol=1e-4, atol=1e-5)
-    assert (batch["rnn_states"][:-1][starts] == 0).all()  # zeroed where an episode starts
+    assert (batch.rnn_states[:-1][starts] == 0).all()  # zeroed where an episode starts
     roles.close()
 
 
@@ -151,12 +151,12 @@ def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
     batch = roles.learner._gather(slots)
-    steps, trajectories = batch["rewards"].shape
+    steps, trajectories = batch.rewards.shape
     # tag every sample with its place: obs = (t, n)
     t_grid, n_grid = torch.meshgrid(torch.arange(steps + 1.0), torch.arange(trajectories * 1.0), indexing="ij")
-    batch["obs"] = {"obs": torch.stack([t_grid, n_grid], dim=-1)}
+    batch.obs = {"obs": torch.stack([t_grid, n_grid], dim=-1)}
     keep = torch.ones(steps, trajectories, dtype=torch.bool)
-    seq = roles.learner.policies[0]._sequences(
+    seq = roles.learner.policies[0].algorithm._sequences(
         batch, keep, torch.zeros(steps, trajectories), torch.zeros(steps, trajectories)
     )
     seen = []
@@ -173,10 +173,10 @@ def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
         return original(obs, state, episode_start)
 
     model.forward_sequence = spy
-    roles.learner.policies[0]._ppo_epochs_recurrent(seq)
+    roles.learner.policies[0].algorithm._ppo_epochs_recurrent(seq)
     chunks = {(t, n) for t in range(0, steps, 4) for n in range(trajectories)}
     assert sorted(seen) == sorted(list(chunks) * 2)  # every sequence whole, once per epoch
-    index = ppo.sequence_index(steps, trajectories, 4)
+    index = ppo_loss.sequence_index(steps, trajectories, 4)
     assert sorted(index.reshape(-1).tolist()) == list(range(steps * trajectories))
     roles.close()
 

@@ -7,7 +7,8 @@ import argparse
 import dataclasses
 import json
 
-from sf_engine.config.groups import GROUPS, ConfigError, value_type
+from sf_engine.config.cli import value_type
+from sf_engine.config.groups import GROUPS, ConfigError
 
 # a saved config never names another file, restarts an experiment, or says where this run writes
 _NOT_FROM_FILE = ("config", "restart", "experiment", "train_dir", "shm_dir")

@@ -1,18 +1,12 @@
-"""Typed configuration and the command line built from it.
-
-Runs in the main process: `parse_flags` reads the command line once (only the flags the user gave),
-`make_config` lays them over the env family's defaults, `check_flags` rejects bad values before
-anything is measured, and `check_resolved` bad combinations once every 'auto' is resolved (see
-sf_engine.run.plan). The config is frozen; the run plan carries it to every role, and each role reads
-only its own group (`cfg.sampler`, `cfg.learner`, ...).
+"""The typed configuration: one frozen dataclass per group of flags, each field with its --help text, and
+the Config that holds them. The command line is built from these groups (sf_engine.config.cli) and
+checked (sf_engine.config.checks) in the main process; the run plan carries the resolved Config to
+every role, and each role reads only its own group (`cfg.sampler`, `cfg.learner`, ...).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,7 +16,11 @@ from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+# --algo: each learning algorithm's class ("module:Class" under sf_engine.algo, built by the learner role;
+# see sf_engine.algo.base). Adding an algorithm: its module, its config group, and its line here.
+ALGORITHMS = {"ppo": "sf_engine.algo.ppo:PPO"}
 
 
 class ConfigError(ValueError):
@@ -126,6 +124,12 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LearnerConfig:
+    algo: str = _f(
+        "ppo",
+        "Learning algorithm of the learner: 'ppo' (PPO's clipped objective on GAE targets, or on V-trace's with "
+        "--with_vtrace).",
+        choices=tuple(ALGORITHMS),
+    )
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
     num_batches_per_epoch: int = _f(
         4,
@@ -306,190 +310,3 @@ class Config:
     def from_dict(cls, data: dict) -> "Config":
         """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored)."""
         return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
-
-
-def _check_sampler_nodes(cfg: Config) -> None:
-    """The remote group's flags, and --num_workers 0 only where sampler nodes sample."""
-    try:
-        cfg.remote.check(cfg.run.mode, cfg.policies.pbt)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    workers = cfg.sampler.num_workers
-    if workers != "auto" and workers < (0 if cfg.remote.num_remote_samplers else 1):
-        raise ConfigError(
-            f"--num_workers must be at least 1 (got {workers}); 0 only with "
-            f"--num_remote_samplers, where sampler nodes do all the sampling"
-        )
-
-
-def check_flags(cfg: Config) -> None:
-    """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
-    s, lrn, run, model = cfg.sampler, cfg.learner, cfg.run, cfg.model
-    positive = {
-        "--worker_num_splits": s.worker_num_splits,
-        "--batch_size": lrn.batch_size,
-        "--num_batches_per_epoch": lrn.num_batches_per_epoch,
-        "--num_epochs": lrn.num_epochs,
-        "--keep_checkpoints": run.keep_checkpoints,
-        "--learner_threads": lrn.learner_threads,
-        "--hidden_size": model.hidden_size,
-        "--mlp_layers": model.mlp_layers,
-        "--eval_episodes": run.eval_episodes,
-        "--eval_max_steps": run.eval_max_steps,
-        "--num_envs_per_worker": s.num_envs_per_worker,
-        "--rnn_size": model.rnn_size,
-        "--recurrence": lrn.recurrence,
-        "--num_policies": cfg.policies.num_policies,
-    }
-    for group in (cfg.env, s, model, lrn, run, cfg.policies):
-        for fld in dataclasses.fields(group):
-            value = getattr(group, fld.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"--{fld.name} must be a finite number (got {value})")
-    for flag, value in positive.items():
-        if value != "auto" and value < 1:
-            raise ConfigError(f"{flag} must be at least 1 (got {value})")
-    _check_sampler_nodes(cfg)
-    for flag, value in {
-        "--ppo_clip_ratio": lrn.ppo_clip_ratio,
-        "--vtrace_rho_bar": lrn.vtrace_rho_bar,
-        "--vtrace_c_bar": lrn.vtrace_c_bar,
-        "--save_every_sec": run.save_every_sec,
-        "--learning_rate": lrn.learning_rate,
-        "--adam_eps": lrn.adam_eps,
-        "--status_every_sec": run.status_every_sec,
-    }.items():
-        if value <= 0:
-            raise ConfigError(f"{flag} must be positive (got {value})")
-    for flag, value in {
-        "--value_loss_coeff": lrn.value_loss_coeff,
-        "--entropy_coeff": lrn.entropy_coeff,
-        "--max_grad_norm": lrn.max_grad_norm,
-    }.items():
-        if value < 0:
-            raise ConfigError(f"{flag} must be >= 0 (got {value})")
-    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
-    if s.rollout != "auto":
-        if s.rollout < 2:
-            raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
-        if train_batch % s.rollout:
-            raise ConfigError(
-                f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of --rollout ({s.rollout})"
-            )
-    rollout = ROLLOUT_DEFAULT if s.rollout == "auto" else s.rollout  # with --recurrence, auto is 32
-    if lrn.recurrence != "auto" and rollout % lrn.recurrence:
-        raise ConfigError(
-            f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. --recurrence {rollout}"
-        )
-    if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT:
-        raise ConfigError(
-            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
-            f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout"
-        )
-    for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
-    if run.eval_every_sec < 0:
-        raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
-    if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
-        raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
-    if run.stuck_timeout_sec <= 0:
-        raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
-    if run.max_worker_restarts < 0:
-        raise ConfigError(
-            f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
-            f"0 stops the run at the first worker failure"
-        )
-    if lrn.max_policy_lag < 0:
-        raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
-    if not _PLAIN_NAME.fullmatch(run.experiment):
-        raise ConfigError(
-            f"--experiment must be a plain name: letters, digits, '.', '_', '-', not starting with "
-            f"'.' or '-', at most 128 characters (got {run.experiment!r})"
-        )
-
-
-def check_resolved(cfg: Config) -> None:
-    """Combinations of resolved values (no 'auto' left) that cannot run: a one-line ConfigError."""
-    s, lrn = cfg.sampler, cfg.learner
-    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
-    if s.num_envs_per_worker % s.worker_num_splits:
-        raise ConfigError(
-            f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
-            f"--worker_num_splits ({s.worker_num_splits})"
-        )
-    if train_batch % cfg.samples_per_slot:
-        raise ConfigError(
-            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
-            f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
-            f"change --batch_size or --num_envs_per_worker"
-        )
-    if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
-        raise ConfigError(
-            f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
-            f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker"
-        )
-
-
-def _str_to_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def value_type(fld) -> tuple:
-    """(text -> value, allowed values or None) of a field, as the command line and --config read it."""
-    if fld.type in ("bool", bool):
-        return _str_to_bool, None
-    if "choices" in fld.metadata:
-        return str, fld.metadata["choices"]
-    return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(fld.type, str)), None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
-    env family's default or the field's own applies, see make_config). --help shows the field's
-    default."""
-    parser = argparse.ArgumentParser(
-        description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
-        "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
-        "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
-        argument_default=argparse.SUPPRESS,
-    )
-    for group_name, cls in GROUPS.items():
-        group = parser.add_argument_group(group_name)
-        for fld in dataclasses.fields(cls):
-            convert, choices = value_type(fld)
-            kwargs = {"help": f"{fld.metadata['help']} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
-            if convert is _str_to_bool:
-                kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
-            elif choices:
-                kwargs.update(choices=choices)
-            else:
-                kwargs.update(type=convert, metavar=fld.name.upper())
-            group.add_argument(f"--{fld.name}", **kwargs)
-    return parser
-
-
-def parse_flags(argv=None) -> dict:
-    """The flags given on the command line, {group: {field: value}}; argparse errors exit with code 2
-    and one line. The command line is parsed here, once."""
-    given: dict = {name: {} for name in GROUPS}
-    for dest, value in vars(build_parser().parse_args(argv)).items():
-        group_name, name = dest.split(".", 1)
-        given[group_name][name] = value
-    return given
-
-
-def make_config(given: dict, defaults: dict | None = None, saved: dict | None = None) -> Config:
-    """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's), then by
-    `saved` ({group: {field: value}}, a --config file), then by the flags `given` (parse_flags)."""
-    defaults, saved = defaults or {}, saved or {}
-    groups = {}
-    for group_name, cls in GROUPS.items():
-        names = {fld.name for fld in dataclasses.fields(cls)}
-        values = {name: value for name, value in defaults.items() if name in names}
-        groups[group_name] = cls(**(values | saved.get(group_name, {}) | given.get(group_name, {})))
-    return Config(**groups)

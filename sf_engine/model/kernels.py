@@ -12,7 +12,7 @@
   the compiled kernel's vector pass in place, about 2.5x faster (the backward is torch's).
 - `image_affine`: uint8 images to a network's input (normalized, float32 or bfloat16) in one
   compiled pass instead of torch's four.
-- `FlatAdam`: the parameters are already views into one flat vector (weights.flatten_state, for
+- `FlatAdam`: the parameters are already views into one flat vector (flatten_state, for
   publishing); their gradients are made views into one flat gradient too, so gradient clipping is one
   norm and one multiply, and Adam one fused kernel over one tensor, instead of a handful of kernels
   per parameter tensor.
@@ -243,9 +243,33 @@ def view_like(chunk: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     return chunk.view_as(tensor)
 
 
+def flatten_state(model):
+    """Make every parameter and floating buffer (normalizer statistics) of the nn.Module `model` a view
+    into one flat float32 tensor (returned), the parameters first in the order of model.parameters():
+    publishing and loading the whole state is then one copy. Channels-last conv weights keep their
+    layout."""
+    tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
+    tensors += [
+        ("buffer", m, n, t)
+        for m in model.modules()
+        for n, t in m._buffers.items()
+        if t is not None and t.is_floating_point()
+    ]
+    flat = torch.cat([flat_layout(t.detach()).float() for _, _, _, t in tensors]).contiguous()
+    offset = 0
+    for kind, module, name, tensor in tensors:
+        view = view_like(flat[offset : offset + tensor.numel()], tensor)
+        if kind == "param":
+            tensor.data = view
+        else:
+            module._buffers[name] = view
+        offset += tensor.numel()
+    return flat
+
+
 class FlatAdam:
     """Adam over the parameters of `model`, which must be views into the flat vector `flat` in the
-    order of model.parameters(), first (weights.flatten_state lays them out so). zero_grad,
+    order of model.parameters(), first (flatten_state lays them out so). zero_grad,
     clip_grad_norm and step each touch one flat tensor."""
 
     def __init__(self, model: nn.Module, flat: torch.Tensor, lr: float, eps: float):

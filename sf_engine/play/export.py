@@ -19,7 +19,8 @@ import warnings
 import torch
 from torch import nn
 
-from sf_engine.play.enjoy import EnjoyError, experiment_parser, load_policy, resolve_checkpoint
+from sf_engine.play.enjoy import experiment_parser
+from sf_engine.play.loading import EnjoyError, load_policy, resolve_checkpoint
 
 FORMATS = ("onnx", "torchscript", "both")
 OPSET = 18
@@ -154,7 +155,7 @@ def parse_args(argv=None):
 def run(args) -> int:
     import importlib.util
 
-    from sf_engine.play.enjoy import load_experiment
+    from sf_engine.play.loading import load_experiment
 
     if args.format in ("onnx", "both"):  # before anything is loaded or written
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]

@@ -14,6 +14,8 @@ A game is won when the policy's return is above the opponent's, drawn when equal
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -133,7 +135,7 @@ def play_matches(
             seat = game[slot] % num_agents
             if game[slot] < num_games:
                 mine, others = returns[rows][seat], np.delete(returns[rows], seat)
-                results[int(game[slot])] = (seat, mine, np.sign(mine - others.max()), lengths[slot])
+                results[int(game[slot])] = GameResult(int(seat), mine, np.sign(mine - others.max()), int(lengths[slot]))
             returns[rows], lengths[slot] = 0.0, 0
             game[slot] += slots
         if state is not None:  # a new game starts the policy's state over
@@ -143,21 +145,48 @@ def play_matches(
     return summarize([results[k] for k in sorted(results)], num_agents)
 
 
-def summarize(results: list, num_agents: int) -> dict:
-    """The figures of [(seat, return, outcome sign, length)] games."""
-    outcome = np.array([r[2] for r in results]) if results else np.zeros(0)
+class GameResult(NamedTuple):
+    """One finished game, from the policy's seat: its return, the outcome's sign (1 won, 0 drawn, -1
+    lost) and the game's length in steps."""
+
+    seat: int
+    return_: float
+    outcome: float
+    length: int
+
+
+@dataclass
+class MatchFigures:
+    """The figures of a match of games against an opponent (enjoy.py --opponent prints them as JSON)."""
+
+    games: int
+    wins: int
+    draws: int
+    losses: int
+    win_rate: float
+    draw_rate: float
+    loss_rate: float
+    return_mean: float
+    return_std: float
+    length_mean: float
+    games_per_seat: list
+
+
+def summarize(results: list, num_agents: int) -> MatchFigures:
+    """The figures of a match's GameResults."""
+    outcome = np.array([r.outcome for r in results]) if results else np.zeros(0)
     games = max(len(results), 1)
-    returns = np.array([r[1] for r in results]) if results else np.zeros(1)
-    return {
-        "games": len(results),
-        "wins": int((outcome > 0).sum()),
-        "draws": int((outcome == 0).sum()),
-        "losses": int((outcome < 0).sum()),
-        "win_rate": float((outcome > 0).sum() / games),
-        "draw_rate": float((outcome == 0).sum() / games),
-        "loss_rate": float((outcome < 0).sum() / games),
-        "return_mean": float(returns.mean()),
-        "return_std": float(returns.std()),
-        "length_mean": float(np.mean([r[3] for r in results])) if results else 0.0,
-        "games_per_seat": [int(sum(1 for r in results if r[0] == s)) for s in range(num_agents)],
-    }
+    returns = np.array([r.return_ for r in results]) if results else np.zeros(1)
+    return MatchFigures(
+        games=len(results),
+        wins=int((outcome > 0).sum()),
+        draws=int((outcome == 0).sum()),
+        losses=int((outcome < 0).sum()),
+        win_rate=float((outcome > 0).sum() / games),
+        draw_rate=float((outcome == 0).sum() / games),
+        loss_rate=float((outcome < 0).sum() / games),
+        return_mean=float(returns.mean()),
+        return_std=float(returns.std()),
+        length_mean=float(np.mean([r.length for r in results])) if results else 0.0,
+        games_per_seat=[int(sum(1 for r in results if r.seat == s)) for s in range(num_agents)],
+    )

@@ -17,9 +17,9 @@ import numpy as np
 
 from sf_engine.envs import make_batch_env
 from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.kernels import flatten_state
 from sf_engine.play.episodes import play
 from sf_engine.runtime.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
-from sf_engine.runtime.weights import flatten_state
 from sf_engine.stats.messages import Evaluation
 
 EVAL_SEED_OFFSET = 1_000_000_007
@@ -123,24 +123,24 @@ class Evaluator:
             max_steps=self.cfg.run.eval_max_steps,
             should_stop=self._should_stop,
         )
-        if not figures["games"]:
+        if not figures.games:
             return None
-        mean = figures["return_mean"]
-        if figures["games"] == self.cfg.run.eval_episodes:
+        mean = figures.return_mean
+        if figures.games == self.cfg.run.eval_episodes:
             self._keep_best(mean, version)
         self.ctx.send(
             Evaluation(
                 version,
                 mean,
-                figures["return_std"],
-                figures["length_mean"],
-                figures["games"],
-                self.cfg.run.eval_episodes - figures["games"],
+                figures.return_std,
+                figures.length_mean,
+                figures.games,
+                self.cfg.run.eval_episodes - figures.games,
                 self.best_return,
                 time.monotonic() - start,
-                figures["win_rate"],
-                figures["draw_rate"],
-                figures["loss_rate"],
+                figures.win_rate,
+                figures.draw_rate,
+                figures.loss_rate,
             )
         )
         return mean

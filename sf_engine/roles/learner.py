@@ -1,36 +1,63 @@
-"""Learner: gathers whole trajectory slots, computes advantages, runs PPO, publishes weights.
+"""Learner: gathers whole trajectory slots, hands each policy's algorithm its part, publishes weights.
 
 Runs in the learner process (or the runner in serial mode) on the run's device. A training batch is
-`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories. Each policy
-of the run (sf_engine.roles.policy_learner; one unless --num_policies) trains on the samples it acted in the
-batch (`policy_id`); a row changes hands only at the first observation of an episode (or while its
-agent is absent), where the advantage recursion is cut anyway, so each policy's targets are those of
-its own trajectories. After its update a policy's
-new weights are copied into its shared tensor under the seqlock and its version is bumped; only then
-are the slots returned to the free pool (so in sync mode no slot is ever filled by an older policy).
+`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories, gathered
+into a TrajectoryBatch (sf_engine.algo.batch). Each policy of the run (one unless --num_policies) has
+its own learning algorithm (--algo, sf_engine.algo.base.Algorithm: PPO by default) and trains on the
+samples it acted in the batch (`policy_id`); a row changes hands only at the first observation of an
+episode (or while its agent is absent), where the advantage recursion is cut anyway, so each policy's
+targets are those of its own trajectories. After its update a policy's new weights are copied into its
+shared tensor under the seqlock and its version is bumped; only then are the slots returned to the free
+pool (so in sync mode no slot is ever filled by an older policy).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from sf_engine.roles.policy_learner import PolicyLearner
+from sf_engine.algo.base import Algorithm, TrainingHooks
+from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
+from sf_engine.config.groups import ALGORITHMS
 from sf_engine.roles.population import Population
-from sf_engine.runtime.checkpoint import load_checkpoint, save_checkpoint
+from sf_engine.runtime.checkpoint import load_checkpoint, policy_states, population_state, save_checkpoint
 from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.role import StageTimer
-from sf_engine.runtime.wiring import weight_readers
+from sf_engine.runtime.role import RoleContext
+from sf_engine.runtime.slot_pool import SlotPool
+from sf_engine.runtime.weights import SharedWeights
+from sf_engine.runtime.wiring import import_class, weight_readers
 from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
+from sf_engine.stats.stages import LearnerStage, StageTimer
 
-_STEP_FIELDS = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
+
+@dataclass
+class LearningPolicy:
+    """One trained policy as the learner holds it: its algorithm (model, optimizer, maths), its shared
+    weights, the version it published last, and the oldest version whose samples it still trains on (a
+    PBT exploit replaces the weights: what the old ones acted is dropped)."""
+
+    policy: int
+    algorithm: Algorithm
+    weights: SharedWeights
+    version: int = 0
+    min_version: int = 0
+
+    @property
+    def params(self):
+        return self.algorithm.params
+
+    def publish(self) -> None:
+        """The algorithm's weights as the next version."""
+        self.version += 1
+        self.weights.publish(self.params, self.version)
 
 
 class Learner:
-    def __init__(self, ctx):
+    def __init__(self, ctx: RoleContext):
         """Built from the run plan (the checkpoint to resume from is the plan's); publishes version 0
         (or the resumed version) before the first step."""
         plan = ctx.plan
@@ -41,11 +68,15 @@ class Learner:
             ctx.buffers,
             ctx.queues,
         )
+        self.pool = SlotPool(ctx.buffers, ctx.queues)
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
+        hooks = TrainingHooks(env_steps=lambda: self.env_steps, beat=ctx.beat, stopping=lambda: ctx.stopping)
+        algorithm = import_class(ALGORITHMS[self.lcfg.algo])
         self.policies = [
-            PolicyLearner(ctx, policy, lambda: self.env_steps) for policy in range(self.cfg.policies.num_policies)
+            LearningPolicy(policy, algorithm(self.cfg, plan.spec, self.device, hooks), ctx.weights(policy))
+            for policy in range(self.cfg.policies.num_policies)
         ]
         self.population = Population(self, ctx)  # PBT and the opponent pool (sf_engine.roles.population)
         if plan.resume_from:
@@ -55,26 +86,25 @@ class Learner:
         self.population.share(weight_readers(self.cfg))
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
-        self.timer = StageTimer("wait_data", "batch_assembly", "train", "weight_publish", "checkpoint")
+        self.timer = StageTimer(*LearnerStage)
 
-    # policy 0's model, optimizer, weights and version: a single-policy run's own
-    model = property(lambda self: self.policies[0].model)
-    optimizer = property(lambda self: self.policies[0].optimizer)
-    weights = property(lambda self: self.policies[0].weights)
+    # policy 0's model and version: a single-policy run's own
+    model = property(lambda self: self.policies[0].algorithm.model)
     version = property(
         lambda self: self.policies[0].version, lambda self, value: setattr(self.policies[0], "version", value)
     )
 
     def describe(self) -> str:
         versions = ", ".join(str(learner.version) for learner in self.policies)
-        return f"version(s) {versions} published, weights shared on {self.weights.shared.device}"
+        return f"version(s) {versions} published, weights shared on {self.policies[0].weights.shared.device}"
 
     def _load(self, path: str) -> None:
-        """A checkpoint of one policy ({model, optimizer, version}) or of several ({policies: [...]})."""
+        """A checkpoint of one policy or of several (sf_engine.runtime.checkpoint.policy_states)."""
         state = load_checkpoint(path, self.device)
-        states = state["policies"] if "policies" in state else [state]
-        for learner, policy_state in zip(self.policies, states):
-            learner.load(policy_state, path)
+        for learner, policy_state in zip(self.policies, policy_states(state)):
+            learner.algorithm.load(policy_state, path)
+            learner.version = learner.min_version = int(policy_state["version"])
+            logging.info("policy %d resumed from %s (version %d)", learner.policy, path, learner.version)
         self.population.load(state)
 
     @property
@@ -90,11 +120,10 @@ class Learner:
             learner.weights.serve_requests()
         self.population.serve_requests()
         self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
-        self.timer.lap("wait_data")
+        self.timer.lap(LearnerStage.WAIT_DATA)
         if self.cfg.run.sampling_only:
             if self.pending_slots:
-                self.ctx.send(Recycled(self.buffers.take_rows(self.pending_slots)))
-                self.queues.free_slots.put_many(self.pending_slots)
+                self.ctx.send(Recycled(self.pool.recycle(self.pending_slots)))
             self.pending_slots = []
         elif len(self.pending_slots) == self.cfg.slots_per_batch:
             slots, self.pending_slots = self.pending_slots, []
@@ -102,7 +131,7 @@ class Learner:
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
             self.timer.start()
             self.save()
-            self.timer.lap("checkpoint")
+            self.timer.lap(LearnerStage.CHECKPOINT)
 
     def finish(self) -> None:
         """The run stops: a last checkpoint."""
@@ -112,63 +141,57 @@ class Learner:
     def close(self) -> None:
         pass
 
-    def _gather(self, slots: list) -> dict:
+    def _gather(self, slots: list) -> TrajectoryBatch:
         """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
-        [T, N, ...] (N = slots x envs per split)."""
+        [T, N, ...] (N = slots x envs per split); every field of SLOT_FIELDS the run has."""
         index = np.asarray(slots)
 
         def time_major(array):  # [S, R, E, ...] -> [R, S * E, ...]
             picked = array[index].swapaxes(0, 1)
-            return torch.from_numpy(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]))
+            tensor = torch.from_numpy(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]))
+            return tensor.to(self.device)
 
-        fields = _STEP_FIELDS + (("acting",) if self.buffers.acting is not None else ())
-        fields += ("policy_id",) if self.buffers.policy_id is not None else ()  # [T+1, N]
-        batch = {name: time_major(getattr(self.buffers, name)) for name in fields}
-        batch["obs"] = {key: time_major(array) for key, array in self.buffers.obs.items()}
-        if self.model.recurrent:  # episode_start [T+1, N], rnn_states [T+1, N, H]
-            batch["episode_start"] = time_major(self.buffers.episode_start)
-            batch["rnn_states"] = time_major(self.buffers.rnn_states)
-        return {
-            k: ({kk: vv.to(self.device) for kk, vv in v.items()} if isinstance(v, dict) else v.to(self.device))
-            for k, v in batch.items()
-        }
+        fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
+        return TrajectoryBatch(
+            obs={key: time_major(array) for key, array in self.buffers.obs.items()},
+            **{name: time_major(array) for name, array in fields.items() if array is not None},
+        )
 
     def train_on(self, slots: list) -> None:
         """One training iteration on `slots`: each policy on the samples it acted (all of them with one
         policy), then its new version published; then the slots go back to the free pool."""
         self.timer.start()
         batch = self._gather(slots)
-        valid = batch["valid"]
-        self.timer.lap("batch_assembly")
+        valid = batch.valid
+        self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
         not_trainable = self._not_trainable(batch)  # booked once per batch, with its first report
         for learner in self.policies:
-            mine = valid if "policy_id" not in batch else valid & (batch["policy_id"][:-1] == learner.policy)
+            mine = valid if batch.policy_id is None else valid & (batch.policy_id[:-1] == learner.policy)
             if len(self.policies) > 1 and not bool(mine.any()):
                 continue  # no sample of this policy in the batch: nothing to train, no new version
-            lag = learner.version - batch["policy_version"]
-            keep = mine & (lag <= self.lcfg.max_policy_lag) & (batch["policy_version"] >= learner.min_version)
+            lag = learner.version - batch.policy_version
+            keep = mine & (lag <= self.lcfg.max_policy_lag) & (batch.policy_version >= learner.min_version)
             started = time.perf_counter()
-            samples, losses = learner.train(batch, keep)
+            result = learner.algorithm.train(batch, keep)
             train_sec = time.perf_counter() - started
-            self.timer.lap("train")
-            learner.version += 1
-            learner.weights.publish(learner.params, learner.version)
+            self.timer.lap(LearnerStage.TRAIN)
+            learner.publish()
             self.population.trained(learner.policy, int(mine.sum()))
-            self.timer.lap("weight_publish")
+            self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
             mine_lag = lag[mine].float() if bool(mine.any()) else torch.zeros(1)
             self.ctx.send(
                 Training(
                     self.timer.report("learner"),
                     version=learner.version,
-                    samples=samples,
+                    samples=result.samples,
                     dropped_lag=int((mine & ~keep).sum()),
                     not_trainable=not_trainable,
                     lag_count=int(mine.sum()),
                     lag_min=float(mine_lag.min()),
                     lag_mean=float(mine_lag.mean()),
                     lag_max=float(mine_lag.max()),
-                    learning_rate=learner.optimizer.param_groups[0]["lr"],
-                    losses=losses,
+                    learning_rate=learner.algorithm.learning_rate,
+                    losses=result.losses,
                     policy=learner.policy,
                     train_sec=train_sec,
                 )
@@ -186,30 +209,27 @@ class Learner:
                     lag_min=0.0,
                     lag_mean=0.0,
                     lag_max=0.0,
-                    learning_rate=self.policies[0].optimizer.param_groups[0]["lr"],
+                    learning_rate=self.policies[0].algorithm.learning_rate,
                 )
             )
         self.population.step()  # a PBT round or a pool snapshot when one is due
-        self.buffers.take_rows(slots)
-        self.queues.free_slots.put_many(list(slots))
-        self.timer.lap("weight_publish")
+        self.pool.recycle(slots)
+        self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
 
-    def _not_trainable(self, batch: dict) -> int:
+    def _not_trainable(self, batch: TrajectoryBatch) -> int:
         """Reset steps and absent agents, and the steps the opponent pool's snapshots acted."""
-        pooled = (batch["valid"] & (batch["policy_id"][:-1] >= len(self.policies))) if "policy_id" in batch else None
-        return int((~batch["valid"]).sum()) + (int(pooled.sum()) if pooled is not None else 0)
+        not_trainable = int((~batch.valid).sum())
+        if batch.policy_id is not None:
+            not_trainable += int((batch.valid & (batch.policy_id[:-1] >= len(self.policies))).sum())
+        return not_trainable
 
     def save(self):
         """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on.
         Returns the path, or None when the write failed."""
         env_steps = self.env_steps  # one reading for the file's contents and its name
-        if len(self.policies) == 1:
-            state = self.policies[0].state()
-        else:  # the whole population in one file: a resumed run finds every policy as it was together
-            state = {
-                "policies": [learner.state() for learner in self.policies],
-                "version": sum(learner.version for learner in self.policies),
-            }
+        state = population_state(
+            [learner.algorithm.state() | {"version": learner.version} for learner in self.policies]
+        )
         state |= self.population.state()
         state |= {"env_steps": env_steps, "config": self.cfg.to_dict()}
         version = state["version"]

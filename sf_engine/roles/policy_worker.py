@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.kernels import flatten_state
 from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.role import StageTimer
-from sf_engine.runtime.weights import flatten_state
 from sf_engine.stats.messages import Inference
+from sf_engine.stats.stages import InferenceStage, StageTimer
 
 STATS_EVERY_SEC = 1.0
 
@@ -31,16 +31,16 @@ class PolicyWorker:
         self.device = torch.device(cfg.run.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
-        self.num_policies = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
+        self.num_acting = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
         self.models = [
-            ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device) for _ in range(self.num_policies)
+            ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device) for _ in range(self.num_acting)
         ]
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
-        self.weights = [ctx.weights(policy) for policy in range(self.num_policies)]
-        self.versions = np.full(self.num_policies, -1, np.int64)
-        self.timer = StageTimer("wait_requests", "gather", "forward", "write_results", "weight_reload")
+        self.weights = [ctx.weights(policy) for policy in range(self.num_acting)]
+        self.versions = np.full(self.num_acting, -1, np.int64)
+        self.timer = StageTimer(*InferenceStage)
         self.num_forwards, self.num_samples = 0, 0
         self.policy_sec: dict = defaultdict(float)  # several policies: policy -> seconds of its forwards
         self.last_stats_time = time.monotonic()
@@ -50,24 +50,24 @@ class PolicyWorker:
         return self.models[0]
 
     def describe(self) -> str:
-        return f"{self.num_policies} model(s) built on {self.device}"
+        return f"{self.num_acting} model(s) built on {self.device}"
 
     def step(self, timeout_sec: float) -> None:
         """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
         self.timer.start()
         self.ctx.beat()
         connected = all(weights.connect("policy_worker", timeout_sec) for weights in self.weights)
-        self.timer.lap("wait_requests")
+        self.timer.lap(InferenceStage.WAIT_REQUESTS)
         if not connected:
             return
         requests = get_many(self.queues.policy_requests, timeout_sec)
-        self.timer.lap("wait_requests")
+        self.timer.lap(InferenceStage.WAIT_REQUESTS)
         if requests:
             for policy, weights in enumerate(self.weights):
                 if weights.version != self.versions[policy]:
                     self.versions[policy] = weights.read_into(self.params[policy])
                     self.models[policy].refresh_bf16_acting()
-                    self.timer.lap("weight_reload")
+                    self.timer.lap(InferenceStage.WEIGHT_RELOAD)
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
@@ -81,24 +81,24 @@ class PolicyWorker:
     def _serve(self, requests: list) -> None:
         buf, n = self.buffers, len(requests)
         # one fancy-indexed read and one write per array, whatever the number of requests
-        slots = np.fromiter((r[2] for r in requests), np.int64, n)
-        rows = np.fromiter((r[3] for r in requests), np.int64, n)
+        slots = np.fromiter((r.slot for r in requests), np.int64, n)
+        rows = np.fromiter((r.row for r in requests), np.int64, n)
         obs = {}
         for key, array in buf.obs.items():
             batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
             obs[key] = torch.from_numpy(batch).to(self.device)
         state = None
         if self.model.recurrent:  # each env's carried state, zeroed where its episode starts
-            workers = np.fromiter((r[0] for r in requests), np.int64, n)
-            splits = np.fromiter((r[1] for r in requests), np.int64, n) % self.num_splits
+            workers = np.fromiter((r.worker for r in requests), np.int64, n)
+            splits = np.fromiter((r.token for r in requests), np.int64, n) % self.num_splits
             carried = buf.rnn_current[workers, splits]
             carried[buf.episode_start[slots, rows]] = 0.0
             buf.rnn_states[slots, rows] = carried
             state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
-        self.timer.lap("gather")
+        self.timer.lap(InferenceStage.GATHER)
         policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
         actions, log_probs, values, new_state = self._forward(obs, state, policies)
-        self.timer.lap("forward")
+        self.timer.lap(InferenceStage.FORWARD)
         if new_state is not None:
             new_state = new_state.reshape(carried.shape)
             buf.rnn_current[workers, splits] = new_state
@@ -113,13 +113,13 @@ class PolicyWorker:
             self.versions[0] if policies is None else self.versions[policies].reshape(per_request)
         )
         replies = defaultdict(list)
-        for worker, token, _, _ in requests:
-            replies[worker].append(token)
+        for request in requests:
+            replies[request.worker].append(request.token)
         for worker, tokens in replies.items():
             self.queues.actions_ready[worker].send(tokens)
         self.num_forwards += 1
         self.num_samples += len(actions)
-        self.timer.lap("write_results")
+        self.timer.lap(InferenceStage.WRITE_RESULTS)
 
     def _forward(self, obs: dict, state, policies):
         """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its

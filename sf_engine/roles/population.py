@@ -1,16 +1,12 @@
-"""Population-based training (--pbt) and the self-play opponent pool, both run by the learner, which
-holds every policy of the run.
+"""The learner's population: population-based training's rounds (--pbt) and the self-play opponent
+pool, run by the learner, which holds every policy of the run (the maths: sf_engine.algo.pbt).
 
-PBT: each member (policy) has its own hyperparameters (HYPERPARAMETERS, a LearnerConfig per member).
-Every --pbt_period_env_steps of the members' steps (on average per member) a round ranks them by their objective:
-the mean return (or the env's true_objective) of the episodes they finished since the previous round,
-which the rollout workers count per policy in shared memory (`policy_episodes`). The worst
---pbt_replace_fraction each copy a better member's weights (normalizer statistics included) and
-optimizer state (exploit) and mutate their hyperparameters (explore): each, with probability
---pbt_mutation_rate, is drawn anew from its range (RANGES) with probability --pbt_resample_prob, else
-multiplied or divided by a factor within [--pbt_perturb_min, --pbt_perturb_max], kept within its
-range. Members 1.. start from explored hyperparameters (member 0 keeps the flags' own). Samples a
-replaced member acted with its old weights are dropped (counted as dropped for lag).
+PBT: every --pbt_period_env_steps of the members' steps (on average per member) a round ranks them by
+their objective: the mean return (or the env's true_objective) of the episodes they finished since the
+previous round, which the rollout workers count per policy in shared memory (`policy_episodes`). The
+worst copy a better member's weights and optimizer state and mutate their hyperparameters
+(sf_engine.algo.pbt). Members 1.. start from explored hyperparameters (member 0 keeps the flags' own).
+Samples a replaced member acted with its old weights are dropped (counted as dropped for lag).
 
 The opponent pool: every --pool_every_versions versions of policy 0 the learner copies its weights into
 the oldest of --pool_size snapshot slots (acting policies num_policies..), which the policy worker
@@ -19,88 +15,10 @@ serves like any policy and which are never trained (frozen until replaced by a n
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import numpy as np
 
-# the hyperparameters PBT explores, with the ranges they are drawn from and kept within
-RANGES = {
-    "learning_rate": (1e-5, 1e-2),
-    "entropy_coeff": (1e-4, 5e-2),
-    "gamma": (0.9, 0.999),
-    "ppo_clip_ratio": (0.05, 0.4),
-}
-HYPERPARAMETERS = tuple(RANGES)
-
-
-def period(cfg) -> int:
-    """Env steps per member between rounds, on average over the members (--pbt_period_env_steps, 'auto'
-    resolved): a member whose episodes last longer holds its rows longer and steps more."""
-    value = cfg.policies.pbt_period_env_steps
-    return 20 * cfg.learner.batch_size * cfg.learner.num_batches_per_epoch if value == "auto" else int(value)
-
-
-def _draw(name: str, rng: np.random.Generator) -> float:
-    low, high = RANGES[name]
-    if name == "gamma":  # log-uniform horizon: 1 - gamma between 1e-3 and 0.1
-        return 1.0 - math.exp(rng.uniform(math.log(1.0 - high), math.log(1.0 - low)))
-    return math.exp(rng.uniform(math.log(low), math.log(high)))
-
-
-def _perturb(name: str, value: float, factor: float, up: bool) -> float:
-    low, high = RANGES[name]
-    if name == "gamma":  # the horizon 1 / (1 - gamma) is what scales
-        horizon = 1.0 - value
-        value = 1.0 - (horizon / factor if up else horizon * factor)
-    else:
-        value = value * factor if up else value / factor
-    return float(min(max(value, low), high))
-
-
-def explore(hyper: dict, pcfg, rng: np.random.Generator, everything: bool = False) -> dict:
-    """Mutated hyperparameters (`everything`: each drawn anew from its range, a new member's start)."""
-    out = dict(hyper)
-    for name in HYPERPARAMETERS:
-        if everything:
-            out[name] = _draw(name, rng)
-        elif rng.random() < pcfg.pbt_mutation_rate:
-            if rng.random() < pcfg.pbt_resample_prob:
-                out[name] = _draw(name, rng)
-            else:
-                factor = rng.uniform(pcfg.pbt_perturb_min, pcfg.pbt_perturb_max)
-                out[name] = _perturb(name, out[name], factor, bool(rng.random() < 0.5))
-    return out
-
-
-def hyperparameters(lcfg) -> dict:
-    return {name: float(getattr(lcfg, name)) for name in HYPERPARAMETERS}
-
-
-def with_hyperparameters(lcfg, hyper: dict):
-    return dataclasses.replace(lcfg, **{name: hyper[name] for name in HYPERPARAMETERS})
-
-
-def exploits(objectives: list, pcfg, rng: np.random.Generator) -> list:
-    """[(replaced member, member it copies)] of one round; members with no objective (no episode since
-    the last round) take no part. The worst --pbt_replace_fraction (at least one) each copy one of the
-    best as many, when it trails that one by --pbt_replace_reward_gap of the objectives' range."""
-    ranked = sorted((value, member) for member, value in enumerate(objectives) if value is not None)
-    if len(ranked) < 2:
-        return []
-    count = max(1, int(round(pcfg.pbt_replace_fraction * len(ranked))))
-    spread = ranked[-1][0] - ranked[0][0]
-    best = [member for _, member in ranked[-count:]]
-    pairs = []
-    for value, member in ranked[:count]:
-        source = int(rng.choice(best))
-        if (
-            source != member
-            and objectives[source] - value > max(pcfg.pbt_replace_reward_gap * spread, 0.0)
-            and objectives[source] > value
-        ):
-            pairs.append((member, source))
-    return pairs
+from sf_engine.algo.pbt import exploits, explore, period
+from sf_engine.stats.messages import PbtRound
 
 
 class EpisodeBooks:
@@ -132,7 +50,9 @@ class Population:
         self.books = EpisodeBooks(ctx.buffers.policy_episodes) if self.pcfg.pbt else None
         if self.pcfg.pbt:  # a population starts spread out: members 1.. from drawn hyperparameters
             for member in self.members[1:]:
-                member.set_hyperparameters(explore(hyperparameters(member.lcfg), self.pcfg, self.rng, everything=True))
+                member.algorithm.set_hyperparameters(
+                    explore(member.algorithm.hyperparameters(), self.pcfg, self.rng, everything=True)
+                )
         first = self.pcfg.num_policies
         self.snapshots = [ctx.weights(first + i) for i in range(self.pcfg.pool)]
         self.snapshot_params = [self.members[0].params.detach().clone() for _ in range(self.pcfg.pool)]
@@ -171,23 +91,20 @@ class Population:
         pairs = exploits(objectives, self.pcfg, self.rng)
         for target, source in pairs:
             member, better = self.members[target], self.members[source]
-            member.copy_from(better)
-            member.set_hyperparameters(explore(hyperparameters(better.lcfg), self.pcfg, self.rng))
-            member.version += 1
+            member.algorithm.copy_from(better.algorithm)
+            member.algorithm.set_hyperparameters(explore(better.algorithm.hyperparameters(), self.pcfg, self.rng))
+            member.publish()
             member.min_version = member.version  # what it acted with its old weights is not trained on
-            member.weights.publish(member.params, member.version)
         self.rounds += 1
         self.steps = [0] * len(self.members)
         self._report([(target, source, objectives[target], objectives[source]) for target, source in pairs], objectives)
 
     def _report(self, exploited: list, objectives: list | None = None) -> None:
-        from sf_engine.stats.messages import PbtRound
-
         self.ctx.send(
             PbtRound(
                 self.rounds,
                 exploited,
-                [hyperparameters(m.lcfg) for m in self.members],
+                [m.algorithm.hyperparameters() for m in self.members],
                 objectives or [None] * len(self.members),
             )
         )

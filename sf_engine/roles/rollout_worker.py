@@ -20,45 +20,25 @@ import time
 import numpy as np
 
 from sf_engine.envs import make_batch_env
-from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.role import StageTimer
+from sf_engine.runtime.slot_pool import SlotPool
+from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Episodes
+from sf_engine.stats.stages import StageTimer, WorkerStage
 
 STATS_EVERY_SEC = 0.5
-SLOT_POLL_SEC = 0.0005  # how often a worker with nothing else to do looks for a free slot
 
 
 class RolloutWorker:
     def __init__(self, ctx):
         """Makes and resets the envs (`ctx.generation` > 0: a restarted worker, with new seeds), then
         queues each split for a free slot."""
-        cfg, worker_idx, generation = ctx.cfg, ctx.index, ctx.generation
-        self.ctx, self.idx, self.buffers, self.queues, self.generation = (
-            ctx,
-            worker_idx,
-            ctx.buffers,
-            ctx.queues,
-            generation,
-        )
-        self.replies = self.queues.actions_ready[worker_idx]
+        cfg = ctx.cfg
+        self.ctx, self.idx, self.generation = ctx, ctx.index, ctx.generation
+        self.buffers, self.queues, self.pool = ctx.buffers, ctx.queues, SlotPool(ctx.buffers, ctx.queues)
+        self.replies = self.queues.actions_ready[self.idx]
         s = cfg.sampler
         self.rollout, self.num_splits, self.envs_per_split = s.rollout, s.worker_num_splits, s.envs_per_split
-        # env i of a batch gets seed + i: batches are spaced by their size so no two envs share a seed
-        first_seed = (
-            cfg.env.seed * 1_000_003
-            + worker_idx * s.num_envs_per_worker
-            + generation * s.num_workers * s.num_envs_per_worker
-        )
-        self.envs = [
-            make_batch_env(
-                cfg.env.env,
-                cfg.env.env_backend,
-                self.envs_per_split,
-                seed=first_seed + split * self.envs_per_split,
-                spec=ctx.plan.spec,
-            )
-            for split in range(self.num_splits)
-        ]
+        self.envs = self._make_envs(cfg, ctx.plan.spec)
         self.slot = [-1] * self.num_splits
         self.row = [0] * self.num_splits
         # a split between two slots keeps its current obs here until a free slot arrives
@@ -74,16 +54,8 @@ class RolloutWorker:
         self.finished_lengths: list = []
         self.finished_extra: dict = {}  # name -> values of the env's own episode stats
         self.finished_policies: list = []  # the policy that played each finished episode
-        # --num_policies > 1: the policy playing each row's episode, drawn when the episode starts (or
-        # fixed per agent by --agent_policies)
-        pcfg = cfg.policies
-        self.num_policies, self.num_acting, self.pool_share = pcfg.num_policies, pcfg.num_acting, pcfg.pool_share
-        self.num_agents = ctx.plan.spec.num_agents
-        self.row_policy = np.zeros((self.num_splits, self.envs_per_split), np.int16)
-        mapping = cfg.policies.agent_mapping(ctx.plan.spec.agents) if self.num_policies > 1 else None
-        self.fixed_policy = None if mapping is None else np.resize(np.asarray(mapping, np.int16), self.envs_per_split)
-        self.rng = np.random.default_rng([cfg.env.seed % 2**63, worker_idx, generation])  # any integer --seed
-        self.timer = StageTimer("env_step", "write_slot", "wait_actions", "wait_slot")
+        self._plan_policies(cfg, ctx.plan.spec)
+        self.timer = StageTimer(*WorkerStage)
         self.last_stats_time = time.monotonic()
         try:
             self._reset()
@@ -91,6 +63,37 @@ class RolloutWorker:
             with contextlib.suppress(Exception):  # an env that failed may fail to close too
                 self.close()
             raise
+
+    def _make_envs(self, cfg, spec) -> list:
+        """One batch env per split; env i of a batch gets seed + i: batches are spaced by their size so no
+        two envs share a seed, and a restarted worker's (next generation) get new ones."""
+        s = cfg.sampler
+        first_seed = (
+            cfg.env.seed * 1_000_003
+            + self.idx * s.num_envs_per_worker
+            + self.generation * s.num_workers * s.num_envs_per_worker
+        )
+        return [
+            make_batch_env(
+                cfg.env.env,
+                cfg.env.env_backend,
+                self.envs_per_split,
+                seed=first_seed + split * self.envs_per_split,
+                spec=spec,
+            )
+            for split in range(self.num_splits)
+        ]
+
+    def _plan_policies(self, cfg, spec) -> None:
+        """--num_policies > 1: the policy playing each row's episode, drawn when the episode starts (or
+        fixed per agent by --agent_policies)."""
+        pcfg = cfg.policies
+        self.num_policies, self.num_acting, self.pool_share = pcfg.num_policies, pcfg.num_acting, pcfg.pool_share
+        self.num_agents = spec.num_agents
+        self.row_policy = np.zeros((self.num_splits, self.envs_per_split), np.int16)
+        mapping = pcfg.agent_mapping(spec.agents) if self.num_policies > 1 else None
+        self.fixed_policy = None if mapping is None else np.resize(np.asarray(mapping, np.int16), self.envs_per_split)
+        self.rng = np.random.default_rng([cfg.env.seed % 2**63, self.idx, self.generation])  # any integer --seed
 
     def describe(self) -> str:
         return f"{len(self.envs) * self.envs_per_split} envs reset (generation {self.generation})"
@@ -132,19 +135,15 @@ class RolloutWorker:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
         are ready. Blocks at most `timeout_sec` (0 in serial mode). Free slots are polled, never waited
         for on the shared queue (see ipc: a killed waiter would break it for everybody)."""
-        start = self.timer.start()
+        self.timer.start()
         self.ctx.beat()
         if self.waiting_for_slot:
-            self._take_free_slots()
-            if self.num_awaiting_actions == 0:
-                deadline = start + timeout_sec
-                while self.waiting_for_slot and self.num_awaiting_actions == 0 and time.monotonic() < deadline:
-                    time.sleep(SLOT_POLL_SEC)
-                    self._take_free_slots()
-            self.timer.lap("wait_slot")
+            # with no actions awaited there is nothing else to do: poll for a free slot until the timeout
+            self._take_free_slots(timeout_sec if self.num_awaiting_actions == 0 else 0.0)
+            self.timer.lap(WorkerStage.WAIT_SLOT)
         if self.num_awaiting_actions:
             ready = self.replies.receive(timeout_sec)
-            self.timer.lap("wait_actions")
+            self.timer.lap(WorkerStage.WAIT_ACTIONS)
             for token in ready:
                 generation, split = divmod(token, self.num_splits)
                 if generation == self.generation:  # else: the reply to a dead predecessor's request
@@ -153,8 +152,8 @@ class RolloutWorker:
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
 
-    def _take_free_slots(self) -> None:
-        for slot in get_many(self.queues.free_slots, 0, max_messages=len(self.waiting_for_slot)):
+    def _take_free_slots(self, timeout_sec: float = 0.0) -> None:
+        for slot in self.pool.take_free(len(self.waiting_for_slot), timeout_sec):
             split = self.waiting_for_slot.pop(0)
             self.slot[split], self.row[split] = slot, 0
             self.buffers.slot_owner[slot] = self.idx
@@ -173,16 +172,16 @@ class RolloutWorker:
     def _request_actions(self, split: int) -> None:
         self.num_awaiting_actions += 1
         token = self.generation * self.num_splits + split
-        self.queues.policy_requests.put((self.idx, token, self.slot[split], self.row[split]))
+        self.queues.policy_requests.put(InferenceRequest(self.idx, token, self.slot[split], self.row[split]))
 
     def _advance(self, split: int) -> None:
         """Step split's envs with the actions the policy worker wrote, record the transition."""
         buf, slot, row = self.buffers, self.slot[split], self.row[split]
         self.timer.start()
         result = self.envs[split].step(buf.actions[slot, row])
-        self.timer.lap("env_step")
+        self.timer.lap(WorkerStage.ENV_STEP)
         self._record(split, slot, row, result)
-        self.timer.lap("write_slot")
+        self.timer.lap(WorkerStage.WRITE_SLOT)
 
     def _record(self, split: int, slot: int, row: int, result) -> None:
         """Write the transition into the slot; request the next actions or hand the full slot over."""

@@ -16,6 +16,7 @@ balance:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import time
@@ -54,14 +55,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def random_actions(action_spec, num_envs: int, rng: np.random.Generator) -> np.ndarray:
-    if action_spec.kind == "continuous":
-        return rng.uniform(action_spec.low, action_spec.high, (num_envs, *action_spec.shape)).astype(np.float32)
-    start = np.asarray(action_spec.start or (0,) * len(action_spec.nvec))
-    actions = start + rng.integers(0, action_spec.nvec, (num_envs, len(action_spec.nvec)))
-    return actions[:, 0] if action_spec.kind == "discrete" else actions
-
-
 def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
     """Run fn until min_sec and min_reps are both reached; (wall, cpu, reps)."""
     wall0, cpu0, reps = time.perf_counter(), time.process_time(), 0
@@ -69,6 +62,19 @@ def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
         fn()
         reps += 1
     return time.perf_counter() - wall0, time.process_time() - cpu0, reps
+
+
+def _probe_actions(spec, obs: dict):
+    """observation -> random actions for the probe's next step: legal ones of that observation where the env
+    masks actions; else one of 8 batches drawn up front from the reset observation `obs`, in turn, so that
+    drawing them is not timed as env stepping."""
+    from sf_engine.envs.masks import random_actions
+
+    rng = np.random.default_rng(0)
+    if spec.action_mask:
+        return lambda latest: random_actions(spec, latest, rng)
+    drawn = itertools.cycle([random_actions(spec, obs, rng) for _ in range(8)])
+    return lambda latest: next(drawn)
 
 
 def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
@@ -82,16 +88,11 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)
     try:
         obs = {key: np.array(value) for key, value in env.reset().items()}
-        rng = np.random.default_rng(0)
-        if spec.action_mask:  # legal actions of each step's observation
-            from sf_engine.envs.masks import random_actions as legal_random_actions
+        actions_for, latest = _probe_actions(spec, obs), [obs]
 
-            latest = [obs]
-            step = lambda: latest.__setitem__(0, env.step(legal_random_actions(spec, latest[0], rng)).obs)  # noqa: E731
-        else:
-            actions = [random_actions(spec.action, num_envs, rng) for _ in range(8)]
-            count = iter(range(1 << 62))
-            step = lambda: env.step(actions[next(count) % 8])  # noqa: E731
+        def step():
+            latest[0] = env.step(actions_for(latest[0])).obs
+
         step()  # first steps may allocate
         wall, cpu, reps = _timed(step, PROBE_SEC)
         env_bytes = max(0, psutil.Process().memory_info().rss - before) / num_envs
@@ -108,8 +109,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     import torch
 
     from sf_engine.model.actor_critic import ActorCritic, obs_tensors
-    from sf_engine.model.kernels import FlatAdam
-    from sf_engine.runtime.weights import flatten_state
+    from sf_engine.model.kernels import FlatAdam, flatten_state
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
         reps = -(-rows // len(next(iter(obs.values()))))
@@ -251,15 +251,27 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     if not (auto_workers or auto_envs):
         return s, []
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
-        chosen = dataclasses.replace(
-            s,
-            num_workers=1 if auto_workers else s.num_workers,
-            num_envs_per_worker=envs_per_worker_hint if auto_envs else s.num_envs_per_worker,
-        )
-        return chosen, [
-            f"serial mode, nothing to balance: {chosen.num_workers} workers x {chosen.num_envs_per_worker} envs"
-        ]
+        return _serial_sizes(s, envs_per_worker_hint)
+    return _measured_sizes(cfg, spec, s, envs_per_worker_hint, shorten)
+
+
+def _serial_sizes(s, envs_per_worker_hint: int) -> tuple:
+    """Serial mode: one worker and the family's envs per worker, where they are auto."""
+    chosen = dataclasses.replace(
+        s,
+        num_workers=1 if s.num_workers == "auto" else s.num_workers,
+        num_envs_per_worker=envs_per_worker_hint if s.num_envs_per_worker == "auto" else s.num_envs_per_worker,
+    )
+    return chosen, [
+        f"serial mode, nothing to balance: {chosen.num_workers} workers x {chosen.num_envs_per_worker} envs"
+    ]
+
+
+def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> tuple:
+    """The sizes that are auto (and the rollout, where `shorten`) chosen from what one env step, one
+    inference and one training sample cost here, then fitted in memory; (SamplerConfig, lines)."""
     cores = usable_cores()
+    auto_workers, auto_envs = s.num_workers == "auto", s.num_envs_per_worker == "auto"
     probe = (envs_per_worker_hint if auto_envs else int(s.num_envs_per_worker)) // s.worker_num_splits
     probe = -(-max(1, probe) // spec.num_agents) * spec.num_agents  # whole games of a multi-agent env
     costs = measure(cfg, spec, probe)
@@ -272,15 +284,10 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
     if shorten and choose_rollout(costs, train_batch) != s.rollout:
         s = dataclasses.replace(s, rollout=choose_rollout(costs, train_batch))
-        lines.append(
-            f"--rollout auto = {s.rollout}: {train_batch // ROLLOUT_DEFAULT} envs step in "
-            f"{train_batch // ROLLOUT_DEFAULT * costs.env_wall * 1e3:.2f} ms, so slots of {s.rollout} "
-            f"steps let splits be twice as wide"
-        )
+        lines.append(_rollout_line(s.rollout, costs, train_batch))
     if auto_envs:
-        per_split = choose_envs_per_split(
-            costs, train_batch // s.rollout, max(1, envs_per_worker_hint // s.worker_num_splits), spec.num_agents
-        )
+        hint_per_split = max(1, envs_per_worker_hint // s.worker_num_splits)
+        per_split = choose_envs_per_split(costs, train_batch // s.rollout, hint_per_split, spec.num_agents)
         num_envs = per_split * s.worker_num_splits
         lines.append(
             f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
@@ -291,13 +298,21 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
         num_workers, demand = choose_num_workers(costs, cores, cfg.learner.learner_threads)
         lines.append(
             f"--num_workers auto = {num_workers}: learning and inference can take about "
-            f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies "
-            f"{1 / costs.env_wall:,.0f}"
+            f"{demand:,.0f} env steps/s on {cores} cores, one worker supplies {1 / costs.env_wall:,.0f}"
         )
     num_workers, num_envs = _within_memory(
         s, costs, num_workers, num_envs, train_batch // s.rollout, lines, spec.num_agents
     )
     return dataclasses.replace(s, num_workers=num_workers, num_envs_per_worker=num_envs), lines
+
+
+def _rollout_line(rollout: int, costs: Costs, train_batch: int) -> str:
+    """Why --rollout auto was shortened to `rollout`."""
+    widest = train_batch // ROLLOUT_DEFAULT
+    return (
+        f"--rollout auto = {rollout}: {widest} envs step in {widest * costs.env_wall * 1e3:.2f} ms, so slots of "
+        f"{rollout} steps let splits be twice as wide"
+    )
 
 
 def _within_memory(

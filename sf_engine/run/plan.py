@@ -17,16 +17,17 @@ import logging
 import os
 import pickle
 import sys
-from dataclasses import dataclass
 
 import psutil
 
+from sf_engine.algo.pbt import period as pbt_period
+from sf_engine.config.checks import check_flags, check_resolved
+from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
-from sf_engine.config.groups import Config, ConfigError, check_flags, check_resolved, make_config, parse_flags
+from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.shape import changed_flags, resolve_model_config, state_size
-from sf_engine.roles.population import period as pbt_period
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
 from sf_engine.runtime.checkpoint import (
@@ -37,30 +38,9 @@ from sf_engine.runtime.checkpoint import (
     list_checkpoints,
 )
 from sf_engine.runtime.device import cpu_has_native_bf16, resolve_device
+from sf_engine.runtime.run_plan import Paths, RunPlan
 from sf_engine.runtime.shared_buffers import buffer_layout, required_bytes, shm_path
 from sf_engine.stats.tracking import check_tracking
-
-
-@dataclass(frozen=True)
-class Paths:
-    experiment_dir: str
-    checkpoint_dir: str
-    log_path: str
-    shm_path: str
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    cfg: Config  # every 'auto' resolved
-    spec: EnvSpec
-    layout: dict  # shared array name -> (shape, dtype)
-    paths: Paths
-    resume_from: str | None  # the newest valid checkpoint (None: a fresh start or --restart)
-    checkpoints_seen: tuple  # the experiment's checkpoint files when the plan was made
-    env_steps_base: int  # env steps of the runs before this one
-    command_line: tuple
-    registered_envs: dict  # sf_engine.envs.register_env() factories of the user's script, for the children
-    notes: tuple = ()  # lines that explain choices (auto sizing) and warnings, logged at start
 
 
 def saved_config(given: dict) -> dict:

@@ -18,14 +18,17 @@ import signal
 import sys
 import time
 
-from sf_engine.config.groups import ConfigError, make_config, parse_flags
+from sf_engine.config.cli import make_config, parse_flags
+from sf_engine.config.groups import ALGORITHMS, ConfigError
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.run.experiment import Experiment
-from sf_engine.run.plan import RunPlan, build_plan, log_plan, saved_config
+from sf_engine.run.plan import build_plan, log_plan, saved_config
 from sf_engine.run.supervisor import ChildFailed, Supervisor
 from sf_engine.runtime.ipc import drain_into, make_lifeline
+from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
+from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.wiring import make_queues
 from sf_engine.stats.report import Reporter
 from sf_engine.stats.run_stats import RunStats
@@ -37,9 +40,9 @@ MONITOR_EVERY_SEC = 0.25
 def start_forkserver(env: str, env_backend: str):
     """Start the forkserver now so its preloading (torch, envpool) overlaps building the plan.
     torch._dynamo is what torch.optim imports on first use: preloaded once here, not in every child."""
-    ctx = multiprocessing.get_context("forkserver")
+    mp_context = multiprocessing.get_context("forkserver")
     modules = ["envpool"] if may_use_envpool(env, env_backend) else []
-    ctx.set_forkserver_preload(
+    mp_context.set_forkserver_preload(
         modules
         + [
             "gymnasium",
@@ -50,9 +53,10 @@ def start_forkserver(env: str, env_backend: str):
             "sf_engine.roles.learner",
             "sf_engine.roles.evaluator",
         ]
+        + [path.partition(":")[0] for path in ALGORITHMS.values()]  # the learner's algorithm, built by name
     )
     multiprocessing.forkserver.ensure_running()
-    return ctx
+    return mp_context
 
 
 class Terminated(Exception):
@@ -97,7 +101,7 @@ def run(plan: RunPlan, mp_context=None) -> int:
             queues = make_queues(
                 cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
             )
-            queues.free_slots.put_many(list(range(cfg.num_slots)))
+            SlotPool(buffers, queues).fill()
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
             reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)
             try:

@@ -12,12 +12,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
 from sf_engine.envs import reap_orphaned_processes
 from sf_engine.runtime.checkpoint import latest_valid_checkpoint
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import run_role
+from sf_engine.runtime.slot_pool import WRITING, SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import heartbeat_index, new_policy_requests, roles_of
 
@@ -39,8 +38,9 @@ class Child:
 
 class Supervisor:
     def __init__(self, plan, experiment, mp_context, buffers, queues, stats):
-        self.plan, self.cfg, self.experiment, self.ctx = plan, plan.cfg, experiment, mp_context
+        self.plan, self.cfg, self.experiment, self.mp_context = plan, plan.cfg, experiment, mp_context
         self.buffers, self.queues, self.stats = buffers, queues, stats
+        self.pool = SlotPool(buffers, queues)
         self.children: dict = {}  # (role, index) -> Child
         self.restart_times: deque = deque()
 
@@ -59,7 +59,7 @@ class Supervisor:
 
     def _spawn(self, role: str, index: int = 0, generation: int = 0) -> None:
         self.buffers.heartbeat[heartbeat_index(role, index)] = 0.0  # not beaten yet
-        process = self.ctx.Process(
+        process = self.mp_context.Process(
             target=run_role, args=(role, index, generation, self.plan, self.queues), name=f"{role}_{index}", daemon=True
         )
         process.start()
@@ -98,13 +98,7 @@ class Supervisor:
             return
         self._count_restart(f"{where} {cause}")
         if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
-            from sf_engine.scaleout.receiver import WRITING
-
-            writing = np.flatnonzero(self.buffers.slot_owner == WRITING)  # its successor books them as dropped
-            self.buffers.take_rows(writing)
-            self.buffers.slot_owner[writing] = -1
-            if len(writing):
-                self.queues.free_slots.put_many(writing.tolist())
+            self.pool.recycle(self.pool.owned_by([WRITING]))  # its successor books their steps as dropped
             for policy in range(self.cfg.policies.num_acting):
                 SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
             self._spawn(role, index, self.children[(role, index)].generation + 1)
@@ -144,12 +138,7 @@ class Supervisor:
         """Rollout workers start over with fresh envs and new seeds; the slots their dead predecessors
         were filling go back to the free pool and their env steps are dropped (counted), so no
         half-filled trajectory is trained on."""
-        owner = self.buffers.slot_owner
-        slots = np.flatnonzero(np.isin(owner, workers))
-        self.stats.books.dropped_faults += self.buffers.take_rows(slots)
-        owner[slots] = -1
-        if len(slots):
-            self.queues.free_slots.put_many(slots.tolist())
+        self.stats.books.dropped_faults += self.pool.recycle(self.pool.owned_by(workers))
         for line in reap_orphaned_processes():  # what the dead workers' envs ran outside them
             logging.info(line)
         for w in workers:

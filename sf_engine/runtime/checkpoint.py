@@ -130,3 +130,22 @@ def load_checkpoint(path: str, device="cpu") -> dict:
         ) from None
     except Exception as exc:
         raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
+
+
+# The state a checkpoint holds: one policy's ({model, optimizer, version, ...}, the algorithm's state and
+# its version) or a population's ({policies: [one such state each], version: their sum}); the learner's
+# PBT and opponent-pool state and the run's config beside it. These two functions are the one place
+# that knows the two shapes apart.
+
+
+def policy_states(state: dict) -> list:
+    """Each policy's state in a checkpoint's `state`, in policy order (one for a one-policy checkpoint)."""
+    return state["policies"] if state.get("policies") else [state]
+
+
+def population_state(states: list) -> dict:
+    """The checkpoint state of the policies' `states` (each holding its "version"): one policy's own, or
+    the whole population in one state (a resumed run finds every policy as it was together)."""
+    if len(states) == 1:
+        return dict(states[0])
+    return {"policies": states, "version": sum(state["version"] for state in states)}

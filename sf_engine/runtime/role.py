@@ -1,11 +1,11 @@
-"""What every role shares: its context (plan, shared buffers, queues, heartbeat, stats), its stage timer,
-and the one process entry that runs any role class in a child process.
+"""What every role is and shares: the Role protocol, its context (plan, shared buffers, queues, heartbeat,
+stats), the one process entry that runs any role class in a child process, and the one way to step
+roles in turn in this process.
 
-A role is a plain class built as `Role(ctx)` with `describe()` (its one-line ready message),
-`step(timeout_sec)` (one unit of work, blocking at most that long), `finish()` (a clean stop: the
-learner's last checkpoint, the last stats) and `close()` (release envs); sf_engine.runtime.wiring.ROLES says
-the rest of what the plumbing needs to know of it. `run_role` is the process target of every role; serial mode
-(sf_engine.run.serial) builds the same classes from the same plan and steps them in one process.
+A role is a plain class built as `cls(ctx)` from a RoleContext (sf_engine.runtime.wiring.ROLES says the
+rest of what the plumbing needs to know of it). `run_role` is the process target of every role;
+InProcessRoles builds the same classes from the same plan and steps them in one process (serial mode,
+sf_engine.run.serial; a sampler node, sf_engine.scaleout.sampler_node).
 """
 
 from __future__ import annotations
@@ -18,36 +18,29 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Protocol
 
 from sf_engine.runtime.ipc import ParentWatch
+from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
-from sf_engine.runtime.wiring import ROLES, heartbeat_index, role_class
+from sf_engine.runtime.wiring import ROLES, Queues, heartbeat_index, role_class
 from sf_engine.stats import messages
 
 
-class StageTimer:
-    """Seconds per stage of one process's loop, adding up to its wall time since the first `start()`:
-    `start()` opens a lap, `lap(stage)` books the time since the last mark to `stage`."""
+class Role(Protocol):
+    """A process role: built as `cls(ctx)` from a RoleContext."""
 
-    def __init__(self, *stages: str):
-        self.stage_sec = dict.fromkeys(stages, 0.0)
-        self.first = None
-        self._mark = 0.0
+    def describe(self) -> str:
+        """Its one-line ready message."""
 
-    def start(self) -> float:
-        self._mark = time.monotonic()
-        if self.first is None:
-            self.first = self._mark
-        return self._mark
+    def step(self, timeout_sec: float) -> None:
+        """One unit of work, blocking at most `timeout_sec` (0 in one process)."""
 
-    def lap(self, stage: str) -> float:
-        now = time.monotonic()
-        self.stage_sec[stage] += now - self._mark
-        self._mark = now
-        return now
+    def finish(self) -> None:
+        """A clean stop: the learner's last checkpoint, the last stats."""
 
-    def report(self, role: str) -> messages.Stages:
-        return messages.Stages(role, dict(self.stage_sec), time.monotonic() - (self.first or time.monotonic()))
+    def close(self) -> None:
+        """Release what it holds (envs), after `finish` or a failure."""
 
 
 @dataclass
@@ -55,11 +48,11 @@ class RoleContext:
     """What a role is built from: the run plan, its place (role, index, generation of a restarted
     worker), the shared buffers and the queues."""
 
-    plan: object  # sf_engine.run.plan.RunPlan
+    plan: RunPlan
     role: str
     index: int
     buffers: SharedBuffers
-    queues: object  # sf_engine.runtime.wiring.Queues
+    queues: Queues
     generation: int = 0
 
     @property
@@ -157,3 +150,36 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
                 instance.close()
             except Exception:  # an env that failed may fail to close too; the process ends anyway
                 pass
+
+
+class InProcessRoles:
+    """The roles `places` [(role, index)] of `plan`, built in this process over `buffers` and `queues`
+    (wiring.make_queues without a multiprocessing context) and stepped in turn, in their serial order
+    (ROLES: a request made in a round is served in it)."""
+
+    def __init__(self, plan: RunPlan, buffers: SharedBuffers, queues: Queues, places: list):
+        self.roles: dict = {}
+        try:
+            for role, index in places:
+                self.roles[(role, index)] = role_class(role)(RoleContext(plan, role, index, buffers, queues))
+        except BaseException:  # the caller gets nothing to close: close what was built
+            self.close()
+            raise
+        self.order = sorted(self.roles, key=lambda key: (ROLES[key[0]].serial_order, key[1]))
+
+    def __getitem__(self, key) -> Role:
+        """roles[("rollout_worker", 3)], or roles["learner"] for index 0."""
+        return self.roles[key if isinstance(key, tuple) else (key, 0)]
+
+    def step(self) -> None:
+        """One unit of work of every role, none of them waiting."""
+        for key in self.order:
+            self.roles[key].step(0)
+
+    def finish(self) -> None:
+        for instance in self.roles.values():
+            instance.finish()
+
+    def close(self) -> None:
+        for instance in self.roles.values():
+            instance.close()

@@ -5,36 +5,16 @@ name per run (see shm_path), mapped by every process as numpy views (rollout wor
 torch). The main process creates it (exclusively, mode 0600) and finally unlinks it; a file left by a
 killed run of the same experiment is removed by the next start (sf_engine.run.experiment).
 
-Slot field shapes (S = slots, T = rollout, E = envs per split):
-  obs.<key>      [S, T+1, E, *shape]      one array per observation key, in the env's dtype (uint8 images
-                                          stay uint8); row T is the bootstrap observation
-  actions        [S, T, E, *action_shape] int64 (discrete) or float32 (continuous, unclipped sample)
-  log_probs      [S, T, E]                float32 behaviour log-probability of the action
-  values         [S, T, E]                float32 behaviour value estimate
-  policy_version [S, T, E]                int64 version of the policy that acted
-  rewards        [S, T, E]                float32
-  terminated     [S, T, E]                bool, episode ended by the MDP (no bootstrap)
-  truncated      [S, T, E]                bool, episode cut by a time limit (bootstrap from the last obs)
-  valid          [S, T, E]                bool, False on the reset step that follows an episode end, and
-                                          on the rows of agents absent from their game (multi-agent envs)
-With --num_policies > 1 or an opponent pool (P = trained policies + pool snapshots):
-  policy_id      [S, T+1, E]              int16, the policy that plays the row's episode (and acts at
-                                          this step; row T: the one that would act next)
-  policy_episodes [W, P, 2]               float64, per rollout worker and acting policy: episodes finished
-                                          and the sum of their objectives (return, or the env's
-                                          true_objective), written by that worker only (PBT reads them)
-With a turn-based multi-agent env (PettingZoo AEC):
-  acting         [S, T, E]                bool, it is the row's agent's turn: only these steps train the
-                                          policy (a waiting agent's steps train its value only)
-With a recurrent core (--rnn gru|lstm; H = the model's state_size):
-  episode_start  [S, T+1, E]              bool, the obs at this row is the first of an episode: the
-                                          hidden state is zeroed before acting on it (and in training)
-  rnn_states     [S, T+1, E, H]           float32 hidden state the policy acted from at each row (after
-                                          that zeroing; row T: the state after the last action, before
-                                          row T's zeroing); the learner re-runs the core from it and
-                                          bootstraps GAE from row T
-  rnn_current    [W, splits, E, H]        float32 hidden state after each env's latest action, carried
-                                          by the policy worker from one request to the next
+Slot fields (S = slots, T = rollout, E = envs per split): obs.<key> [S, T+1, E, *shape], one array
+per observation key in the env's dtype (uint8 images stay uint8; row T is the bootstrap observation),
+and every field of sf_engine.algo.batch.SLOT_FIELDS that the run has: [S, T, E, ...], or [S, T+1, E, ...]
+for the fields with a bootstrap row (policy_id: row T is the policy that would act next; rnn_states:
+the state after the last action, before row T's zeroing, which GAE's bootstrap starts from).
+Beside the slots, with several policies (P = trained policies + pool snapshots): policy_episodes
+[W, P, 2] float64, per rollout worker and acting policy, episodes finished and the sum of their
+objectives (return, or the env's true_objective), written by that worker only (PBT reads them); with a
+recurrent core (H = the model's state_size): rnn_current [W, splits, E, H] float32, the hidden state
+after each env's latest action, carried by the policy worker from one request to the next.
 Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
 num_workers + i: the env steps sampler node i reported, written by the receiver),
 param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py), stop [1] int64,
@@ -54,74 +34,60 @@ import secrets
 
 import numpy as np
 
+from sf_engine.algo.batch import ALWAYS, BOOTSTRAP, RECURRENT, SEVERAL_POLICIES, SLOT_FIELDS, TURN_BASED
 from sf_engine.envs.spec import EnvSpec
 
 _ALIGN = 64
 HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
 WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that read a policy's shared weights
+SLOT_FIELD_NAMES = frozenset(field.name for field in SLOT_FIELDS)
 
 
 def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     """name -> (shape, dtype) of every shared array of a run whose config `cfg` is resolved (no 'auto');
-    `state`: floats of recurrent state per env (0 without a core, see model_shape.state_size)."""
-    slots, rollout, envs = cfg.num_slots, cfg.sampler.rollout, cfg.sampler.envs_per_split
-    step = (slots, rollout, envs)
-    layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
-    if state:
-        layout |= {
-            "episode_start": ((slots, rollout + 1, envs), "bool"),
-            "rnn_states": ((slots, rollout + 1, envs, state), "float32"),
-            "rnn_current": ((cfg.sampler.num_workers, cfg.sampler.worker_num_splits, envs, state), "float32"),
-        }
-    if spec.turn_based:
-        layout["acting"] = (step, "bool")
+    `state`: floats of recurrent state per env (0 without a core, see sf_engine.model.shape.state_size)."""
+    slots, rollout, envs, workers = (
+        cfg.num_slots,
+        cfg.sampler.rollout,
+        cfg.sampler.envs_per_split,
+        cfg.sampler.num_workers,
+    )
     policies = cfg.policies.num_acting  # the trained ones, then the opponent pool's snapshots
-    if policies > 1:
-        layout["policy_id"] = ((slots, rollout + 1, envs), "int16")
-        # per worker and policy: episodes finished and the sum of their objectives (PBT's figure)
-        layout["policy_episodes"] = ((cfg.sampler.num_workers, policies, 2), "float64")
+    present = {
+        ALWAYS,
+        *([TURN_BASED] if spec.turn_based else []),
+        *([SEVERAL_POLICIES] if policies > 1 else []),
+        *([RECURRENT] if state else []),
+    }
+    layout = {f"obs.{key}": ((slots, rollout + 1, envs) + tuple(shape), dtype) for key, shape, dtype in spec.obs}
+    for field in SLOT_FIELDS:
+        if field.present in present:
+            rows = rollout + 1 if field.rows == BOOTSTRAP else rollout
+            extra = (
+                spec.action.buffer_shape if field.name == "actions" else (state,) if field.name == "rnn_states" else ()
+            )
+            layout[field.name] = ((slots, rows, envs) + tuple(extra), field.dtype or spec.action.dtype)
+    if state:
+        layout["rnn_current"] = ((workers, cfg.sampler.worker_num_splits, envs, state), "float32")
+    if policies > 1:  # per worker and policy: episodes finished and the sum of their objectives (PBT's figure)
+        layout["policy_episodes"] = ((workers, policies, 2), "float64")
     remote = cfg.remote.num_remote_samplers
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
     return layout | {
-        "actions": (step + spec.action.buffer_shape, spec.action.dtype),
-        "log_probs": (step, "float32"),
-        "values": (step, "float32"),
-        "policy_version": (step, "int64"),
-        "rewards": (step, "float32"),
-        "terminated": (step, "bool"),
-        "truncated": (step, "bool"),
-        "valid": (step, "bool"),
-        "env_steps": ((cfg.sampler.num_workers + remote,), "int64"),
+        "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
         "stop": ((1,), "int64"),
-        "heartbeat": ((HEARTBEAT_ROLES + cfg.sampler.num_workers,), "float64"),
+        "heartbeat": ((HEARTBEAT_ROLES + workers,), "float64"),
         "slot_owner": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
         "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
     }
 
 
-# the arrays of buffer_layout that hold one slot's trajectory besides the observations, where a run has them
-_SLOT_ARRAYS = (
-    "actions",
-    "log_probs",
-    "values",
-    "policy_version",
-    "rewards",
-    "terminated",
-    "truncated",
-    "valid",
-    "acting",
-    "policy_id",
-    "episode_start",
-    "rnn_states",
-)
-
-
 def slot_fields(layout: dict) -> tuple:
     """Names (as in `layout`) of the arrays that hold one slot's trajectory, in layout order."""
-    return tuple(name for name in layout if name.startswith("obs.") or name in _SLOT_ARRAYS)
+    return tuple(name for name in layout if name.startswith("obs.") or name in SLOT_FIELD_NAMES)
 
 
 def _offsets(layout: dict) -> tuple[dict, int]:

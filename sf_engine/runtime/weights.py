@@ -3,8 +3,8 @@ sequence lock.
 
 The learner owns the weights and publishes every new version; the policy worker and the evaluator copy
 them in when the version moves. The whole state of a model (parameters and the normalizers' floating
-buffers) is one flat float32 vector (`flatten_state`), so publishing and reading are one copy each.
-The shared vector is a `share_memory_()` tensor on the CPU, or the learner's CUDA tensor (readers get
+buffers) is one flat float32 vector (sf_engine.model.kernels.flatten_state), so publishing and reading are
+one copy each. The shared vector is a `share_memory_()` tensor on the CPU, or the learner's CUDA tensor (readers get
 it through CUDA IPC); it reaches each reader once, through that reader's channel (see wiring.Queues),
 and again when the supervisor asks for it for a restarted reader (`want`).
 
@@ -23,34 +23,6 @@ from sf_engine.runtime.ipc import Empty
 from sf_engine.runtime.shared_buffers import WEIGHT_READERS
 
 READ_TIMEOUT_SEC = 30.0
-
-
-def flatten_state(model):
-    """Make every parameter and floating buffer (normalizer statistics) of the nn.Module `model` a view
-    into one flat float32 tensor (returned), the parameters first in the order of model.parameters():
-    publishing and loading the whole state is then one copy. Channels-last conv weights keep their
-    layout."""
-    import torch
-
-    from sf_engine.model.kernels import flat_layout, view_like
-
-    tensors = [("param", m, n, t) for m in model.modules() for n, t in m._parameters.items() if t is not None]
-    tensors += [
-        ("buffer", m, n, t)
-        for m in model.modules()
-        for n, t in m._buffers.items()
-        if t is not None and t.is_floating_point()
-    ]
-    flat = torch.cat([flat_layout(t.detach()).float() for _, _, _, t in tensors]).contiguous()
-    offset = 0
-    for kind, module, name, tensor in tensors:
-        view = view_like(flat[offset : offset + tensor.numel()], tensor)
-        if kind == "param":
-            tensor.data = view
-        else:
-            module._buffers[name] = view
-        offset += tensor.numel()
-    return flat
 
 
 class SharedWeights:

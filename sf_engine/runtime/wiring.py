@@ -2,12 +2,12 @@
 read (and grep) who talks to whom. Queues carry small messages only, never trajectory data.
 
   queue              sender                  receiver                 carries
-  policy_requests    rollout workers         policy worker            (worker, token, slot, row)
+  policy_requests    rollout workers         policy worker            InferenceRequest (worker, token, slot, row)
   actions_ready[w]   policy worker           rollout worker w         tokens: actions written (a ReplyPipe)
   full_slots         rollout workers,        learner                  index of a filled trajectory slot
                      receiver
-  free_slots         learner, supervisor     rollout workers,         index of a slot that may be filled
-                                             receiver
+  free_slots         SlotPool: learner,      rollout workers,         index of a slot that may be filled
+                     supervisor, receiver    receiver
   stats              every role              main process (RunStats)  sf_engine.stats.messages dataclasses
   weights[reader, p] learner                 policy worker, evaluator, policy p's shared weight vector (SharedWeights)
                                              receiver
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from faster_fifo import Queue
 
@@ -28,7 +29,7 @@ _QUEUE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
-class Role:
+class RoleSpec:
     """What the plumbing needs to know of a role. `cls`: "module:Class", imported in the process that
     runs it (rollout workers never import torch) and built from a RoleContext; `heartbeat`: its entry in
     the shared heartbeat array (rollout worker w: HEARTBEAT_WORKERS + w); `step_timeout_sec`: how long
@@ -44,17 +45,22 @@ class Role:
 
 HEARTBEAT_WORKERS = HEARTBEAT_ROLES  # heartbeat entries before the rollout workers' (shared_buffers.buffer_layout)
 ROLES = {
-    "learner": Role("sf_engine.roles.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
-    "policy_worker": Role("sf_engine.roles.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
-    "evaluator": Role("sf_engine.roles.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
-    "rollout_worker": Role("sf_engine.roles.rollout_worker:RolloutWorker", None, 0.1, 0),
-    "receiver": Role("sf_engine.scaleout.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
+    "learner": RoleSpec("sf_engine.roles.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
+    "policy_worker": RoleSpec("sf_engine.roles.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
+    "evaluator": RoleSpec("sf_engine.roles.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
+    "rollout_worker": RoleSpec("sf_engine.roles.rollout_worker:RolloutWorker", None, 0.1, 0),
+    "receiver": RoleSpec("sf_engine.scaleout.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
 }
 
 
-def role_class(role: str):
-    module, _, name = ROLES[role].cls.partition(":")
+def import_class(path: str):
+    """The class a "module:Class" path names, imported now (a role's, an algorithm's)."""
+    module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def role_class(role: str):
+    return import_class(ROLES[role].cls)
 
 
 def heartbeat_index(role: str, index: int = 0) -> int:
@@ -75,6 +81,16 @@ def roles_of(cfg) -> list:
 def weight_readers(cfg) -> tuple:
     """The roles of a run that read the shared weights (the learner sends each the shared vector)."""
     return tuple(role for role, _ in roles_of(cfg) if role in WEIGHT_READERS)
+
+
+class InferenceRequest(NamedTuple):
+    """A rollout worker's request on policy_requests: actions for the obs its split `token` (generation x
+    splits + split) wrote at [slot, row]; the policy worker replies `token` on actions_ready[worker]."""
+
+    worker: int
+    token: int
+    slot: int
+    row: int
 
 
 @dataclass

@@ -18,6 +18,7 @@ place, and this receiver sends it the weights and goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -26,18 +27,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.role import StageTimer
+from sf_engine.runtime.slot_pool import WRITING, SlotPool
 from sf_engine.scaleout.slot_transport import ROWS_KEY, PayloadError, unpack_slot
-from sf_engine.stats.messages import Episodes, Inference, RemoteNodes
+from sf_engine.stats.messages import Episodes, Inference, RemoteFigures, RemoteNodes
+from sf_engine.stats.stages import ReceiverStage, StageTimer
 
 COLLECTS_IN_FLIGHT = 2  # calls open per actor: it samples the next slots while this one moves the last
 REPORT_EVERY_SEC = 1.0
 CLOSE_TIMEOUT_SEC = 4.0  # within the supervisor's stop timeout
 RETRY_AFTER_SEC = 1.0  # a lost actor's next call, while Ray starts its successor
 MAX_CONSECUTIVE_FAILURES = 3  # calls in a row raising in one actor: the receiver fails (the supervisor counts it)
-SLOT_POLL_SEC = 0.0005  # how often a backlog with nothing else to do looks for a free slot
-WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)
 STEPPED, PLACED, DROPPED = range(3)  # columns of remote_books
 
 
@@ -51,7 +50,7 @@ def remote_books_at_stop(books) -> tuple:
 @dataclass
 class RemoteSampler:
     """One sampler actor as the receiver sees it. `stepped`/`returned`: env steps the current incarnation
-    reported stepped / returned in slots; `figures`: the cumulative ones sent in RemoteNodes."""
+    reported stepped / returned in slots."""
 
     index: int
     actor: object
@@ -64,24 +63,10 @@ class RemoteSampler:
     lost_at: float | None = None  # when a call to it failed, until an incarnation answers again
     retry_at: float = 0.0
     failures: int = 0  # calls in a row that raised in the actor
-    figures: dict = field(
-        default_factory=lambda: {
-            "host": None,
-            "node": None,
-            "pid": None,
-            "slots": 0,
-            "restarts": 0,
-            "recovery_sec": None,
-            "lag_sum": 0.0,
-            "lag_count": 0,
-            "lag_max": 0,
-            "sample_sec": 0.0,
-            "fetch_sec": 0.0,
-            "write_sec": 0.0,
-            "forwards": 0,
-            "forward_samples": 0,
-        }
-    )
+    figures: RemoteFigures = None  # the cumulative ones sent in RemoteNodes
+
+    def __post_init__(self):
+        self.figures = self.figures or RemoteFigures(self.index)
 
 
 class Receiver:
@@ -90,6 +75,7 @@ class Receiver:
 
         cfg = ctx.cfg
         self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
+        self.pool = SlotPool(ctx.buffers, ctx.queues)
         self.num_local = cfg.sampler.num_workers
         self.books = self.buffers.remote_books
         self._close_books_of_a_predecessor()
@@ -112,7 +98,7 @@ class Receiver:
         self.held_versions = np.full(len(self.weights), -1, np.int64)
         self.weights_object, self.weights_versions_sent, self.weights_bytes = None, 0, 0
         self.backlog: deque = deque()  # (sampler index, payload) fetched, waiting for a free local slot
-        self.timer = StageTimer("wait_remote", "fetch", "wait_slot", "write_slots", "publish_weights")
+        self.timer = StageTimer(*ReceiverStage)
         self.last_report = time.monotonic()
 
     def describe(self) -> str:
@@ -132,11 +118,11 @@ class Receiver:
         self.timer.start()
         self.ctx.beat()
         if not all(weights.connect("receiver", timeout_sec) for weights in self.weights):
-            self.timer.lap("wait_remote")
+            self.timer.lap(ReceiverStage.WAIT_REMOTE)
             return
         if len(self.backlog) < self.backlog_limit:
             self._call_actors()
-        self.timer.lap("publish_weights")
+        self.timer.lap(ReceiverStage.PUBLISH_WEIGHTS)
         open_calls = {call: sampler for sampler in self.samplers for call in sampler.calls}
         took = False
         if open_calls:
@@ -144,7 +130,7 @@ class Receiver:
             ready, _ = ray.wait(list(open_calls), num_returns=1, timeout=wait, fetch_local=False)
             if ready:  # and every other call that is done by now
                 ready, _ = ray.wait(list(open_calls), num_returns=len(open_calls), timeout=0, fetch_local=False)
-            self.timer.lap("wait_remote")
+            self.timer.lap(ReceiverStage.WAIT_REMOTE)
             ready = set(ready)
             for sampler in self.samplers:  # each actor's calls in the order they were sent
                 for call in [c for c in sampler.calls if c in ready]:
@@ -152,9 +138,9 @@ class Receiver:
                         sampler.calls.remove(call)
                         self._take(sampler, call)
                         took = True
-            self.timer.lap("fetch")
+            self.timer.lap(ReceiverStage.FETCH)
         self._place(0 if took else timeout_sec)
-        self.timer.lap("write_slots")
+        self.timer.lap(ReceiverStage.WRITE_SLOTS)
         if time.monotonic() - self.last_report > REPORT_EVERY_SEC:
             self.report()
 
@@ -213,7 +199,7 @@ class Receiver:
             self._call_failed(sampler, "failed (Ray starts it again)")
             return
         figures = sampler.figures
-        figures["fetch_sec"] += time.perf_counter() - started
+        figures.fetch_sec += time.perf_counter() - started
         self._heard_from(sampler, result["identity"])
         if result.get("needs_weights"):  # an incarnation that started after the weights went out
             sampler.weights_sent = None
@@ -221,7 +207,7 @@ class Receiver:
         sampler.stepped = result["env_steps"]
         self.books[sampler.index, STEPPED] = sampler.stepped_before + sampler.stepped
         self.buffers.env_steps[self.num_local + sampler.index] = self.books[sampler.index, STEPPED]
-        figures["sample_sec"] += result["sample_sec"]
+        figures.sample_sec += result["sample_sec"]
         for payload in result["payloads"]:
             sampler.returned += self._steps_of(payload)
             self.backlog.append((sampler.index, payload))
@@ -236,7 +222,7 @@ class Receiver:
             logging.warning(
                 "sampler actor %d on %s %s; its next call in %g s",
                 sampler.index,
-                sampler.figures["host"],
+                sampler.figures.host,
                 how,
                 RETRY_AFTER_SEC,
             )
@@ -255,19 +241,19 @@ class Receiver:
             self.books[sampler.index, DROPPED] += dropped
             sampler.stepped_before += sampler.stepped
             sampler.stepped = sampler.returned = 0
-            figures["restarts"] += 1
+            figures.restarts += 1
             since = sampler.lost_at if sampler.lost_at is not None else time.monotonic()
-            figures["recovery_sec"] = round(time.monotonic() - since, 2)
+            figures.recovery_sec = round(time.monotonic() - since, 2)
             logging.warning(
                 "sampler actor %d back on %s after %.1f s (pid %d); %d env steps its predecessor had not sent dropped",
                 sampler.index,
                 identity["host"],
-                figures["recovery_sec"],
+                figures.recovery_sec,
                 identity["pid"],
                 dropped,
             )
         sampler.identity, sampler.lost_at = identity, None
-        figures.update({key: identity[key] for key in ("host", "node", "pid")})
+        figures.host, figures.node, figures.pid = identity["host"], identity["node"], identity["pid"]
 
     def _steps_of(self, payload) -> int:
         try:
@@ -283,21 +269,16 @@ class Receiver:
                 message.stages = self.timer.report("receiver")
                 self.ctx.send(message)
             elif isinstance(message, Inference):
-                sampler.figures["forwards"] += message.forwards
-                sampler.figures["forward_samples"] += message.samples
+                sampler.figures.forwards += message.forwards
+                sampler.figures.forward_samples += message.samples
 
     def _place(self, timeout_sec: float) -> None:
         """Write the backlog's slots into free local slots and hand them to the learner; polls at most
         `timeout_sec` for a first free slot (never waits on the shared queue: see ipc)."""
-        deadline = time.monotonic() + timeout_sec
-        while self.backlog:
-            free = get_many(self.queues.free_slots, 0, max_messages=len(self.backlog))
-            if free or time.monotonic() >= deadline:
-                break
-            time.sleep(SLOT_POLL_SEC)
-        else:
+        if not self.backlog:
             return
-        self.timer.lap("wait_slot")
+        free = self.pool.take_free(len(self.backlog), timeout_sec)
+        self.timer.lap(ReceiverStage.WAIT_SLOT)
         for slot in free:
             self._write(slot, *self.backlog.popleft())
 
@@ -312,15 +293,14 @@ class Receiver:
         except PayloadError as exc:
             logging.error("sampler actor %d: a slot refused (%s); its env steps are dropped", index, exc)
             self.books[index, DROPPED] += self._steps_of(payload)
-            self.buffers.slot_owner[slot] = -1
-            self.queues.free_slots.put(slot)
+            self.pool.recycle([slot])
             return
         self.buffers.slot_owner[slot] = -1
         self.queues.full_slots.put(slot)
         self.books[index, PLACED] += steps
         self._book_lag(sampler, payload)
-        sampler.figures["slots"] += 1
-        sampler.figures["write_sec"] += time.perf_counter() - started
+        sampler.figures.slots += 1
+        sampler.figures.write_sec += time.perf_counter() - started
 
     def _book_lag(self, sampler: RemoteSampler, payload: dict) -> None:
         """Lag at arrival: the acting policy's version now minus the version that acted, over valid steps."""
@@ -329,20 +309,19 @@ class Receiver:
         lag = (self.held_versions[policy] - versions)[valid]
         if lag.size:
             figures = sampler.figures
-            figures["lag_sum"] += float(lag.sum())
-            figures["lag_count"] += int(lag.size)
-            figures["lag_max"] = max(figures["lag_max"], int(lag.max()))
+            figures.lag_sum += float(lag.sum())
+            figures.lag_count += int(lag.size)
+            figures.lag_max = max(figures.lag_max, int(lag.max()))
 
     # --- reports and the end ----------------------------------------------------------------------
     def report(self) -> None:
         nodes = [
-            {
-                "sampler": s.index,
-                **s.figures,
-                "stepped": int(self.books[s.index, STEPPED]),
-                "placed": int(self.books[s.index, PLACED]),
-                "dropped": int(self.books[s.index, DROPPED]),
-            }
+            dataclasses.replace(
+                s.figures,
+                stepped=int(self.books[s.index, STEPPED]),
+                placed=int(self.books[s.index, PLACED]),
+                dropped=int(self.books[s.index, DROPPED]),
+            )
             for s in self.samplers
         ]
         self.ctx.send(RemoteNodes(self.timer.report("receiver"), nodes, self.weights_versions_sent, self.weights_bytes))

@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from sf_engine.runtime.ipc import drain, get_many
-from sf_engine.runtime.role import RoleContext
+from sf_engine.runtime.role import InProcessRoles
 from sf_engine.runtime.shared_buffers import SharedBuffers
+from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
-from sf_engine.runtime.wiring import make_queues, role_class
+from sf_engine.runtime.wiring import make_queues
 from sf_engine.scaleout.slot_transport import pack_slot
 
 STEPS_PER_COLLECT = 100_000  # steps of the roles before collect gives up on filling a slot
@@ -33,19 +34,16 @@ class SamplerNode:
         self.buffers = SharedBuffers.create(shm_path, plan.layout)
         try:
             self.queues = make_queues(cfg.sampler.num_workers, num_policies=self.num_acting)
-            self.queues.free_slots.put_many(list(range(cfg.num_slots)))
+            SlotPool(self.buffers, self.queues).fill()
             self.weights = [SharedWeights(self.buffers, self.queues.weights, p) for p in range(self.num_acting)]
-            context = lambda role, index: RoleContext(plan, role, index, self.buffers, self.queues)  # noqa: E731
-            self.policy_worker = role_class("policy_worker")(context("policy_worker", 0))
-            self.workers = [
-                role_class("rollout_worker")(context("rollout_worker", w)) for w in range(cfg.sampler.num_workers)
-            ]
+            places = [("policy_worker", 0)] + [("rollout_worker", w) for w in range(cfg.sampler.num_workers)]
+            self.roles = InProcessRoles(plan, self.buffers, self.queues, places)
         except BaseException:
             self.buffers.release()
             raise
 
     def set_weights(self, policy: int, params: np.ndarray, version: int) -> None:
-        """Publish `params` (a policy's flat state vector, see weights.flatten_state) as `version` of
+        """Publish `params` (a policy's flat state vector, see sf_engine.model.kernels.flatten_state) as `version` of
         acting policy `policy`; the policy worker acts with it from its next step."""
         import torch
 
@@ -68,20 +66,16 @@ class SamplerNode:
             raise RuntimeError("set_weights for every acting policy before collecting")
         full = []
         for _ in range(STEPS_PER_COLLECT):
-            for worker in self.workers:
-                worker.step(0)
-            self.policy_worker.step(0)
+            self.roles.step()
             full += get_many(self.queues.full_slots, 0)
             if len(full) >= count:
                 break
         payloads = [pack_slot(self.buffers, slot) for slot in full]
-        self.buffers.take_rows(full)
-        self.queues.free_slots.put_many(full)
+        SlotPool(self.buffers, self.queues).recycle(full)
         return payloads, drain(self.queues.stats)
 
     def close(self) -> None:
         try:
-            for role in self.workers + [self.policy_worker]:
-                role.close()
+            self.roles.close()
         finally:
             self.buffers.release()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sf_engine.algo.batch import SLOT_FIELDS
 from sf_engine.runtime.shared_buffers import slot_fields
 
 ROWS_KEY = "rows"  # the env-step rows written into the slot (slot_rows)
@@ -37,7 +38,7 @@ def pack_slot(buffers, slot: int) -> dict:
     return payload
 
 
-_FLOATS = ("log_probs", "values", "rewards", "rnn_states")  # a NaN here would poison a whole batch
+_FINITE = tuple(field.name for field in SLOT_FIELDS if field.finite)  # a NaN here would poison a whole batch
 
 
 def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = None, owner: int = -1) -> int:
@@ -98,6 +99,6 @@ def _check_values(buffers, payload: dict, latest_version) -> None:
             raise PayloadError(
                 f"slot payload holds policy ids {ids.min()}..{ids.max()}; this run has 0..{policies - 1}"
             )
-    for name in _FLOATS:
+    for name in _FINITE:
         if name in payload and not np.isfinite(payload[name]).all():
             raise PayloadError(f"slot payload field {name!r} holds a value that is not finite")

@@ -1,14 +1,16 @@
 """Which stage binds a run, and the knob to turn: a pure function of per-role stage seconds.
 
-Runs in the runner, over the stage seconds that the roles accumulated during a window of wall time
-(see each role's `stage_sec`). The learner's and the policy worker's busy fractions are the window
-less their waiting: the learner reports once per training batch, so its latest batch may still be
-running when the window closes.
+Runs in the runner, over the stage seconds that the roles accumulated during a window of wall time,
+read by the stage names they book to (sf_engine.stats.stages). The learner's and the policy worker's busy
+fractions are the window less their waiting: the learner reports once per training batch, so its latest
+batch may still be running when the window closes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from sf_engine.stats.stages import InferenceStage, LearnerStage, ReceiverStage, WorkerStage
 
 BUSY = 0.8  # a role busier than this is saturated
 NEVER_WAITS = 0.95  # a learner this busy trains back to back: it sets the pace whatever the others do
@@ -37,15 +39,18 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     remote = (
         {}
         if receiver is None
-        else {"receiver_busy": 1.0 - (receiver.get("wait_remote", 0.0) + receiver.get("wait_slot", 0.0)) / window}
+        else {
+            "receiver_busy": 1.0
+            - (receiver.get(ReceiverStage.WAIT_REMOTE, 0.0) + receiver.get(ReceiverStage.WAIT_SLOT, 0.0)) / window
+        }
     )
     return remote | {
-        "learner_busy": 1.0 - learner.get("wait_data", 0.0) / window if learner else 0.0,
-        "learner_wait_data": learner.get("wait_data", 0.0) / window,
-        "inference_busy": 1.0 - policy.get("wait_requests", 0.0) / window if policy else 0.0,
-        "workers_env_step": _mean([w.get("env_step", 0.0) for w in workers]) / window,
-        "workers_wait_actions": _mean([w.get("wait_actions", 0.0) for w in workers]) / window,
-        "workers_wait_slot": _mean([w.get("wait_slot", 0.0) for w in workers]) / window,
+        "learner_busy": 1.0 - learner.get(LearnerStage.WAIT_DATA, 0.0) / window if learner else 0.0,
+        "learner_wait_data": learner.get(LearnerStage.WAIT_DATA, 0.0) / window,
+        "inference_busy": 1.0 - policy.get(InferenceStage.WAIT_REQUESTS, 0.0) / window if policy else 0.0,
+        "workers_env_step": _mean([w.get(WorkerStage.ENV_STEP, 0.0) for w in workers]) / window,
+        "workers_wait_actions": _mean([w.get(WorkerStage.WAIT_ACTIONS, 0.0) for w in workers]) / window,
+        "workers_wait_slot": _mean([w.get(WorkerStage.WAIT_SLOT, 0.0) for w in workers]) / window,
     }
 
 

@@ -116,13 +116,38 @@ class Fault:
 
 
 @dataclass
+class RemoteFigures:
+    """One sampler actor's figures since the run started (cumulative), as the receiver keeps them: its
+    `host`, Ray `node` and `pid` (the latest incarnation's), `slots` placed here, `restarts`, `recovery_sec`
+    (from a loss to its successor's first reply, the latest), the lag of its slots at arrival (`lag_sum`,
+    `lag_count`, `lag_max`), seconds spent `sample_sec` (the actor collecting), `fetch_sec` (moving its slots
+    out of the object store) and `write_sec` (into local slots), its policy worker's `forwards` and
+    `forward_samples`, and env steps `stepped` (as it reported them), `placed` in local slots and `dropped`
+    with a lost actor."""
+
+    sampler: int
+    host: str | None = None
+    node: str | None = None
+    pid: int | None = None
+    slots: int = 0
+    restarts: int = 0
+    recovery_sec: float | None = None
+    lag_sum: float = 0.0
+    lag_count: int = 0
+    lag_max: int = 0
+    sample_sec: float = 0.0
+    fetch_sec: float = 0.0
+    write_sec: float = 0.0
+    forwards: int = 0
+    forward_samples: int = 0
+    stepped: int = 0
+    placed: int = 0
+    dropped: int = 0
+
+
+@dataclass
 class RemoteNodes:
-    """Receiver: every sampler actor's figures since the run started (cumulative), one dict each: its
-    `host`, Ray `node` and `pid` (the latest incarnation's), env steps `stepped` (as it reported them), `placed` in
-    local slots and `dropped` with a lost actor, `slots`, `restarts`, `recovery_sec` (loss to the first slot of its
-    successor, the latest), the lag of its slots at arrival (`lag_sum`, `lag_count`, `lag_max`), and seconds spent
-    `sample_sec` (the actor collecting), `fetch_sec` (moving its slots out of the object store) and `write_sec` (into
-    local slots)."""
+    """Receiver: every sampler actor's RemoteFigures, and the weights it sent them (versions, bytes)."""
 
     stages: Stages
     nodes: list

@@ -30,6 +30,21 @@ def write_json_atomic(path: str, data: dict) -> None:
 
 def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     """TensorBoard tag -> value of everything known now."""
+    out = _run_scalars(stats, cfg, frameskip)
+    out.update(_episode_scalars(stats))
+    if stats.training:
+        out.update(_training_scalars(stats.training))
+    out.update(_policy_scalars(stats, cfg))
+    out.update(_remote_scalars(stats))
+    if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
+        for member, hyper in enumerate(stats.pbt.hyperparameters):
+            out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
+        out.update({"pbt/rounds": stats.pbt.round, "pbt/exploits": len(stats.pbt_exploits)})
+    return out
+
+
+def _run_scalars(stats: RunStats, cfg, frameskip: int) -> dict:
+    """The run's throughput, sample books and faults."""
     rate = stats.throughput.rate
     out = {
         "perf/env_steps_per_sec_10s": rate(10.0),
@@ -48,34 +63,52 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
         out["perf/sample_reuse"] = (
             stats.books.trained * cfg.learner.num_epochs / (stats.env_steps - stats.env_steps_base)
         )
+    return out
+
+
+def _episode_scalars(stats: RunStats) -> dict:
+    """The training episodes' returns, lengths and the env's own stats, then the last evaluation's."""
+    out = {}
     if stats.returns:
         out["episode/return"] = stats.return_mean
         out["episode/length"] = sum(stats.lengths) / len(stats.lengths)
     out.update({f"episode/{name}": value for name, value in stats.extra_means.items()})
-    if stats.evaluation:
+    evaluation = stats.evaluation
+    if evaluation:
         out.update(
             {
-                "eval/return_mean": stats.evaluation.return_mean,
-                "eval/return_best": stats.evaluation.best,
-                "eval/length_mean": stats.evaluation.length_mean,
+                "eval/return_mean": evaluation.return_mean,
+                "eval/return_best": evaluation.best,
+                "eval/length_mean": evaluation.length_mean,
             }
         )
-        if stats.evaluation.win_rate is not None:
+        if evaluation.win_rate is not None:
             out.update(
                 {
-                    "eval/win_rate_vs_random": stats.evaluation.win_rate,
-                    "eval/draw_rate_vs_random": stats.evaluation.draw_rate,
-                    "eval/loss_rate_vs_random": stats.evaluation.loss_rate,
+                    "eval/win_rate_vs_random": evaluation.win_rate,
+                    "eval/draw_rate_vs_random": evaluation.draw_rate,
+                    "eval/loss_rate_vs_random": evaluation.loss_rate,
                 }
             )
-    train = stats.training
-    if train:
-        out.update(
-            {"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max}
-        )
-        out.update({f"train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
-        out.update({"train/learning_rate": train.learning_rate, "train/version": train.version})
-    for figures in _trained_policies(stats, cfg):  # each policy's own
+    return out
+
+
+def _training_scalars(train) -> dict:
+    """The learner's latest figures: policy lag, losses, learning rate and version."""
+    out = {"policy_lag/min": train.lag_min, "policy_lag/mean": train.lag_mean, "policy_lag/max": train.lag_max}
+    out.update(_losses(train, "train/"))
+    out.update({"train/learning_rate": train.learning_rate, "train/version": train.version})
+    return out
+
+
+def _losses(train, prefix: str) -> dict:
+    return {f"{prefix}{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses}
+
+
+def _policy_scalars(stats: RunStats, cfg) -> dict:
+    """--num_policies > 1: each trained policy's own figures, under policy_N/."""
+    out = {}
+    for figures in _trained_policies(stats, cfg):
         prefix, train = f"policy_{figures['policy']}/", stats.policy_training.get(figures["policy"])
         out.update(
             {
@@ -93,8 +126,14 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
             }
         )
         if train:
-            out.update({f"{prefix}train/{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses})
-    for node in stats.remote_figures():  # --num_remote_samplers: each sampler actor's own
+            out.update(_losses(train, f"{prefix}train/"))
+    return out
+
+
+def _remote_scalars(stats: RunStats) -> dict:
+    """--num_remote_samplers: each sampler actor's own figures, under remote_N/."""
+    out = {}
+    for node in stats.remote_figures():
         prefix = f"remote_{node['sampler']}/"
         out.update(
             {
@@ -106,10 +145,6 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
         )
         if node["lag_mean"] is not None:
             out[prefix + "policy_lag_mean"] = node["lag_mean"]
-    if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
-        for member, hyper in enumerate(stats.pbt.hyperparameters):
-            out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
-        out.update({"pbt/rounds": stats.pbt.round, "pbt/exploits": len(stats.pbt_exploits)})
     return out
 
 

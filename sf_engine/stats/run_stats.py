@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sf_engine.stats import messages as msg
 from sf_engine.stats.bottleneck import diagnose, subtract
+from sf_engine.stats.rates import RateWindow
 
 WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
 WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
@@ -26,15 +27,13 @@ class Throughput:
 
     def __init__(self, env_steps_base: int):
         self.base = env_steps_base
-        self.history: deque = deque()  # (time, env steps, learner samples), last 60 s
+        self.counts = RateWindow(60.0)  # (env steps, learner samples) over the last 60 s
         self.first_step_time = None
-        self.warmup = self.window_start = self.stopped_at = None  # (time, env steps, ...)
+        self.warmup = self.window_start = self.stopped_at = None  # (time, env steps)
         self.window_rates: deque = deque(maxlen=1000)
 
     def sample(self, now: float, env_steps: int, learner_samples: int) -> None:
-        self.history.append((now, env_steps, learner_samples))
-        while now - self.history[0][0] > 60.0:
-            self.history.popleft()
+        self.counts.add(now, (env_steps, learner_samples))
         if self.first_step_time is None and env_steps > self.base:
             self.first_step_time = now
         elif self.warmup is None and self.first_step_time and now - self.first_step_time >= WARMUP_SEC:
@@ -43,20 +42,22 @@ class Throughput:
             self.window_rates.append((env_steps - self.window_start[1]) / (now - self.window_start[0]))
             self.window_start = (now, env_steps)
 
+    def latest(self) -> tuple:
+        """(time, env steps) of the newest sample."""
+        now, (env_steps, _) = self.counts.samples[-1]
+        return now, env_steps
+
     def rate(self, window_sec: float, column: int = 1) -> float:
         """Per second over the last `window_sec`: env steps (column 1) or learner samples (column 2)."""
-        if not self.history:
-            return 0.0
-        now, newest = self.history[-1][0], self.history[-1]
-        oldest = next((h for h in self.history if now - h[0] <= window_sec), newest)
-        return (newest[column] - oldest[column]) / (newest[0] - oldest[0]) if newest[0] > oldest[0] else 0.0
+        return self.counts.rate(window_sec, column - 1)
 
     def env_steps_per_sec(self) -> float:
         """From the end of warm-up to the stop (from the first env step when the run was too short)."""
-        end_time, end_steps = (self.stopped_at or self.history[-1])[:2]
+        end_time, end_steps = self.stopped_at or self.latest()
         start = self.warmup if self.warmup and end_time - self.warmup[0] >= WINDOW_SEC else None
         if start is None and self.first_step_time is not None:
-            start = (self.first_step_time, next(h[1] for h in self.history if h[0] >= self.first_step_time))
+            first = next(counts[0] for at, counts in self.counts.samples if at >= self.first_step_time)
+            start = (self.first_step_time, first)
         if start is None or end_time <= start[0]:
             return 0.0
         return (end_steps - start[1]) / (end_time - start[0])
@@ -118,7 +119,7 @@ class RunStats:
         self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
         self.evaluation: msg.Evaluation | None = None
         self.remote: msg.RemoteNodes | None = None  # --num_remote_samplers: the receiver's latest report
-        self.remote_history: deque = deque()  # (time, env steps each sampler actor stepped), last 60 s
+        self.remote_steps = RateWindow(60.0)  # env steps each sampler actor stepped, last 60 s
         self.checkpoint_path = None
         self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
         self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
@@ -255,31 +256,22 @@ class RunStats:
     def _remote(self, m: msg.RemoteNodes) -> None:
         self.remote = m
         self.stages[m.stages.role] = m.stages
-        now = time.monotonic()
-        self.remote_history.append((now, [node["stepped"] for node in m.nodes]))
-        while now - self.remote_history[0][0] > 60.0:
-            self.remote_history.popleft()
+        self.remote_steps.add(time.monotonic(), tuple(node.stepped for node in m.nodes))
 
     def remote_figures(self) -> list:
-        """--num_remote_samplers: each sampler actor's figures, with its env steps/s over the last 10 s
-        and its mean lag at arrival."""
+        """--num_remote_samplers: each sampler actor's figures (RemoteFigures as a dict), with its env
+        steps/s over the last 10 s and its mean lag at arrival."""
         if self.remote is None:
             return []
-        now, newest = self.remote_history[-1]
-        oldest = next((h for h in self.remote_history if now - h[0] <= 10.0), self.remote_history[-1])
-        span = now - oldest[0]
-        figures = []
-        for i, node in enumerate(self.remote.nodes):
-            rate = (newest[i] - oldest[1][i]) / span if span > 0 else 0.0
-            lag = node["lag_sum"] / node["lag_count"] if node["lag_count"] else None
-            figures.append(
-                {
-                    **{k: v for k, v in node.items() if k != "lag_sum"},
-                    "env_steps_per_sec_10s": round(rate, 1),
-                    "lag_mean": lag,
-                }
-            )
-        return figures
+        rates = self.remote_steps.rates(10.0)
+        return [
+            {
+                **{k: v for k, v in vars(node).items() if k != "lag_sum"},
+                "env_steps_per_sec_10s": round(rate, 1),
+                "lag_mean": node.lag_sum / node.lag_count if node.lag_count else None,
+            }
+            for node, rate in zip(self.remote.nodes, rates)
+        ]
 
     def _checkpoint(self, m: msg.CheckpointWritten) -> None:
         self.checkpoint_path = m.path
@@ -321,7 +313,7 @@ class RunStats:
         while the processes wind down still count in env_steps)."""
         self.sample()
         self.stopped = True
-        self.throughput.stopped_at = self.throughput.history[-1]
+        self.throughput.stopped_at = self.throughput.latest()
 
     def finish(self) -> None:
         """After the stop: a run shorter than one bottleneck window is judged whole."""

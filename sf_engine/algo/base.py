@@ -1,0 +1,73 @@
+"""The seam between the learner role and a learning algorithm.
+
+The learner role (sf_engine.roles.learner) gathers whole trajectory slots into a TrajectoryBatch, and
+for each policy of the run hands its algorithm the batch and the samples it may train on (`keep`: the
+policy's own, valid, within the lag bound). The algorithm trains its model and returns a TrainResult;
+the role then publishes the algorithm's `params` (the model's whole state as one flat vector) as the
+policy's next version, frees the slots and writes checkpoints of `state()`. Version tags, lag, shared
+weights, checkpoints on disk and PBT's rounds stay with the role: an algorithm is the maths and its
+training state.
+
+An algorithm is a class under sf_engine.algo built as `cls(cfg, spec, device, hooks)` (the resolved
+Config, the EnvSpec, a torch.device, TrainingHooks) and listed in sf_engine.config.groups.ALGORITHMS,
+whose name --algo picks. PPO (sf_engine.algo.ppo) is the first; docs/internals.md says how to add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from sf_engine.algo.batch import TrajectoryBatch
+
+
+@dataclass(frozen=True)
+class TrainingHooks:
+    """What an algorithm may ask of the process that hosts it: the run's env steps so far (schedules), a
+    sign of life between minibatches (the supervisor restarts a silent process), whether the run is
+    stopping (skip the rest of an update)."""
+
+    env_steps: Callable[[], int] = lambda: 0
+    beat: Callable[[], None] = lambda: None
+    stopping: Callable[[], bool] = lambda: False
+
+
+@dataclass
+class TrainResult:
+    """One training iteration of one policy: samples trained, and the mean of each loss statistic over
+    its optimizer steps (policy_loss, value_loss, entropy, approx_kl, clip_fraction, grad_norm for PPO)."""
+
+    samples: int
+    losses: dict = field(default_factory=dict)
+
+
+class Algorithm(Protocol):
+    """One policy's learning algorithm, hosted by the learner role."""
+
+    params: Tensor  # the model's whole state as one flat float32 vector: what the role publishes
+    model: object  # the torch module whose state `params` is (its forward is the policy worker's)
+
+    def train(self, batch: TrajectoryBatch, keep: Tensor) -> TrainResult:
+        """Train on the samples of `batch` that `keep` [T, N] marks; `params` holds the new weights after."""
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate in force (reported with each batch)."""
+
+    def state(self) -> dict:
+        """Tensors and plain data to checkpoint (the role adds the version)."""
+
+    def load(self, state: dict, source: str) -> None:
+        """Take back a checkpoint's state of this policy (`source`: where it came from, for the log)."""
+
+    def hyperparameters(self) -> dict:
+        """The hyperparameters PBT explores (sf_engine.algo.pbt.HYPERPARAMETERS), as in force."""
+
+    def set_hyperparameters(self, hyper: dict) -> None:
+        """PBT's explore: this member's own hyperparameters from now on."""
+
+    def copy_from(self, other: Algorithm) -> None:
+        """PBT's exploit: `other`'s weights and optimizer state (this one's learning rate kept)."""

@@ -1,0 +1,384 @@
+"""PPO, the first learning algorithm behind the learner's seam (sf_engine.algo.base): one policy's model,
+optimizer and hyperparameters; its advantage targets (GAE, or V-trace with --with_vtrace) and clipped PPO
+epochs over the samples of a batch it may train on.
+
+Runs in the learner process on the run's device. A feed-forward policy trains on minibatches of single
+samples; a recurrent one on minibatches of whole --recurrence-long sequences, its core re-run from the
+state stored where each starts. CartPole's separate MLPs on the CPU train without autograd (the compiled
+forward, fused loss and backward: ActorCritic.loss_gradients).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from sf_engine.algo import pbt
+from sf_engine.algo.base import TrainingHooks, TrainResult
+from sf_engine.algo.batch import TrajectoryBatch
+from sf_engine.algo.ppo_loss import (
+    DiscretePPOLoss,
+    LossCoefficients,
+    discrete_loss_and_grads,
+    normalize,
+    ppo_losses,
+    sequence_index,
+)
+from sf_engine.algo.targets import gae, vtrace
+from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.kernels import FlatAdam, flatten_state
+
+LOSS_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
+
+
+@dataclass
+class Samples:
+    """The kept samples of a batch, flat [B, ...] (a feed-forward policy's minibatches pick rows): `obs`
+    key -> [B, *shape] (images as [H, W, C] rows), behaviour log-probs, advantage targets and returns;
+    `acting` [B] in turn-based games (float 0/1)."""
+
+    obs: dict
+    actions: torch.Tensor
+    log_probs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    acting: torch.Tensor | None = None
+
+
+@dataclass
+class Sequences(Samples):
+    """A batch cut into whole --recurrence-long sequences: every field [R, M, ...] (M sequences, see
+    sequence_index), with `keep` [R, M] (the samples trained on), `starts` [R, M] (episode starts) and
+    `states` [M, H] (the stored state each sequence starts from)."""
+
+    keep: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    states: torch.Tensor | None = None
+
+    def columns(self, picked: torch.Tensor) -> Sequences:
+        """Only the sequences `picked` (indices of M)."""
+        pick = lambda x: x.index_select(1, picked)  # noqa: E731  [R, M, ...] -> [R, M', ...]
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {
+            name: None if value is None else {k: pick(v) for k, v in value.items()} if name == "obs" else pick(value)
+            for name, value in fields.items()
+            if name != "states"
+        }
+        return Sequences(**out, states=self.states.index_select(0, picked))
+
+
+class Minibatch(NamedTuple):
+    """What the loss of one minibatch compares, over its kept samples [B]: the model's distribution
+    parameters and values, the actions taken, their behaviour log-probs, the advantage targets and
+    returns, and in turn-based games whether each sample's agent was to move."""
+
+    params: torch.Tensor
+    values: torch.Tensor
+    actions: torch.Tensor
+    old_log_probs: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    acting: torch.Tensor | None = None
+
+
+class PPO:
+    """One policy's PPO (sf_engine.algo.base.Algorithm): built from the resolved Config `cfg`, the env's
+    EnvSpec, the learner's torch device and the hooks of the process that hosts it."""
+
+    def __init__(self, cfg, spec, device, hooks: TrainingHooks = TrainingHooks()):
+        self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
+        self.model = ActorCritic(spec, cfg.model, cfg.run.bf16).to(device)
+        encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
+        self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
+        self.params = flatten_state(self.model)
+        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
+
+    # --- the seam (sf_engine.algo.base.Algorithm) ---------------------------------------------------
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def hyperparameters(self) -> dict:
+        return pbt.hyperparameters(self.lcfg)
+
+    def set_hyperparameters(self, hyper: dict) -> None:
+        """This member's own learning rate, entropy coefficient, gamma and clip ratio (PBT)."""
+        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        self._set_all_learning_rates(self.lcfg.learning_rate)
+
+    def copy_from(self, other: PPO) -> None:
+        """PBT's exploit: `other`'s weights (normalizer statistics included) and optimizer state."""
+        self.params.copy_(other.params)
+        lr = self.learning_rate
+        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
+        self._set_all_learning_rates(lr)
+
+    def load(self, state: dict, source: str) -> None:
+        """Weights and optimizer state from a checkpoint's state of this policy."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._set_all_learning_rates(self.lcfg.learning_rate)  # this run's --learning_rate, not the saved one
+        if self.cfg.policies.pbt and "hyperparameters" in state:  # a PBT member's own, as the population left them
+            self.set_hyperparameters(state["hyperparameters"])
+
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "hyperparameters": self.hyperparameters(),
+        }
+
+    def train(self, batch: TrajectoryBatch, keep: torch.Tensor) -> TrainResult:
+        """Targets of the whole batch, then PPO epochs over its samples that `keep` [T, N] marks (this
+        policy's, valid and within the lag bound)."""
+        advantages, returns = self._targets(batch)
+        index = keep.reshape(-1).nonzero().squeeze(1)
+        flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept
+        samples = Samples(
+            obs={
+                key: flat(value[:-1].permute(0, 1, 3, 4, 2) if key in self.chw_images else value[:-1])
+                for key, value in batch.obs.items()
+            },
+            actions=flat(batch.actions),
+            log_probs=flat(batch.log_probs),
+            advantages=flat(advantages),
+            returns=flat(returns),
+            acting=None if batch.acting is None else flat(batch.acting).float(),
+        )
+        losses = {}
+        if index.numel():
+            losses = (
+                self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
+                if self.model.recurrent
+                else self._ppo_epochs(samples)
+            )
+            # after the epochs: the behaviour log-probs were computed with the statistics in force
+            self.model.update_normalizers(samples.obs, samples.returns)
+        return TrainResult(int(index.numel()), losses)
+
+    # --- targets ------------------------------------------------------------------------------------
+    def _targets(self, batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and value targets [T, N]. GAE uses the behaviour values and the learner's value of
+        the bootstrap row (a recurrent core steps once from the state stored for it); V-trace
+        re-evaluates the whole batch with the current weights (a core is re-run over the rollout)."""
+        lcfg, model = self.lcfg, self.model
+        num_steps, num_traj = batch.rewards.shape
+        flat_obs = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.obs.items()}
+        last_obs = {k: v[-1] for k, v in batch.obs.items()}
+        with torch.no_grad():
+            if lcfg.with_vtrace and model.recurrent:  # from the stored first state
+                params, values, _ = model.forward_sequence(flat_obs, batch.rnn_states[0], batch.episode_start)
+            elif lcfg.with_vtrace:
+                params, values = model(flat_obs)
+            elif model.recurrent:  # GAE needs the learner's value of the bootstrap row only
+                state = batch.rnn_states[-1] * (~batch.episode_start[-1]).unsqueeze(-1)
+                _, values, _ = model(last_obs, state)
+            else:
+                values = model.values(last_obs)
+            values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
+            if not lcfg.with_vtrace:
+                values = torch.cat([batch.values, values[-1:]])
+                return gae(
+                    batch.rewards, values, batch.terminated, batch.dones, batch.valid, lcfg.gamma, lcfg.gae_lambda
+                )
+            actions = batch.actions.reshape(num_steps * num_traj, *batch.actions.shape[2:])
+            target_log_probs, _ = model.log_prob_entropy(params[: num_steps * num_traj], actions)
+            target_log_probs = target_log_probs.reshape(num_steps, num_traj)
+            if batch.acting is not None:  # a waiting agent's action changed nothing: no correction there
+                target_log_probs = torch.where(batch.acting, target_log_probs, batch.log_probs)
+            vs, advantages = vtrace(
+                batch.log_probs,
+                target_log_probs,
+                batch.rewards,
+                values,
+                batch.terminated,
+                batch.dones,
+                batch.valid,
+                lcfg.gamma,
+                lcfg.vtrace_rho_bar,
+                lcfg.vtrace_c_bar,
+            )
+            return advantages, vs
+
+    def _sequences(self, batch: TrajectoryBatch, keep, advantages, returns) -> Sequences:
+        """The batch cut into whole --recurrence-long sequences (see sequence_index), with the stored
+        state each sequence starts from."""
+        num_steps, num_traj = keep.shape
+        index = sequence_index(num_steps, num_traj, self.lcfg.recurrence).to(self.device)
+        cut = lambda x: x.reshape(num_steps * num_traj, *x.shape[2:])[index]  # noqa: E731
+        return Sequences(
+            obs={key: cut(value[:-1]) for key, value in batch.obs.items()},
+            actions=cut(batch.actions),
+            log_probs=cut(batch.log_probs),
+            advantages=cut(advantages),
+            returns=cut(returns),
+            acting=None if batch.acting is None else cut(batch.acting).float(),
+            keep=cut(keep),
+            starts=cut(batch.episode_start[:-1]),
+            states=batch.rnn_states[:-1].reshape(num_steps * num_traj, -1)[index[0]],
+        )
+
+    def _own_sequences(self, seq: Sequences) -> Sequences:
+        """With several policies: only the sequences holding a sample this policy keeps (the others'
+        are not re-run, and its minibatches count its own)."""
+        if self.cfg.policies.num_policies == 1:
+            return seq
+        return seq.columns(seq.keep.any(0).nonzero().squeeze(1))
+
+    # --- epochs -------------------------------------------------------------------------------------
+    def _set_all_learning_rates(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _scheduled_learning_rate(self) -> None:
+        if self.lcfg.lr_schedule == "linear":
+            fraction_left = max(0.0, 1.0 - self.hooks.env_steps() / self.cfg.run.train_for_env_steps)
+            self._set_all_learning_rates(self.lcfg.learning_rate * fraction_left)
+
+    @property
+    def coefficients(self) -> LossCoefficients:
+        lcfg = self.lcfg
+        return LossCoefficients(lcfg.ppo_clip_ratio, lcfg.value_loss_coeff, lcfg.entropy_coeff)
+
+    def _ppo_epochs(self, samples: Samples) -> dict:
+        """Feed-forward: minibatches of kept samples (flat [B, ...])."""
+
+        def minibatch(picked) -> Minibatch:
+            take = lambda x: x.index_select(0, picked)  # noqa: E731  (a row copy: faster than x[picked])
+            params, values = self.model(
+                {
+                    key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
+                    for key, obs in samples.obs.items()
+                }
+            )
+            return Minibatch(
+                params,
+                values,
+                take(samples.actions),
+                take(samples.log_probs),
+                take(samples.advantages),
+                take(samples.returns),
+                None if samples.acting is None else take(samples.acting),
+            )
+
+        if samples.acting is not None or not self.model.direct_gradients(samples.obs):
+            return self._optimize(samples.log_probs.numel(), self._autograd_gradients(minibatch))
+        coefficients = self.coefficients
+
+        def direct(picked):  # CartPole's model on the CPU: compiled forward, loss and backward, no autograd
+            if picked.numel() < 2:
+                return None
+            take = lambda x: x.index_select(0, picked)  # noqa: E731
+            actions, old_log_probs = take(samples.actions), take(samples.log_probs)
+            advantages = normalize(take(samples.advantages))
+            returns = self.model.normalize_returns(take(samples.returns))
+            self.optimizer.zero_grad()
+            return self.model.loss_gradients(
+                {key: take(obs) for key, obs in samples.obs.items()},
+                lambda logits, values: discrete_loss_and_grads(
+                    logits, values, actions, old_log_probs, advantages, returns, coefficients
+                )[1:],
+            )
+
+        return self._optimize(samples.log_probs.numel(), direct)
+
+    def _ppo_epochs_recurrent(self, seq: Sequences) -> dict:
+        """Recurrent: minibatches of whole sequences (`Sequences`); the core is re-run from where each
+        starts and the losses cover kept samples."""
+        recurrence = seq.keep.shape[0]
+
+        def minibatch(picked) -> Minibatch:
+            obs = {
+                key: value[:, picked].reshape(recurrence * len(picked), *value.shape[2:])
+                for key, value in seq.obs.items()
+            }
+            params, values, _ = self.model.forward_sequence(obs, seq.states[picked], seq.starts[:, picked])
+            kept = seq.keep[:, picked].reshape(-1).nonzero().squeeze(1)
+            pick = lambda x: x[:, picked].reshape(-1, *x.shape[2:])[kept]  # noqa: E731
+            return Minibatch(
+                params[kept],
+                values[kept],
+                pick(seq.actions),
+                pick(seq.log_probs),
+                pick(seq.advantages),
+                pick(seq.returns),
+                None if seq.acting is None else pick(seq.acting),
+            )
+
+        return self._optimize(seq.keep.shape[1], self._autograd_gradients(minibatch), unit=recurrence)
+
+    def _autograd_gradients(self, minibatch):
+        """gradients(indices) for _optimize, through autograd: minibatch(indices) is the Minibatch of
+        those samples or sequences."""
+
+        def gradients(picked):
+            batch = minibatch(picked)
+            if batch.values.numel() < 2:
+                return None
+            loss, stats = self._loss(batch)
+            self.optimizer.zero_grad()
+            loss.backward()
+            return stats
+
+        return gradients
+
+    def _minibatches(self, num_units: int, unit: int) -> int:
+        """Minibatches per epoch: --num_batches_per_epoch; with several policies, as many as this policy's
+        share of the batch fills at --batch_size samples each (`unit`: samples per unit), so that each
+        policy steps about once per --batch_size samples, as one policy alone does."""
+        lcfg = self.lcfg
+        if self.cfg.policies.num_policies == 1:
+            return lcfg.num_batches_per_epoch
+        return max(1, min(lcfg.num_batches_per_epoch, round(num_units * unit / lcfg.batch_size)))
+
+    def _optimize(self, num_units: int, gradients, unit: int = 1) -> dict:
+        """--num_epochs passes of minibatches (`_minibatches`) over `num_units` samples or sequences (of
+        `unit` samples), each a clipped PPO step: gradients(indices) puts the minibatch's loss gradients
+        into the optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped)."""
+        lcfg = self.lcfg
+        self._scheduled_learning_rate()
+        totals = torch.zeros(len(LOSS_STATS))
+        num_updates = 0
+        minibatches = self._minibatches(num_units, unit)
+        for _ in range(lcfg.num_epochs):
+            for picked in torch.randperm(num_units, device=self.device).tensor_split(minibatches):
+                if picked.numel() < 1 or self.hooks.stopping():  # a stopping run does not wait for epochs
+                    continue
+                self.hooks.beat()
+                stats = gradients(picked)
+                if stats is None:
+                    continue
+                grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
+                self.optimizer.step()
+                totals += torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
+                num_updates += 1
+        return {name: float(v) / max(num_updates, 1) for name, v in zip(LOSS_STATS, totals)}
+
+    def _loss(self, batch: Minibatch):
+        """(the PPO loss of a minibatch, its stats [policy loss, value loss, entropy, approx KL, clip
+        fraction]); categorical actions take the fused loss (DiscretePPOLoss). `batch.acting` (turn-based
+        games): the samples whose agent was to move, the only ones the policy's terms cover."""
+        model, coefficients = self.model, self.coefficients
+        advantages, returns = normalize(batch.advantages, batch.acting), model.normalize_returns(batch.returns)
+        if model.distribution.kind == "discrete" and batch.acting is None:
+            return DiscretePPOLoss.apply(
+                batch.params, batch.values, batch.actions, batch.old_log_probs, advantages, returns, coefficients
+            )
+        log_probs, entropy = model.log_prob_entropy(batch.params, batch.actions)
+        losses = ppo_losses(
+            log_probs,
+            batch.old_log_probs,
+            advantages,
+            batch.values,
+            returns,
+            entropy,
+            coefficients.clip_ratio,
+            weight=batch.acting,
+        )
+        policy_loss, value_loss, entropy_mean = losses[:3]
+        loss = policy_loss + coefficients.value_loss_coeff * value_loss - coefficients.entropy_coeff * entropy_mean
+        return loss, torch.stack([x.detach() for x in losses])

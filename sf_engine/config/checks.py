@@ -1,0 +1,159 @@
+"""The configuration's checks: `check_flags` rejects bad values before anything is measured,
+`check_resolved` bad combinations once every 'auto' is resolved (see sf_engine.run.plan). Each raises
+a ConfigError with one line naming the flag and the fix. Runs in the main process."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+def _check_sampler_nodes(cfg: Config) -> None:
+    """The remote group's flags, and --num_workers 0 only where sampler nodes sample."""
+    try:
+        cfg.remote.check(cfg.run.mode, cfg.policies.pbt)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    workers = cfg.sampler.num_workers
+    if workers != "auto" and workers < (0 if cfg.remote.num_remote_samplers else 1):
+        raise ConfigError(
+            f"--num_workers must be at least 1 (got {workers}); 0 only with "
+            f"--num_remote_samplers, where sampler nodes do all the sampling"
+        )
+
+
+def check_flags(cfg: Config) -> None:
+    """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
+    _check_counts(cfg)
+    _check_sampler_nodes(cfg)
+    _check_learner_values(cfg)
+    _check_rollout(cfg)
+    _check_run(cfg)
+
+
+def _check_counts(cfg: Config) -> None:
+    """Finite floats everywhere; counts of at least 1."""
+    s, lrn, run, model = cfg.sampler, cfg.learner, cfg.run, cfg.model
+    positive = {
+        "--worker_num_splits": s.worker_num_splits,
+        "--batch_size": lrn.batch_size,
+        "--num_batches_per_epoch": lrn.num_batches_per_epoch,
+        "--num_epochs": lrn.num_epochs,
+        "--keep_checkpoints": run.keep_checkpoints,
+        "--learner_threads": lrn.learner_threads,
+        "--hidden_size": model.hidden_size,
+        "--mlp_layers": model.mlp_layers,
+        "--eval_episodes": run.eval_episodes,
+        "--eval_max_steps": run.eval_max_steps,
+        "--num_envs_per_worker": s.num_envs_per_worker,
+        "--rnn_size": model.rnn_size,
+        "--recurrence": lrn.recurrence,
+        "--num_policies": cfg.policies.num_policies,
+    }
+    for group in (cfg.env, s, model, lrn, run, cfg.policies):
+        for fld in dataclasses.fields(group):
+            value = getattr(group, fld.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{fld.name} must be a finite number (got {value})")
+    for flag, value in positive.items():
+        if value != "auto" and value < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {value})")
+
+
+def _check_learner_values(cfg: Config) -> None:
+    """Rates, ratios and periods that must be positive, weights that must not be negative."""
+    lrn, run = cfg.learner, cfg.run
+    for flag, value in {
+        "--ppo_clip_ratio": lrn.ppo_clip_ratio,
+        "--vtrace_rho_bar": lrn.vtrace_rho_bar,
+        "--vtrace_c_bar": lrn.vtrace_c_bar,
+        "--save_every_sec": run.save_every_sec,
+        "--learning_rate": lrn.learning_rate,
+        "--adam_eps": lrn.adam_eps,
+        "--status_every_sec": run.status_every_sec,
+    }.items():
+        if value <= 0:
+            raise ConfigError(f"{flag} must be positive (got {value})")
+    for flag, value in {
+        "--value_loss_coeff": lrn.value_loss_coeff,
+        "--entropy_coeff": lrn.entropy_coeff,
+        "--max_grad_norm": lrn.max_grad_norm,
+    }.items():
+        if value < 0:
+            raise ConfigError(f"{flag} must be >= 0 (got {value})")
+
+
+def _check_rollout(cfg: Config) -> None:
+    """The rollout and BPTT lengths against the training batch."""
+    s, lrn = cfg.sampler, cfg.learner
+    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    if s.rollout != "auto":
+        if s.rollout < 2:
+            raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
+        if train_batch % s.rollout:
+            raise ConfigError(
+                f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of --rollout ({s.rollout})"
+            )
+    rollout = ROLLOUT_DEFAULT if s.rollout == "auto" else s.rollout  # with --recurrence, auto is 32
+    if lrn.recurrence != "auto" and rollout % lrn.recurrence:
+        raise ConfigError(
+            f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. --recurrence {rollout}"
+        )
+    if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT:
+        raise ConfigError(
+            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
+            f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout"
+        )
+
+
+def _check_run(cfg: Config) -> None:
+    """Discounts, budgets, timeouts and the experiment's name."""
+    lrn, run = cfg.learner, cfg.run
+    for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    if run.eval_every_sec < 0:
+        raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
+    if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
+        raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+    if run.stuck_timeout_sec <= 0:
+        raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
+    if run.max_worker_restarts < 0:
+        raise ConfigError(
+            f"--max_worker_restarts must be >= 0 (got {run.max_worker_restarts}); "
+            f"0 stops the run at the first worker failure"
+        )
+    if lrn.max_policy_lag < 0:
+        raise ConfigError(f"--max_policy_lag must be >= 0 (got {lrn.max_policy_lag})")
+    if not _PLAIN_NAME.fullmatch(run.experiment):
+        raise ConfigError(
+            f"--experiment must be a plain name: letters, digits, '.', '_', '-', not starting with "
+            f"'.' or '-', at most 128 characters (got {run.experiment!r})"
+        )
+
+
+def check_resolved(cfg: Config) -> None:
+    """Combinations of resolved values (no 'auto' left) that cannot run: a one-line ConfigError."""
+    s, lrn = cfg.sampler, cfg.learner
+    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    if s.num_envs_per_worker % s.worker_num_splits:
+        raise ConfigError(
+            f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
+            f"--worker_num_splits ({s.worker_num_splits})"
+        )
+    if train_batch % cfg.samples_per_slot:
+        raise ConfigError(
+            f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
+            f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
+            f"change --batch_size or --num_envs_per_worker"
+        )
+    if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
+        raise ConfigError(
+            f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
+            f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker"
+        )

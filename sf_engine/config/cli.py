@@ -1,0 +1,74 @@
+"""The command line built from the configuration's groups: `parse_flags` reads the command line once
+(only the flags the user gave), `make_config` lays them over the env family's defaults and a saved
+config file. Runs in the main process."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from sf_engine.config.groups import GROUPS, Config
+
+
+def _str_to_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def value_type(fld) -> tuple:
+    """(text -> value, allowed values or None) of a field, as the command line and --config read it."""
+    if fld.type in ("bool", bool):
+        return _str_to_bool, None
+    if "choices" in fld.metadata:
+        return str, fld.metadata["choices"]
+    return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(fld.type, str)), None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
+    env family's default or the field's own applies, see make_config). --help shows the field's
+    default."""
+    parser = argparse.ArgumentParser(
+        description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
+        "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
+        "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
+        argument_default=argparse.SUPPRESS,
+    )
+    for group_name, cls in GROUPS.items():
+        group = parser.add_argument_group(group_name)
+        for fld in dataclasses.fields(cls):
+            convert, choices = value_type(fld)
+            kwargs = {"help": f"{fld.metadata['help']} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
+            if convert is _str_to_bool:
+                kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
+            elif choices:
+                kwargs.update(choices=choices)
+            else:
+                kwargs.update(type=convert, metavar=fld.name.upper())
+            group.add_argument(f"--{fld.name}", **kwargs)
+    return parser
+
+
+def parse_flags(argv=None) -> dict:
+    """The flags given on the command line, {group: {field: value}}; argparse errors exit with code 2
+    and one line. The command line is parsed here, once."""
+    given: dict = {name: {} for name in GROUPS}
+    for dest, value in vars(build_parser().parse_args(argv)).items():
+        group_name, name = dest.split(".", 1)
+        given[group_name][name] = value
+    return given
+
+
+def make_config(given: dict, defaults: dict | None = None, saved: dict | None = None) -> Config:
+    """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's), then by
+    `saved` ({group: {field: value}}, a --config file), then by the flags `given` (parse_flags)."""
+    defaults, saved = defaults or {}, saved or {}
+    groups = {}
+    for group_name, cls in GROUPS.items():
+        names = {fld.name for fld in dataclasses.fields(cls)}
+        values = {name: value for name, value in defaults.items() if name in names}
+        groups[group_name] = cls(**(values | saved.get(group_name, {}) | given.get(group_name, {})))
+    return Config(**groups)

@@ -1,0 +1,76 @@
+"""Where a process's time goes: the stages of each role's loop, named once here, and the timer that books
+seconds to them. The roles book to these names and the bottleneck report reads them by the same names
+(sf_engine.stats.bottleneck), so a renamed stage cannot silently zero a figure there: a timer refuses a
+stage it was not built with."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+
+from sf_engine.stats.messages import Stages
+
+
+class WorkerStage(StrEnum):
+    """A rollout worker's loop."""
+
+    ENV_STEP = "env_step"
+    WRITE_SLOT = "write_slot"
+    WAIT_ACTIONS = "wait_actions"
+    WAIT_SLOT = "wait_slot"
+
+
+class InferenceStage(StrEnum):
+    """The policy worker's loop."""
+
+    WAIT_REQUESTS = "wait_requests"
+    GATHER = "gather"
+    FORWARD = "forward"
+    WRITE_RESULTS = "write_results"
+    WEIGHT_RELOAD = "weight_reload"
+
+
+class LearnerStage(StrEnum):
+    """The learner's loop."""
+
+    WAIT_DATA = "wait_data"
+    BATCH_ASSEMBLY = "batch_assembly"
+    TRAIN = "train"
+    WEIGHT_PUBLISH = "weight_publish"
+    CHECKPOINT = "checkpoint"
+
+
+class ReceiverStage(StrEnum):
+    """The receiver's loop (sampler nodes)."""
+
+    WAIT_REMOTE = "wait_remote"
+    FETCH = "fetch"
+    WAIT_SLOT = "wait_slot"
+    WRITE_SLOTS = "write_slots"
+    PUBLISH_WEIGHTS = "publish_weights"
+
+
+class StageTimer:
+    """Seconds per stage of one process's loop, adding up to its wall time since the first `start()`:
+    `start()` opens a lap, `lap(stage)` books the time since the last mark to `stage` (one of the
+    stages it was built with: `StageTimer(*LearnerStage)`)."""
+
+    def __init__(self, *stages: str):
+        self.stage_sec = {str(stage): 0.0 for stage in stages}
+        self.first = None
+        self._mark = 0.0
+
+    def start(self) -> float:
+        self._mark = time.monotonic()
+        if self.first is None:
+            self.first = self._mark
+        return self._mark
+
+    def lap(self, stage: str) -> float:
+        now = time.monotonic()
+        self.stage_sec[stage] += now - self._mark
+        self._mark = now
+        return now
+
+    def report(self, role: str) -> Stages:
+        return Stages(role, dict(self.stage_sec), time.monotonic() - (self.first or time.monotonic()))
