@@ -5,7 +5,7 @@ steps `num_envs` envs at once and follows the Gymnasium 1.x / EnvPool convention
 (terminated or truncated) is reset on the *next* step, whose action is ignored and which returns the
 first observation of the new episode with reward 0. The worker marks that step invalid.
 
-Families (each with its own defaults, see `FAMILY_DEFAULTS`):
+Families (each with its own flag defaults, see envs.families):
   atari       EnvPool Atari ids (Pong-v5, ...): 84x84 gray, frameskip 4, 4 stacked frames, up to 30
               no-op starts; for training also episodic life and reward clipping, while the true game
               score of whole games is what gets reported.
@@ -30,13 +30,15 @@ import numpy as np
 
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
-from .doom import DoomFactory, is_doom
+from .doom import DoomFactory
 from .doom import missing as doom_missing
-from .doom import scenario as doom_scenario
 from .doom_duel import MultiplayerFactory
+from .doom_scenarios import is_doom
+from .doom_scenarios import scenario as doom_scenario
+from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults  # noqa: F401  (importable here too)
 from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
 from .multiagent import MultiAgentBatchEnv, is_multiagent, is_pettingzoo_class, probe_spaces
-from .partially_observed import ENV_DEFAULTS, MASKED_ENVS, MaskedObsBatchEnv
+from .partially_observed import MASKED_ENVS, MaskedObsBatchEnv
 from .spec import TO_MOVE_KEY, ActionSpec, EnvSpec
 
 _REGISTRY: dict[str, Callable] = {}
@@ -377,80 +379,3 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
     else:
         family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
     return dataclasses.replace(spec, family=family)
-
-
-# Flag defaults per family; the user's own flags always win.
-# --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
-ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32, "turns": 128}
-
-FAMILY_DEFAULTS = {
-    "classic": {},
-    "atari": {
-        "encoder": "nature_cnn",
-        "rollout": 128,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 4,
-        "num_epochs": 4,
-        "learning_rate": 2.5e-4,
-        "lr_schedule": "linear",
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.01,
-        "learner_threads": 2,
-    },
-    "image": {
-        "rollout": 128,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 4,
-        "num_epochs": 4,
-        "learning_rate": 2.5e-4,
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.01,
-        "learner_threads": 2,
-    },
-    # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
-    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, lr 1e-4, its
-    # per-pixel input normalization, normalized returns, Adam's eps 1e-6, unit-gain init, and its value
-    # loss weight (its loss is 0.5 x squared error without our 0.5 factor: 1.0 here)
-    "doom": {
-        "encoder": "convnet_simple",
-        "rnn": "gru",
-        "rnn_size": 512,
-        "rollout": 32,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 1,
-        "num_epochs": 1,
-        "learning_rate": 1e-4,
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.001,
-        "normalize_input": True,
-        "normalize_returns": True,
-        "max_grad_norm": 4.0,
-        "value_loss_coeff": 1.0,
-        "adam_eps": 1e-6,
-        "weight_init": "unit",
-        "learner_threads": 2,
-    },
-    # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
-    # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
-    # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
-    # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
-    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.05, "normalize_input": True},
-    "continuous": {
-        "activation": "tanh",
-        "hidden_size": 64,
-        "normalize_input": True,
-        "normalize_returns": True,
-        "rollout": 64,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 4,
-        "num_epochs": 5,
-        "learning_rate": 3e-4,
-        "lr_schedule": "constant",
-        "entropy_coeff": 0.0,
-    },
-}
-
-
-def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
-    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS)."""
-    return FAMILY_DEFAULTS[spec.family] | ENV_DEFAULTS.get(env_id, {})

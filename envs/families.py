@@ -1,0 +1,85 @@
+"""Flag defaults per env family (the families: envs.registry): the training settings each family starts
+from, and the fewest envs per rollout worker that --num_envs_per_worker auto picks. The runner reads them
+while it builds the run plan (sf_engine.config.groups.make_config puts them under the user's flags, which
+always win).
+"""
+
+from __future__ import annotations
+
+from .partially_observed import ENV_DEFAULTS
+from .spec import EnvSpec
+
+# --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
+ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32, "turns": 128}
+
+FAMILY_DEFAULTS = {
+    "classic": {},
+    "atari": {
+        "encoder": "nature_cnn",
+        "rollout": 128,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "lr_schedule": "linear",
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.01,
+        "learner_threads": 2,
+    },
+    "image": {
+        "rollout": 128,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.01,
+        "learner_threads": 2,
+    },
+    # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
+    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, lr 1e-4, its
+    # per-pixel input normalization, normalized returns, Adam's eps 1e-6, unit-gain init, and its value
+    # loss weight (its loss is 0.5 x squared error without our 0.5 factor: 1.0 here)
+    "doom": {
+        "encoder": "convnet_simple",
+        "rnn": "gru",
+        "rnn_size": 512,
+        "rollout": 32,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 1,
+        "num_epochs": 1,
+        "learning_rate": 1e-4,
+        "ppo_clip_ratio": 0.1,
+        "entropy_coeff": 0.001,
+        "normalize_input": True,
+        "normalize_returns": True,
+        "max_grad_norm": 4.0,
+        "value_loss_coeff": 1.0,
+        "adam_eps": 1e-6,
+        "weight_init": "unit",
+        "learner_threads": 2,
+    },
+    # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
+    # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
+    # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
+    # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
+    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.05, "normalize_input": True},
+    "continuous": {
+        "activation": "tanh",
+        "hidden_size": 64,
+        "normalize_input": True,
+        "normalize_returns": True,
+        "rollout": 64,
+        "batch_size": 1024,
+        "num_batches_per_epoch": 4,
+        "num_epochs": 5,
+        "learning_rate": 3e-4,
+        "lr_schedule": "constant",
+        "entropy_coeff": 0.0,
+    },
+}
+
+
+def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
+    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS)."""
+    return FAMILY_DEFAULTS[spec.family] | ENV_DEFAULTS.get(env_id, {})
