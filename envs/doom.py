@@ -22,7 +22,8 @@ from dataclasses import replace
 import gymnasium as gym
 import numpy as np
 
-from .doom_scenarios import SAMPLE_FACTORY_NAMES, scenario  # noqa: F401  (SAMPLE_FACTORY_NAMES: importable here too)
+# the scenario table lives in doom_scenarios; its names stay importable from here
+from .doom_scenarios import GYMNASIUM_IDS, SAMPLE_FACTORY_NAMES, Scenario, is_doom, scenario  # noqa: F401
 
 INSTALL_HINT = "pip install 'sf_engine[doom]' (vizdoom and opencv-python-headless)"
 INI_PREFIX = "sf_engine_vizdoom_"  # + the owning process's pid + '_': each game's ini folder

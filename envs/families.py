@@ -1,6 +1,6 @@
 """Flag defaults per env family (the families: envs.registry): the training settings each family starts
 from, and the fewest envs per rollout worker that --num_envs_per_worker auto picks. The runner reads them
-while it builds the run plan (sf_engine.config.groups.make_config puts them under the user's flags, which
+while it builds the run plan (sf_engine.config.cli.make_config puts them under the user's flags, which
 always win).
 """
 

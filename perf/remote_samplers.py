@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from perf.common import REPO, median_windows, run_train  # noqa: E402
+from sf_engine.stats.stages import ReceiverStage  # noqa: E402
 
 
 def _read(path: str):
@@ -126,7 +127,9 @@ def main() -> None:
     finally:
         cluster.shutdown()
     receiver = receive["stage_seconds"].get("receiver", {})
-    busy = 1 - receiver.get("wait_remote", 0.0) / max(receive["role_wall_seconds"].get("receiver", 1e-9), 1e-9)
+    busy = 1 - receiver.get(ReceiverStage.WAIT_REMOTE, 0.0) / max(
+        receive["role_wall_seconds"].get("receiver", 1e-9), 1e-9
+    )
     print(
         json.dumps(
             {

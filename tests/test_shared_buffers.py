@@ -162,3 +162,17 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_trajectory_batch_holds_every_slot_field(tmp_path):
+    """SLOT_FIELDS is the one list of a slot's fields: the learner's TrajectoryBatch has a field for each
+    (after the observations), in the same order, and a feed-forward single-agent run's buffers lay out its
+    observations and exactly the fields every run has."""
+    import dataclasses
+
+    from sf_engine.algo.batch import ALWAYS, SLOT_FIELDS, TrajectoryBatch
+    from sf_engine.runtime.shared_buffers import slot_fields
+
+    assert [f.name for f in dataclasses.fields(TrajectoryBatch)] == ["obs"] + [f.name for f in SLOT_FIELDS]
+    always = [f.name for f in SLOT_FIELDS if f.present == ALWAYS]
+    assert list(slot_fields(small_plan(tmp_path).layout)) == ["obs.obs"] + always

@@ -12,15 +12,16 @@ from conftest import REPO
 PACKAGES = {"sf_engine": "sf_engine", "envs": "sf_engine.envs"}  # folder -> the package it installs as
 ENVS = "sf_engine.envs"
 # what each subpackage may import of sf_engine besides itself: the layers, lowest first. A layer never
-# imports one above it: the runtime knows no role and nothing of a run; the model and the algorithms know
-# nothing of the runtime or the roles; the envs know nothing else of sf_engine.
+# imports one above it: the runtime imports no role and nothing of run/ (it starts the roles by name:
+# wiring.ROLES); the model and the algorithms know nothing of the runtime or the roles; the envs know
+# nothing else of sf_engine.
 MAY_IMPORT = {
     "envs": set(),
     "config": {"envs"},
     "stats": {"config"},
     "model": {"config", "envs"},
     "algo": {"model", "config", "envs"},
-    "runtime": {"algo", "model", "stats", "config", "envs"},
+    "runtime": {"algo", "stats", "config", "envs"},
     "play": {"runtime", "algo", "model", "stats", "config", "envs"},
     "roles": {"play", "runtime", "algo", "model", "stats", "config", "envs"},
     "scaleout": {"roles", "runtime", "algo", "model", "stats", "config", "envs"},
@@ -118,3 +119,19 @@ def test_the_main_process_needs_no_torch_when_nothing_is_measured(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_classes_named_by_string_exist_and_sit_where_the_layers_allow():
+    """Two tables name classes as "module:Class", imported only where they are built (no import statement
+    for the layer test above to read): the runtime's ROLES name the role classes it starts (roles/ and
+    scaleout/), config's ALGORITHMS the learning algorithms --algo picks (algo/). Each must exist."""
+    from sf_engine.config.groups import ALGORITHMS
+    from sf_engine.runtime.wiring import ROLES, import_class
+
+    for table, rooms in (
+        (ALGORITHMS, {"algo"}),
+        ({name: role.cls for name, role in ROLES.items()}, {"roles", "scaleout"}),
+    ):
+        for name, path in table.items():
+            assert _room(path.partition(":")[0]) in rooms, (name, path)
+            assert isinstance(import_class(path), type), (name, path)

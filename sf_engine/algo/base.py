@@ -30,9 +30,9 @@ class TrainingHooks:
     sign of life between minibatches (the supervisor restarts a silent process), whether the run is
     stopping (skip the rest of an update)."""
 
-    env_steps: Callable[[], int] = lambda: 0
-    beat: Callable[[], None] = lambda: None
-    stopping: Callable[[], bool] = lambda: False
+    env_steps: Callable[[], int]
+    beat: Callable[[], None]
+    stopping: Callable[[], bool]
 
 
 @dataclass
@@ -47,8 +47,11 @@ class TrainResult:
 class Algorithm(Protocol):
     """One policy's learning algorithm, hosted by the learner role."""
 
+    # The acting side (policy worker, evaluator, enjoy.py, export) builds
+    # sf_engine.model.actor_critic.ActorCritic(spec, cfg.model, cfg.run.bf16) and loads the published
+    # vector into it: an algorithm trains that model, and `params` is its flatten_state.
     params: Tensor  # the model's whole state as one flat float32 vector: what the role publishes
-    model: object  # the torch module whose state `params` is (its forward is the policy worker's)
+    model: object  # the ActorCritic whose state `params` is
 
     def train(self, batch: TrajectoryBatch, keep: Tensor) -> TrainResult:
         """Train on the samples of `batch` that `keep` [T, N] marks; `params` holds the new weights after."""
@@ -64,7 +67,8 @@ class Algorithm(Protocol):
         """Take back a checkpoint's state of this policy (`source`: where it came from, for the log)."""
 
     def hyperparameters(self) -> dict:
-        """The hyperparameters PBT explores (sf_engine.algo.pbt.HYPERPARAMETERS), as in force."""
+        """The hyperparameters PBT explores (sf_engine.algo.pbt.HYPERPARAMETERS: fields of the learner's
+        config group), as in force."""
 
     def set_hyperparameters(self, hyper: dict) -> None:
         """PBT's explore: this member's own hyperparameters from now on."""

@@ -89,13 +89,14 @@ class PPO:
     """One policy's PPO (sf_engine.algo.base.Algorithm): built from the resolved Config `cfg`, the env's
     EnvSpec, the learner's torch device and the hooks of the process that hosts it."""
 
-    def __init__(self, cfg, spec, device, hooks: TrainingHooks = TrainingHooks()):
+    def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
         self.model = ActorCritic(spec, cfg.model, cfg.run.bf16).to(device)
         encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
         self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
         self.params = flatten_state(self.model)
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
+        self.coefficients = self._coefficients()
 
     # --- the seam (sf_engine.algo.base.Algorithm) ---------------------------------------------------
     @property
@@ -108,6 +109,7 @@ class PPO:
     def set_hyperparameters(self, hyper: dict) -> None:
         """This member's own learning rate, entropy coefficient, gamma and clip ratio (PBT)."""
         self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        self.coefficients = self._coefficients()
         self._set_all_learning_rates(self.lcfg.learning_rate)
 
     def copy_from(self, other: PPO) -> None:
@@ -230,6 +232,9 @@ class PPO:
         return seq.columns(seq.keep.any(0).nonzero().squeeze(1))
 
     # --- epochs -------------------------------------------------------------------------------------
+    def _coefficients(self) -> LossCoefficients:
+        return LossCoefficients(self.lcfg.ppo_clip_ratio, self.lcfg.value_loss_coeff, self.lcfg.entropy_coeff)
+
     def _set_all_learning_rates(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -238,11 +243,6 @@ class PPO:
         if self.lcfg.lr_schedule == "linear":
             fraction_left = max(0.0, 1.0 - self.hooks.env_steps() / self.cfg.run.train_for_env_steps)
             self._set_all_learning_rates(self.lcfg.learning_rate * fraction_left)
-
-    @property
-    def coefficients(self) -> LossCoefficients:
-        lcfg = self.lcfg
-        return LossCoefficients(lcfg.ppo_clip_ratio, lcfg.value_loss_coeff, lcfg.entropy_coeff)
 
     def _ppo_epochs(self, samples: Samples) -> dict:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""

@@ -169,7 +169,7 @@ class ActorCritic(nn.Module):
     --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
 
     def __init__(self, spec, mcfg, bf16: bool = False):
-        """`mcfg`: a ModelConfig resolved by model_shape.resolve_model_config (no 'auto'). `bf16`: the
+        """`mcfg`: a ModelConfig resolved by sf_engine.model.shape.resolve_model_config (no 'auto'). `bf16`: the
         encoders run under bfloat16 autocast (--bf16); the cores, heads and losses stay float32."""
         super().__init__()
         self.bf16 = bf16

@@ -18,6 +18,7 @@ import torch
 from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.kernels import flatten_state
 from sf_engine.runtime.ipc import get_many
+from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Inference
 from sf_engine.stats.stages import InferenceStage, StageTimer
 
@@ -79,18 +80,17 @@ class PolicyWorker:
         pass
 
     def _serve(self, requests: list) -> None:
+        """Actions for every InferenceRequest of `requests`, written into their slots; each worker told."""
         buf, n = self.buffers, len(requests)
         # one fancy-indexed read and one write per array, whatever the number of requests
-        slots = np.fromiter((r.slot for r in requests), np.int64, n)
-        rows = np.fromiter((r.row for r in requests), np.int64, n)
+        workers, tokens, slots, rows = np.array(requests, np.int64).reshape(n, len(InferenceRequest._fields)).T
         obs = {}
         for key, array in buf.obs.items():
             batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
             obs[key] = torch.from_numpy(batch).to(self.device)
         state = None
         if self.model.recurrent:  # each env's carried state, zeroed where its episode starts
-            workers = np.fromiter((r.worker for r in requests), np.int64, n)
-            splits = np.fromiter((r.token for r in requests), np.int64, n) % self.num_splits
+            splits = tokens % self.num_splits
             carried = buf.rnn_current[workers, splits]
             carried[buf.episode_start[slots, rows]] = 0.0
             buf.rnn_states[slots, rows] = carried

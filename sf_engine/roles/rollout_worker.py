@@ -153,10 +153,9 @@ class RolloutWorker:
             self.send_stats()
 
     def _take_free_slots(self, timeout_sec: float = 0.0) -> None:
-        for slot in self.pool.take_free(len(self.waiting_for_slot), timeout_sec):
+        for slot in self.pool.take_free(len(self.waiting_for_slot), self.idx, timeout_sec):
             split = self.waiting_for_slot.pop(0)
             self.slot[split], self.row[split] = slot, 0
-            self.buffers.slot_owner[slot] = self.idx
             self.buffers.slot_rows[slot] = 0
             for key, value in self.pending_obs[split].items():
                 self.buffers.obs[key][slot, 0] = value
@@ -213,8 +212,7 @@ class RolloutWorker:
             self.row[split] = row
             self._request_actions(split)
             return
-        buf.slot_owner[slot] = -1
-        self.queues.full_slots.put(slot)
+        self.pool.hand_over(slot)
         self.slot[split] = -1
         self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
         self.pending_valid[split] = next_valid

@@ -16,7 +16,8 @@ from sf_engine.envs import reap_orphaned_processes
 from sf_engine.runtime.checkpoint import latest_valid_checkpoint
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import run_role
-from sf_engine.runtime.slot_pool import WRITING, SlotPool
+from sf_engine.runtime.shared_buffers import WRITING
+from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import heartbeat_index, new_policy_requests, roles_of
 

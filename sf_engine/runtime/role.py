@@ -10,6 +10,7 @@ sf_engine.run.serial; a sampler node, sf_engine.scaleout.sampler_node).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -162,8 +163,9 @@ class InProcessRoles:
         try:
             for role, index in places:
                 self.roles[(role, index)] = role_class(role)(RoleContext(plan, role, index, buffers, queues))
-        except BaseException:  # the caller gets nothing to close: close what was built
-            self.close()
+        except BaseException:  # the caller gets nothing to close: close what was built, raise what failed
+            with contextlib.suppress(Exception):
+                self.close()
             raise
         self.order = sorted(self.roles, key=lambda key: (ROLES[key[0]].serial_order, key[1]))
 
@@ -181,5 +183,13 @@ class InProcessRoles:
             instance.finish()
 
     def close(self) -> None:
+        """Every role closed, even when one fails to (an env that failed may fail to close too); the first
+        failure is raised after."""
+        failure = None
         for instance in self.roles.values():
-            instance.close()
+            try:
+                instance.close()
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure

@@ -17,11 +17,12 @@ recurrent core (H = the model's state_size): rnn_current [W, splits, E, H] float
 after each env's latest action, carried by the policy worker from one request to the next.
 Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
 num_workers + i: the env steps sampler node i reported, written by the receiver),
-param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py), stop [1] int64,
-heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
-wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, -1 when none),
-slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers]
-int64 (set by the supervisor when a restarted reader needs a policy's shared weights again).
+param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py),
+stop [1] int64, heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
+wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver,
+NO_OWNER when none; see slot_pool), slot_rows [S] int64 (env-step rows written into a slot and not trained
+yet), params_wanted [P, readers] int64 (set by the supervisor when a restarted reader needs a policy's
+shared weights again).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
 """
@@ -41,6 +42,8 @@ _ALIGN = 64
 HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
 WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that read a policy's shared weights
 SLOT_FIELD_NAMES = frozenset(field.name for field in SLOT_FIELDS)
+NO_OWNER = -1  # slot_owner of a slot nobody is writing (free, full, or being trained on)
+WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)
 
 
 def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
@@ -131,9 +134,10 @@ class SharedBuffers:
             os.close(fd)
         self.owner = create
         self.obs = {}
-        self.episode_start = self.rnn_states = self.rnn_current = None  # recurrent runs only
-        self.acting = None  # turn-based multi-agent runs only
-        self.policy_id = self.policy_episodes = None  # runs of several policies only
+        for field in SLOT_FIELDS:  # the slot fields a run lacks (see SlotField.present) stay None
+            setattr(self, field.name, None)
+        self.rnn_current = None  # recurrent runs only
+        self.policy_episodes = None  # runs of several policies only
         self.remote_books = None  # runs with sampler nodes only
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
@@ -146,7 +150,7 @@ class SharedBuffers:
     @classmethod
     def create(cls, path: str, layout: dict) -> "SharedBuffers":
         buffers = cls(path, layout, create=True)
-        buffers.slot_owner[:] = -1
+        buffers.slot_owner[:] = NO_OWNER
         return buffers
 
     def take_rows(self, slots) -> int:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sf_engine.runtime.slot_pool import WRITING, SlotPool
+from sf_engine.runtime.shared_buffers import WRITING
+from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.scaleout.slot_transport import ROWS_KEY, PayloadError, unpack_slot
 from sf_engine.stats.messages import Episodes, Inference, RemoteFigures, RemoteNodes
 from sf_engine.stats.stages import ReceiverStage, StageTimer
@@ -277,17 +278,16 @@ class Receiver:
         `timeout_sec` for a first free slot (never waits on the shared queue: see ipc)."""
         if not self.backlog:
             return
-        free = self.pool.take_free(len(self.backlog), timeout_sec)
+        free = self.pool.take_free(len(self.backlog), WRITING, timeout_sec)
         self.timer.lap(ReceiverStage.WAIT_SLOT)
         for slot in free:
             self._write(slot, *self.backlog.popleft())
 
     def _write(self, slot: int, index: int, payload: dict) -> None:
-        """One payload into free slot `slot`, marked WRITING meanwhile; booked as placed once the learner
-        has its index (a receiver killed in between leaves the supervisor a WRITING slot to free, and
-        its successor books the steps as dropped)."""
+        """One payload into free slot `slot` (marked WRITING since it was taken); booked as placed once the
+        learner has its index (a receiver killed in between leaves the supervisor a WRITING slot to free,
+        and its successor books the steps as dropped)."""
         sampler, started = self.samplers[index], time.perf_counter()
-        self.buffers.slot_owner[slot] = WRITING
         try:
             steps = unpack_slot(self.buffers, slot, payload, int(self.held_versions.max()), owner=WRITING)
         except PayloadError as exc:
@@ -295,8 +295,7 @@ class Receiver:
             self.books[index, DROPPED] += self._steps_of(payload)
             self.pool.recycle([slot])
             return
-        self.buffers.slot_owner[slot] = -1
-        self.queues.full_slots.put(slot)
+        self.pool.hand_over(slot)
         self.books[index, PLACED] += steps
         self._book_lag(sampler, payload)
         sampler.figures.slots += 1

@@ -34,7 +34,8 @@ class SamplerNode:
         self.buffers = SharedBuffers.create(shm_path, plan.layout)
         try:
             self.queues = make_queues(cfg.sampler.num_workers, num_policies=self.num_acting)
-            SlotPool(self.buffers, self.queues).fill()
+            self.pool = SlotPool(self.buffers, self.queues)
+            self.pool.fill()
             self.weights = [SharedWeights(self.buffers, self.queues.weights, p) for p in range(self.num_acting)]
             places = [("policy_worker", 0)] + [("rollout_worker", w) for w in range(cfg.sampler.num_workers)]
             self.roles = InProcessRoles(plan, self.buffers, self.queues, places)
@@ -71,7 +72,7 @@ class SamplerNode:
             if len(full) >= count:
                 break
         payloads = [pack_slot(self.buffers, slot) for slot in full]
-        SlotPool(self.buffers, self.queues).recycle(full)
+        self.pool.recycle(full)
         return payloads, drain(self.queues.stats)
 
     def close(self) -> None:

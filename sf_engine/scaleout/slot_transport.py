@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from sf_engine.algo.batch import SLOT_FIELDS
-from sf_engine.runtime.shared_buffers import slot_fields
+from sf_engine.runtime.shared_buffers import NO_OWNER, slot_fields
 
 ROWS_KEY = "rows"  # the env-step rows written into the slot (slot_rows)
 
@@ -41,9 +41,9 @@ def pack_slot(buffers, slot: int) -> dict:
 _FINITE = tuple(field.name for field in SLOT_FIELDS if field.finite)  # a NaN here would poison a whole batch
 
 
-def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = None, owner: int = -1) -> int:
+def unpack_slot(buffers, slot: int, payload: dict, latest_version: int | None = None, owner: int = NO_OWNER) -> int:
     """Write `payload` (pack_slot's, from a run of the same layout) into free local slot `slot` (its
-    slot_owner `owner`: -1, or the tag of the receiver writing it) and count its rows as written;
+    slot_owner `owner`: NO_OWNER, or the receiver's WRITING) and count its rows as written;
     returns its env steps. PayloadError, before anything is written, when
     the slot is not a free one, or a field is missing, extra, not a plain numpy array, of another dtype
     or shape, or holds a value training cannot take: a policy version below 0 or above

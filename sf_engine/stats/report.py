@@ -18,7 +18,6 @@ from sf_engine.stats.run_stats import RunStats
 
 TENSORBOARD_EVERY_SEC = 1.0
 SUMMARY_EVERY_SEC = 10.0
-_TRAIN_SCALARS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -45,11 +44,11 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
 
 def _run_scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     """The run's throughput, sample books and faults."""
-    rate = stats.throughput.rate
+    throughput = stats.throughput
     out = {
-        "perf/env_steps_per_sec_10s": rate(10.0),
-        "perf/env_steps_per_sec_60s": rate(60.0),
-        "perf/learner_samples_per_sec": rate(10.0, 2),
+        "perf/env_steps_per_sec_10s": throughput.env_steps_rate(10.0),
+        "perf/env_steps_per_sec_60s": throughput.env_steps_rate(60.0),
+        "perf/learner_samples_per_sec": throughput.samples_rate(10.0),
         "train/samples_dropped_lag": stats.books.dropped_lag,
         "faults/worker_restarts": stats.worker_restarts,
         "faults/policy_worker_restarts": stats.policy_worker_restarts,
@@ -102,7 +101,9 @@ def _training_scalars(train) -> dict:
 
 
 def _losses(train, prefix: str) -> dict:
-    return {f"{prefix}{k}": train.losses[k] for k in _TRAIN_SCALARS if k in train.losses}
+    """Every loss statistic the policy's algorithm reported for its latest batch (PPO's: policy_loss,
+    value_loss, entropy, approx_kl, clip_fraction, grad_norm)."""
+    return {f"{prefix}{name}": value for name, value in train.losses.items()}
 
 
 def _policy_scalars(stats: RunStats, cfg) -> dict:
@@ -171,7 +172,7 @@ def _trained_policies(stats: RunStats, cfg) -> list:
 
 def status_line(stats: RunStats, cfg, frameskip: int) -> str:
     elapsed = time.monotonic() - stats.start_time
-    rate = stats.throughput.rate(10.0)
+    rate = stats.throughput.env_steps_rate(10.0)
     ret = f"{stats.return_mean:.1f}" if stats.returns else "-"
     train = stats.training
     lag = f"{train.lag_mean:.1f}/{train.lag_max:.0f}" if train else "-"

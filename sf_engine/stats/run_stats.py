@@ -47,9 +47,13 @@ class Throughput:
         now, (env_steps, _) = self.counts.samples[-1]
         return now, env_steps
 
-    def rate(self, window_sec: float, column: int = 1) -> float:
-        """Per second over the last `window_sec`: env steps (column 1) or learner samples (column 2)."""
-        return self.counts.rate(window_sec, column - 1)
+    def env_steps_rate(self, window_sec: float) -> float:
+        """Env steps per second over the last `window_sec`."""
+        return self.counts.rate(window_sec, 0)
+
+    def samples_rate(self, window_sec: float) -> float:
+        """Learner samples per second over the last `window_sec`."""
+        return self.counts.rate(window_sec, 1)
 
     def env_steps_per_sec(self) -> float:
         """From the end of warm-up to the stop (from the first env step when the run was too short)."""

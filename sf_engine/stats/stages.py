@@ -56,7 +56,7 @@ class StageTimer:
     stages it was built with: `StageTimer(*LearnerStage)`)."""
 
     def __init__(self, *stages: str):
-        self.stage_sec = {str(stage): 0.0 for stage in stages}
+        self.stage_sec = dict.fromkeys(stages, 0.0)  # keyed by the members: a lap's lookup is by identity
         self.first = None
         self._mark = 0.0
 
@@ -73,4 +73,5 @@ class StageTimer:
         return now
 
     def report(self, role: str) -> Stages:
-        return Stages(role, dict(self.stage_sec), time.monotonic() - (self.first or time.monotonic()))
+        stage_sec = {str(stage): sec for stage, sec in self.stage_sec.items()}  # plain names in the messages
+        return Stages(role, stage_sec, time.monotonic() - (self.first or time.monotonic()))
