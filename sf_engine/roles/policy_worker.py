@@ -83,6 +83,7 @@ class PolicyWorker:
         """Actions for every InferenceRequest of `requests`, written into their slots; each worker told."""
         buf, n = self.buffers, len(requests)
         # one fancy-indexed read and one write per array, whatever the number of requests
+        # each request is an InferenceRequest's fields (worker, token, slot, row), sent as a plain tuple
         workers, tokens, slots, rows = np.array(requests, np.int64).reshape(n, len(InferenceRequest._fields)).T
         obs = {}
         for key, array in buf.obs.items():
@@ -113,8 +114,8 @@ class PolicyWorker:
             self.versions[0] if policies is None else self.versions[policies].reshape(per_request)
         )
         replies = defaultdict(list)
-        for request in requests:
-            replies[request.worker].append(request.token)
+        for worker, token in zip(workers.tolist(), tokens.tolist()):
+            replies[worker].append(token)
         for worker, tokens in replies.items():
             self.queues.actions_ready[worker].send(tokens)
         self.num_forwards += 1

@@ -85,7 +85,9 @@ def weight_readers(cfg) -> tuple:
 
 class InferenceRequest(NamedTuple):
     """A rollout worker's request on policy_requests: actions for the obs its split `token` (generation x
-    splits + split) wrote at [slot, row]; the policy worker replies `token` on actions_ready[worker]."""
+    splits + split) wrote at [slot, row]; the policy worker replies `token` on actions_ready[worker].
+    On the queue it travels as the plain tuple of these fields, in this order (a NamedTuple pickles its
+    class with every message)."""
 
     worker: int
     token: int
