@@ -45,7 +45,7 @@ def main() -> int:
             log = f.read()
         with open(os.path.join(train_dir, "gpu", "summary.json")) as f:
             summary = json.load(f)
-    policy_device = re.search(r"policy_worker\[0\] INFO ready: model built on (\S+)", log)
+    policy_device = re.search(r"policy_worker\[0\] INFO ready: .*built on (\S+)", log)
     shared_device = re.search(r"learner\[0\] INFO ready: .* weights shared on (\S+)", log)
     result = {
         "bench": "gpu_smoke",
