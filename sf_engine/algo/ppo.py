@@ -62,13 +62,15 @@ class Sequences(Samples):
     def columns(self, picked: torch.Tensor) -> Sequences:
         """Only the sequences `picked` (indices of M)."""
         pick = lambda x: x.index_select(1, picked)  # noqa: E731  [R, M, ...] -> [R, M', ...]
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out = {
-            name: None if value is None else {k: pick(v) for k, v in value.items()} if name == "obs" else pick(value)
-            for name, value in fields.items()
-            if name != "states"
-        }
-        return Sequences(**out, states=self.states.index_select(0, picked))
+            "obs": {key: pick(value) for key, value in self.obs.items()},
+            "states": self.states.index_select(0, picked),
+        }  # [M, H]: the sequences are its rows
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in out:
+                out[f.name] = None if value is None else pick(value)
+        return Sequences(**out)
 
 
 class Minibatch(NamedTuple):

@@ -64,10 +64,10 @@ class RemoteSampler:
     lost_at: float | None = None  # when a call to it failed, until an incarnation answers again
     retry_at: float = 0.0
     failures: int = 0  # calls in a row that raised in the actor
-    figures: RemoteFigures = None  # the cumulative ones sent in RemoteNodes
+    figures: RemoteFigures = field(init=False)  # the cumulative ones sent in RemoteNodes
 
     def __post_init__(self):
-        self.figures = self.figures or RemoteFigures(self.index)
+        self.figures = RemoteFigures(self.index)
 
 
 class Receiver:
