@@ -23,10 +23,9 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import os
 import warnings
 from typing import Callable
-
-import numpy as np
 
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
@@ -39,13 +38,10 @@ from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults  # no
 from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
 from .multiagent import MultiAgentBatchEnv, is_multiagent, is_pettingzoo_class, probe_spaces
 from .partially_observed import MASKED_ENVS, MaskedObsBatchEnv
-from .spec import TO_MOVE_KEY, ActionSpec, EnvSpec
+from .spec import TO_MOVE_KEY, EnvError, EnvSpec, action_spec, check_same_spaces, obs_entries
+from .user_code import describe_exception, import_user_module, user_attribute
 
 _REGISTRY: dict[str, Callable] = {}
-
-
-class EnvError(ValueError):
-    """An env that cannot be made or used: the message names the env and what is wrong."""
 
 
 def register_env(name: str, make_env: Callable) -> None:
@@ -128,23 +124,11 @@ def _user_factory(env_id: str) -> Callable:
     the module, or a Gymnasium id that importing the module registers (e.g. minigrid:MiniGrid-Empty-5x5-v0)."""
     import gymnasium as gym
 
-    module_name, _, attr = env_id.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        module = (exc.name or module_name).split(".")[0]
-        raise EnvError(
-            f"--env {env_id}: cannot import it ({exc}); check the spelling, or install the package "
-            f"that provides module {module!r} (pip install PACKAGE; its name may differ)"
-        ) from None
-    except ImportError as exc:
-        raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
+    module = import_user_module(env_id, "--env", EnvError)
+    attr = env_id.partition(":")[2]
     if not hasattr(module, attr) and attr in gym.registry:
         return _GymId(attr)
-    try:
-        target = getattr(module, attr)
-    except AttributeError as exc:
-        raise EnvError(f"--env {env_id}: cannot import it ({exc})") from None
+    target = user_attribute(module, env_id, "--env", EnvError)
     if not callable(target):
         raise EnvError(f"--env {env_id}: {attr} is not a gymnasium.Env or PettingZoo env class or factory")
     if isinstance(target, type) and not issubclass(target, gym.Env) and not is_pettingzoo_class(target):
@@ -214,14 +198,22 @@ SEED_MODULUS = 2**31 - 2**24  # env seeds: EnvPool takes int32, Gymnasium non-ne
 
 
 def make_batch_env(
-    env_id: str, backend: str, num_envs: int, seed: int, spec: EnvSpec, training: bool = True, render_mode=None
+    env_id: str,
+    backend: str,
+    num_envs: int,
+    seed: int,
+    spec: EnvSpec,
+    training: bool = True,
+    render_mode=None,
+    check: bool = True,
 ) -> BatchEnv:
     """Make `num_envs` envs of `env_id` stepped on one CPU thread (a worker owns one core); env i gets
-    seed + i. Any integer seed works: it is taken modulo SEED_MODULUS, which every backend accepts."""
+    seed + i. Any integer seed works: it is taken modulo SEED_MODULUS, which every backend accepts.
+    `check`: a Gymnasium env must have the spaces `spec` was probed with (EnvError otherwise)."""
     seed %= SEED_MODULUS
-    if env_id in MASKED_ENVS:
+    if env_id in MASKED_ENVS:  # the base env's observation is wider than `spec`'s: built-in, not checked
         base_id, keep = MASKED_ENVS[env_id]
-        base = make_batch_env(base_id, backend, num_envs, seed, spec, training, render_mode)
+        base = make_batch_env(base_id, backend, num_envs, seed, spec, training, render_mode, check=False)
         return MaskedObsBatchEnv(base, keep)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
@@ -251,53 +243,15 @@ def make_batch_env(
         make = (lambda: factory(render_mode=render_mode)) if render_mode else factory
         env = gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     env.reset(seed=seed)
+    if not check:
+        return BatchEnv(env, num_envs, spec)
+    try:  # a user's env may come out otherwise here than where it was probed (in another process)
+        planned, spaces = (spec.obs, spec.action), (env.single_observation_space, env.single_action_space)
+        check_same_spaces(env_id, planned, *spaces, f"the env made in process {os.getpid()}", "the probed env")
+    except EnvError:
+        env.close()
+        raise
     return BatchEnv(env, num_envs, spec)
-
-
-# ---- spaces -> EnvSpec ------------------------------------------------------------------------
-def _obs_entries(env_id: str, space) -> tuple:
-    from gymnasium import spaces
-
-    items = space.spaces.items() if isinstance(space, spaces.Dict) else [("obs", space)]
-    entries = []
-    for key, sub in items:
-        if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
-            raise EnvError(
-                f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
-                f"(vectors, uint8 images) and a flat Dict of them"
-            )
-        # a 3-D grid of small integers (a PettingZoo board's 0/1 planes) is stored as uint8, exactly, and
-        # seen as an image: a convolution sees a line of four where an MLP sees 84 unrelated numbers
-        grid = (
-            len(sub.shape) == 3
-            and np.issubdtype(sub.dtype, np.integer)
-            and np.all(sub.low >= 0)
-            and np.all(sub.high <= 255)
-        )
-        dtype = "uint8" if sub.dtype == np.uint8 or grid else "float32"
-        entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
-    return tuple(entries)
-
-
-def _action_spec(env_id: str, space) -> ActionSpec:
-    from gymnasium import spaces
-
-    if isinstance(space, spaces.Discrete):
-        return ActionSpec("discrete", nvec=(int(space.n),), start=(int(space.start),))
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return ActionSpec(
-            "multi_discrete", nvec=tuple(int(n) for n in space.nvec), start=tuple(int(x) for x in space.start)
-        )
-    if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
-        return ActionSpec(
-            "continuous",
-            shape=tuple(space.shape),
-            low=tuple(float(x) for x in space.low),
-            high=tuple(float(x) for x in space.high),
-        )
-    raise EnvError(
-        f"--env {env_id}: action space {space} is not supported (Discrete, MultiDiscrete or a 1-D float Box are)"
-    )
 
 
 def _make_probe_env(env_id: str):
@@ -305,25 +259,35 @@ def _make_probe_env(env_id: str):
     with Gymnasium's install command."""
     import gymnasium as gym
 
+    factory = _gym_factory(env_id)
     try:
-        return _gym_factory(env_id)()
+        return factory()
     except gym.error.DependencyNotInstalled as exc:
         raise EnvError(f"--env {env_id}: {(str(exc).splitlines() or ['a dependency is missing'])[0]}") from None
+    except Exception as exc:  # a user's factory or class: its own error, where it was raised
+        raise EnvError(f"--env {env_id}: making the env raised {describe_exception(exc)}") from None
 
 
 def _check_gym_api(env_id: str, env) -> dict:
-    """One reset() call must return (obs, info) as in Gymnasium; returns the info."""
-    try:
-        result = env.reset(seed=0)
-    except Exception as exc:  # a user's env: any failure is reported as such
-        raise EnvError(f"--env {env_id}: reset() raised {exc.__class__.__name__}: {exc}") from None
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
-        raise EnvError(
-            f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, got {type(result).__name__}"
-        )
-    if not env.observation_space.contains(result[0]):
-        raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
-    return result[1]
+    """reset() must return (obs, info) as in Gymnasium, the observation within observation_space, and
+    the spaces must stay as they are at the next reset(); returns the first reset's info."""
+    infos, spaces = [], []
+    for seed in (0, 1):
+        try:
+            result = env.reset(seed=seed)
+        except Exception as exc:  # a user's env: any failure is reported as such
+            raise EnvError(f"--env {env_id}: reset() raised {describe_exception(exc)}") from None
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            raise EnvError(
+                f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, "
+                f"got {type(result).__name__}"
+            )
+        if not env.observation_space.contains(result[0]):
+            raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
+        infos.append(result[1])
+        spaces.append((obs_entries(env_id, env.observation_space), action_spec(env_id, env.action_space)))
+    check_same_spaces(env_id, spaces[0], env.observation_space, env.action_space, "the second reset()", "the first")
+    return infos[0]
 
 
 def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
@@ -359,11 +323,11 @@ def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
         finally:
             env.close()
         is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
-    action = _action_spec(env_id, action_space)
+    action = action_spec(env_id, action_space)
     from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)
     if from_info:  # the env's info['action_mask'] becomes an observation entry
         obs_space = with_mask_space(obs_space, sum(action.nvec))
-    obs = _obs_entries(env_id, obs_space)
+    obs = obs_entries(env_id, obs_space)
     if turn_based:  # whose turn it is: the policy and value see it (a board alone may not say it)
         obs += ((TO_MOVE_KEY, (1,), "float32"),)
     spec = EnvSpec(

@@ -1,12 +1,20 @@
 """What the engine needs to know of an env: its observation entries, action space, family and frameskip.
-Probed once by the main process (registry.probe_env_spec) and handed to every role in the run plan."""
+Probed once by the main process (registry.probe_env_spec) and handed to every role in the run plan; the
+Gymnasium spaces it is read from (obs_entries, action_spec), and the check that an env made later has
+the same (check_same_spaces)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 ACTION_MASK_KEY = "action_mask"  # an observation entry of legal actions (PettingZoo's name): 1 legal, 0 not
 TO_MOVE_KEY = "to_move"  # turn-based multi-agent envs: an entry [1], 1.0 where the row's agent is to move
+
+
+class EnvError(ValueError):
+    """An env that cannot be made or used: the message names the env and what is wrong."""
 
 
 def is_image(shape: tuple, dtype: str) -> bool:
@@ -66,3 +74,68 @@ class EnvSpec:
     def has_image(self) -> bool:
         """Whether some observation entry is an image (see is_image)."""
         return any(is_image(shape, dtype) for _, shape, dtype in self.obs)
+
+
+def obs_entries(env_id: str, space) -> tuple:
+    """(key, shape, dtype) of each entry of an observation space (a plain Box is the entry 'obs')."""
+    from gymnasium import spaces
+
+    items = space.spaces.items() if isinstance(space, spaces.Dict) else [("obs", space)]
+    entries = []
+    for key, sub in items:
+        if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
+            raise EnvError(
+                f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
+                f"(vectors, uint8 images) and a flat Dict of them"
+            )
+        # a 3-D grid of small integers (a PettingZoo board's 0/1 planes) is stored as uint8, exactly, and
+        # seen as an image: a convolution sees a line of four where an MLP sees 84 unrelated numbers
+        grid = (
+            len(sub.shape) == 3
+            and np.issubdtype(sub.dtype, np.integer)
+            and np.all(sub.low >= 0)
+            and np.all(sub.high <= 255)
+        )
+        dtype = "uint8" if sub.dtype == np.uint8 or grid else "float32"
+        entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
+    return tuple(entries)
+
+
+def action_spec(env_id: str, space) -> ActionSpec:
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Discrete):
+        return ActionSpec("discrete", nvec=(int(space.n),), start=(int(space.start),))
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return ActionSpec(
+            "multi_discrete", nvec=tuple(int(n) for n in space.nvec), start=tuple(int(x) for x in space.start)
+        )
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
+        return ActionSpec(
+            "continuous",
+            shape=tuple(space.shape),
+            low=tuple(float(x) for x in space.low),
+            high=tuple(float(x) for x in space.high),
+        )
+    raise EnvError(
+        f"--env {env_id}: action space {space} is not supported (Discrete, MultiDiscrete or a 1-D float Box are)"
+    )
+
+
+def _describe(obs: tuple, action: ActionSpec) -> str:
+    entries = ", ".join(f"{key} {dtype}{list(shape)}" for key, shape, dtype in obs)
+    size = list(action.nvec or action.shape)
+    bounds = f" in [{min(action.low):g}, {max(action.high):g}]" if action.kind == "continuous" else ""
+    return f"observation {entries}, {action.kind} actions {size}{bounds}"
+
+
+def check_same_spaces(env_id: str, planned: tuple, obs_space, action_space, now: str, then: str) -> None:
+    """EnvError unless `obs_space` and `action_space` (of the env `now` names) read as `planned`, the
+    (observation entries, action spec) of the env `then` names: the shared buffers and the model are
+    laid out once, from the env probed at the start."""
+    seen = (obs_entries(env_id, obs_space), action_spec(env_id, action_space))
+    if seen != tuple(planned):
+        raise EnvError(
+            f"--env {env_id}: {now} has {_describe(*seen)} where {then} had {_describe(*planned)}: the "
+            f"observation and action spaces must be the same in every env made, at every reset"
+        )

@@ -18,7 +18,9 @@ from common import median_windows, run_train  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds after warm-up")
     parser.add_argument("--warmup_sec", type=float, default=5.0, help="start-up and warm-up, not measured")

@@ -18,7 +18,9 @@ from common import run_train  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--stop_at_return", type=float, default=475.0)
     parser.add_argument("--seconds", type=float, default=60.0, help="time budget of each run")

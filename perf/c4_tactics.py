@@ -81,7 +81,9 @@ def play(policy, env, games: int, scripted: bool, rng) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--train_dir", default="train_dir")
     parser.add_argument("--checkpoint", default=None, help="a checkpoint file (default: the experiment's latest)")

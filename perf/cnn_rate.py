@@ -34,7 +34,9 @@ def best_times(fns: list, repeats: int) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--encoder", default="nature_cnn", choices=("nature_cnn", "impala_cnn"))
     parser.add_argument("--minibatch", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)

@@ -46,7 +46,9 @@ def measure(repo: str, python: str, seconds: float, env: str, flags: list) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--other", required=True, help="path of the other checkout (its train.py is run)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both checkouts (>= 1)")
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each throughput run")

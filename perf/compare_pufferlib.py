@@ -57,7 +57,9 @@ def theirs(name: str, seconds: float, script: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="Training time of each run.")
     parser.add_argument("--rounds", type=int, default=2, help="Rounds (>= 1); the order alternates.")
     parser.add_argument("--baselines_dir", default=os.path.join(os.path.dirname(REPO), "shared", "baselines"))

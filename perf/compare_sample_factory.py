@@ -37,7 +37,9 @@ def log(name: str, result: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", choices=sorted(ENVS), default="cartpole")
     parser.add_argument("--baselines_dir", default=os.path.join(os.path.dirname(REPO), "shared", "baselines"))
     parser.add_argument("--sampling_seconds", type=float, default=30.0)

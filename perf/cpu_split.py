@@ -59,7 +59,9 @@ def env_steps(log_path: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--warmup", type=float, default=20.0, help="Seconds after launch before the window.")
     parser.add_argument("--window", type=float, default=15.0, help="Seconds measured.")
     parser.add_argument("flags", nargs="*", help="train.py flags (after --)")

@@ -84,7 +84,9 @@ def build(flags: list, shm_dir: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--steps", type=int, default=30, help="Timed training steps (after 3 warm-up steps).")
     parser.add_argument("--profile", type=int, default=0, help="Also profile this many steps op by op.")
     parser.add_argument("--top", type=int, default=15, help="Ops listed from the profile.")

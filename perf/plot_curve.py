@@ -47,7 +47,9 @@ def at_minute(values: list, minutes: list, minute: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("experiment_dirs", nargs="+")
     parser.add_argument("--tag", default="episode/return", help="a scalar tag, or one per experiment, comma-separated")
     parser.add_argument("--labels", default=None, help="comma-separated, one per experiment (default: the names)")

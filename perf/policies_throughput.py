@@ -19,7 +19,9 @@ from common import median_windows, run_train  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--policies", default="1,4", help="comma-separated --num_policies values")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds of each run")

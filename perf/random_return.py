@@ -22,7 +22,9 @@ from sf_engine.envs.masks import random_actions  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", required=True, help="as train.py's --env")
     parser.add_argument("--env_backend", default="auto", help="as train.py's --env_backend")
     parser.add_argument("--episodes", type=int, default=1000, help="episodes (per agent) to average")

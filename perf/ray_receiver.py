@@ -49,7 +49,9 @@ def _payload(layout: dict, shm_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--senders", type=int, default=2, help="Ray actors handing out slots")
     parser.add_argument("--seconds", type=float, default=20.0)

@@ -111,7 +111,9 @@ def _actors(summary: dict) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the receive and kill runs")
     parser.add_argument("--cpus_per_node", type=int, default=1)
     args = parser.parse_args()

@@ -23,7 +23,9 @@ KINDS = ("none", "gru", "lstm")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seconds", type=float, default=30.0, help="Training time of each run.")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of the three runs (>= 1).")

@@ -96,7 +96,9 @@ def _time(context, run, case, calls):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--calls", type=int, default=5, help="Calls per timing.")
     parser.add_argument("--starts", type=int, nargs="+", default=[3, 60], help="Episode starts per minibatch.")

@@ -53,7 +53,9 @@ def plot(points: list, env: str, path: str, train: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--workers", type=ints, default=[1, 2, 3])
     parser.add_argument("--envs", type=ints, default=[32, 128, 512])

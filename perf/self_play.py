@@ -51,7 +51,9 @@ def _play(train_dir: str, experiment: str, checkpoint: str, opponent: str, games
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--env", default="pettingzoo.classic.connect_four_v3:env")
     parser.add_argument("--seconds", type=float, default=1200.0, help="seconds of training")
     parser.add_argument("--at", default="10,20", help="comma-separated minutes whose checkpoints are played")

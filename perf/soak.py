@@ -54,7 +54,9 @@ def run_rss(exp_dir: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup_minutes", type=float, default=2.0)
     parser.add_argument("--sample_every_sec", type=float, default=60.0)

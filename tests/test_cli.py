@@ -133,7 +133,7 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
     assert saved["command_line"][-2:] == ["--train_dir", str(tmp_path)] and saved["model"]["rnn_size"] == 64
     before = files_of(tmp_path / "resume")
     line = train_error(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path, capsys)
-    assert "--hidden_size" in line and "--restart" in line
+    assert "--hidden_size was 64, now 32" in line and "--restart" in line
     assert files_of(tmp_path / "resume") == before  # refused before anything on disk changed
     assert run(build_plan(base + ["--hidden_size", "32", "--restart", "--train_dir", str(tmp_path)])) == 0
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 
-from sf_engine.config.groups import GROUPS, Config
+from sf_engine.config.groups import GROUPS, Config, ConfigError
 
 
 def _str_to_bool(text: str) -> bool:
@@ -27,11 +28,38 @@ def value_type(fld) -> tuple:
     return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(fld.type, str)), None
 
 
+class FlagParser(argparse.ArgumentParser):
+    """An argparse parser whose flags match exactly (argparse would take --num_worker for --num_workers)
+    and whose every error is a ConfigError of one line: an unknown flag names the closest one. Every
+    command line of sf_engine (train.py, enjoy.py, export) is read by one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unknown(extras[0]))
+        return namespace
+
+    def _unknown(self, arg: str) -> str:
+        if not arg.startswith("-"):
+            return f"unexpected argument {arg!r}: a value follows its flag (--flag VALUE); --help lists the flags"
+        name = arg.partition("=")[0]
+        flags = [option for option in self._option_string_actions if option.startswith("--")]
+        closest = difflib.get_close_matches("--" + name.lstrip("-"), flags, n=1)
+        return f"unknown flag {name}: " + (f"did you mean {closest[0]}?" if closest else "--help lists the flags")
+
+    def error(self, message: str):
+        """argparse's errors ('argument --num_workers: expected an integer ...') as one ConfigError."""
+        raise ConfigError(message.removeprefix("argument "))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
     env family's default or the field's own applies, see make_config). --help shows the field's
     default."""
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
         "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
         "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
@@ -53,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_flags(argv=None) -> dict:
-    """The flags given on the command line, {group: {field: value}}; argparse errors exit with code 2
-    and one line. The command line is parsed here, once."""
+    """The flags given on the command line, {group: {field: value}}; a bad one is a ConfigError of one
+    line (FlagParser). The command line is parsed here, once."""
     given: dict = {name: {} for name in GROUPS}
     for dest, value in vars(build_parser().parse_args(argv)).items():
         group_name, name = dest.split(".", 1)

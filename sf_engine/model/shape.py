@@ -7,6 +7,7 @@ the networks from the resolved values, so that deciding needs no torch.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 
 def resolve_model_config(mcfg, spec):
@@ -32,10 +33,34 @@ def state_size(mcfg) -> int:
     return mcfg.rnn_size * (2 if mcfg.rnn == "lstm" else 1) * (2 if mcfg.actor_critic == "separate" else 1)
 
 
-def changed_flags(saved: dict, cfg, spec) -> list:
+def flag_text(value) -> str:
+    """A flag's value as it is written on the command line: 0.0003, true, none, a,b."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(flag_text(v) for v in value)
+    return str(value)
+
+
+class FlagChange(NamedTuple):
+    """A flag whose value differs between a saved configuration (`old`) and this run's (`new`)."""
+
+    flag: str
+    old: object
+    new: object
+
+    def __str__(self) -> str:
+        return f"{self.flag} was {flag_text(self.old)}, now {flag_text(self.new)}"
+
+
+def changed_flags(saved: dict, cfg, spec) -> list[FlagChange]:
     """The flags ('--env' and model flags) whose values in `saved` (Config.to_dict() as config.json and
     checkpoints hold it; an 'auto' of an older version is resolved first) differ from the resolved
-    `cfg`: a model saved with them does not fit. ValueError if `saved` is not such a dict."""
+    `cfg`, with both values: a model saved with them does not fit. ValueError if `saved` is not such a dict."""
     from sf_engine.config.groups import ModelConfig
 
     try:
@@ -43,12 +68,15 @@ def changed_flags(saved: dict, cfg, spec) -> list:
         if "model" in saved:
             old = resolve_model_config(ModelConfig(**saved["model"]), spec)
             changed = [
-                f"--{f.name}" for f in dataclasses.fields(old) if getattr(old, f.name) != getattr(cfg.model, f.name)
+                FlagChange(f"--{f.name}", getattr(old, f.name), getattr(cfg.model, f.name))
+                for f in dataclasses.fields(old)
+                if getattr(old, f.name) != getattr(cfg.model, f.name)
             ]
         if saved.get("env", {}).get("env") != cfg.env.env:
-            changed.insert(0, "--env")
-        if saved.get("policies", {}).get("num_policies", 1) != cfg.policies.num_policies:
-            changed.append("--num_policies")
+            changed.insert(0, FlagChange("--env", saved.get("env", {}).get("env"), cfg.env.env))
+        policies = saved.get("policies", {}).get("num_policies", 1)
+        if policies != cfg.policies.num_policies:
+            changed.append(FlagChange("--num_policies", policies, cfg.policies.num_policies))
         return changed
     except (TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"not a configuration of this version of sf_engine ({exc.__class__.__name__})") from None

@@ -11,13 +11,16 @@ import sys
 
 import numpy as np
 
+from sf_engine.config.cli import FlagParser
+from sf_engine.config.groups import ConfigError
 from sf_engine.play.loading import EnjoyError, first_line, load_experiment, load_policy, resolve_checkpoint
 from sf_engine.play.video import VideoEnv, VideoWriter
 
 
 def experiment_parser(description: str) -> argparse.ArgumentParser:
-    """The flags that pick a trained experiment and its checkpoint (enjoy.py, export)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """The flags that pick a trained experiment and its checkpoint (enjoy.py, export); matched exactly, a
+    bad one is a ConfigError of one line (FlagParser)."""
+    parser = FlagParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", default="default", help="Experiment name (as given to train.py).")
     parser.add_argument("--train_dir", default="train_dir", help="Root directory of all experiments.")
     parser.add_argument(
@@ -219,18 +222,18 @@ def _run_matches(args, cfg, spec, path: str, policy, device) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    if not args.render:
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
-        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     from sf_engine.envs import EnvError
 
     try:
+        args = parse_args(argv)
+        if not args.render:
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # Gymnasium's renderers draw off screen
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         check_args(args)
         return run(args)
     except KeyboardInterrupt:  # Ctrl-C: the video so far is closed and playable
         print("interrupted", file=sys.stderr)
         return 130
-    except (EnjoyError, EnvError) as exc:
+    except (ConfigError, EnjoyError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

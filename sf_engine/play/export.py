@@ -177,12 +177,12 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    from sf_engine.config.groups import ConfigError
     from sf_engine.envs import EnvError
 
     try:
-        return run(args)
-    except (EnjoyError, EnvError) as exc:
+        return run(parse_args(argv))
+    except (ConfigError, EnjoyError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -50,7 +50,7 @@ def load_policy(cfg, spec, path: str, device, policy: int = 0):
     """The actor-critic of `cfg` with the weights of checkpoint `path` (of its policy `policy` where it
     holds several), or an EnjoyError saying why not."""
     from sf_engine.model.actor_critic import ActorCritic
-    from sf_engine.model.shape import changed_flags
+    from sf_engine.model.shape import changed_flags, flag_text
     from sf_engine.runtime.checkpoint import CheckpointError, load_checkpoint, policy_states
 
     try:
@@ -62,15 +62,16 @@ def load_policy(cfg, spec, path: str, device, policy: int = 0):
     saved = state.get("config", {})
     try:
         changed = changed_flags({"env": {"env": cfg.env.env}} | saved, cfg, spec) if isinstance(saved, dict) else []
-        changed = [flag for flag in changed if flag != "--num_policies"]  # one policy of it is loaded
+        changed = [change for change in changed if change.flag != "--num_policies"]  # one policy of it is loaded
     except ValueError as exc:
         raise EnjoyError(
             f"checkpoint {path}: its configuration is {exc}: pick a checkpoint of this experiment"
         ) from None
     if changed:
+        differences = ", ".join(f"{c.flag} {flag_text(c.old)} (experiment: {flag_text(c.new)})" for c in changed)
         raise EnjoyError(
-            f"checkpoint {path} was trained on {saved.get('env', {}).get('env')} with other model flags "
-            f"than experiment {cfg.run.experiment} ({cfg.env.env}): pick a checkpoint of this experiment"
+            f"checkpoint {path} does not fit experiment {cfg.run.experiment}: it was trained with {differences}: "
+            f"pick a checkpoint of this experiment"
         )
     states = policy_states(state)
     if not 0 <= policy < len(states):
@@ -78,11 +79,28 @@ def load_policy(cfg, spec, path: str, device, policy: int = 0):
     model = ActorCritic(spec, cfg.model)
     try:
         model.load_state_dict(states[policy]["model"])
-    except (KeyError, RuntimeError) as exc:
+    except (KeyError, RuntimeError, TypeError) as exc:
+        why = _shape_difference(model.state_dict(), states[policy].get("model")) or first_line(exc)
         raise EnjoyError(
-            f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment}: {first_line(exc)}"
+            f"checkpoint {path} does not fit the model of experiment {cfg.run.experiment} ({why}): pick a "
+            f"checkpoint of this experiment"
         ) from None
     return model.to(device).eval()
+
+
+def _shape_difference(expected: dict, saved) -> str:
+    """The first weight whose shape differs, or that one side lacks, between the model's own state dict
+    and a checkpoint's: 'encoder.0.weight is [64, 4] in the checkpoint, [64, 6] here'; '' if none does."""
+    if not isinstance(saved, dict):
+        return "the checkpoint holds no model weights"
+    for name, tensor in expected.items():
+        if name not in saved:
+            return f"the checkpoint has no {name}"
+        shape = list(getattr(saved[name], "shape", []))
+        if shape != list(tensor.shape):
+            return f"{name} is {shape} in the checkpoint, {list(tensor.shape)} here"
+    extra = [name for name in saved if name not in expected]
+    return f"the checkpoint has {extra[0]}, which this model has not" if extra else ""
 
 
 def load_experiment(train_dir: str, experiment: str) -> tuple:

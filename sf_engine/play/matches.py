@@ -13,7 +13,6 @@ A game is won when the policy's return is above the opponent's, drawn when equal
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,16 +57,12 @@ def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0
 
 
 def _import_function(text: str):
-    module_name, _, name = text.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-        function = getattr(module, name)
-    except (ImportError, AttributeError) as exc:
-        raise OpponentError(
-            f"--opponent {text}: cannot import it ({exc}); give random, MODULE:FUNCTION or a checkpoint file"
-        ) from None
+    """MODULE:FUNCTION, imported as `--env module:attr` is (sf_engine.envs.user_code: the current directory first)."""
+    from sf_engine.envs.user_code import import_user_module, user_attribute
+
+    function = user_attribute(import_user_module(text, "--opponent", OpponentError), text, "--opponent", OpponentError)
     if not callable(function):
-        raise OpponentError(f"--opponent {text}: {name} is not a function of an observation")
+        raise OpponentError(f"--opponent {text}: {text.partition(':')[2]} is not a function of an observation")
     return function
 
 

@@ -72,7 +72,10 @@ class VideoEnv:
             render_mode = "rgb_array" if render == "video" else "human"
             if resolve_backend(cfg.env.env, backend) != "gymnasium":
                 backend = "gymnasium"  # the renderer is Gymnasium's
-                print(f"{cfg.env.env} is played through Gymnasium's implementation, which renders")
+                print(
+                    f"{cfg.env.env}: EnvPool, which it was trained on, has no renderer: the replay plays "
+                    f"Gymnasium's implementation of the same env"
+                )
             check_renders(cfg, backend, seed, spec, render_mode)
         self.env = make_batch_env(
             cfg.env.env, backend, spec.num_agents, seed=seed, spec=spec, training=False, render_mode=render_mode

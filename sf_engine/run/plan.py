@@ -27,7 +27,7 @@ from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from sf_engine.envs.registry import registered_envs, resolve_backend
-from sf_engine.model.shape import changed_flags, resolve_model_config, state_size
+from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
 from sf_engine.runtime.checkpoint import (
@@ -90,8 +90,13 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     )
     layout = buffer_layout(cfg, spec, state_size(cfg.model))
     _check_resources(cfg, layout, paths.experiment_dir)
-    resume_from, skipped = _resume_point(cfg, spec, paths)
+    resume_from, skipped, changes = _resume_point(cfg, spec, paths)
     notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
+    if changes:  # resuming with other flags than the run before: the user sees which, old -> new
+        notes.append(
+            "resuming with changed flags: "
+            + ", ".join(f"{c.flag} {flag_text(c.old)} -> {flag_text(c.new)}" for c in changes)
+        )
     return RunPlan(
         cfg,
         spec,
@@ -199,31 +204,47 @@ def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
 
 
 def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
-    """(the checkpoint to resume from or None, [(skipped path, reason)]). A resumed run must have the
-    env and model it was trained with; --restart resumes nothing (the experiment is cleared later)."""
+    """(the checkpoint to resume from or None, [(skipped path, reason)], [FlagChange] of the flags that
+    differ from the run before). A resumed run must have the env and model it was trained with; other
+    flags may change; --restart resumes nothing (the experiment is cleared later)."""
     if cfg.run.restart or not latest_checkpoint(paths.checkpoint_dir):
-        return None, []
-    path = os.path.join(paths.experiment_dir, "config.json")
+        return None, [], []
+    path, changes = os.path.join(paths.experiment_dir, "config.json"), []
     if os.path.exists(path):
         try:
             with open(path) as f:
-                changed = changed_flags(json.load(f), cfg, spec)
-        except (OSError, ValueError) as exc:
+                saved = json.load(f)
+            changed = changed_flags(saved, cfg, spec)
+            changes = _changed_settings(saved, cfg)
+        except (OSError, ValueError, AttributeError) as exc:
             raise ConfigError(
                 f"--experiment {cfg.run.experiment}: {path} is unreadable ({exc}); pass --restart to "
                 f"start over or choose another --experiment"
             ) from None
         if changed:
             raise ConfigError(
-                f"--experiment {cfg.run.experiment} was trained with other {', '.join(changed)}: "
-                f"pass --restart to start over or choose another --experiment"
+                f"--experiment {cfg.run.experiment} cannot resume with another env or model "
+                f"({'; '.join(map(str, changed))}): pass --restart to start over or choose another --experiment"
             )
     resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir, load=True)
     if resume_from is None:
         raise ConfigError(
             f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); pass --restart to start over"
         )
-    return resume_from, skipped
+    return resume_from, skipped, changes
+
+
+def _changed_settings(saved: dict, cfg: Config) -> list[FlagChange]:
+    """Every flag whose value in `saved` (config.json of the run before) differs from the resolved `cfg`
+    (an 'auto' that resolves as before is no change; budgets count). Settings config.json does not hold
+    (a version before them) are left out."""
+    new = json.loads(json.dumps(cfg.to_dict()))  # tuples as lists, as config.json holds them
+    return [
+        FlagChange(f"--{name}", saved[group][name], value)
+        for group, fields in new.items()
+        for name, value in fields.items()
+        if isinstance(saved.get(group), dict) and name in saved[group] and saved[group][name] != value
+    ]
 
 
 def log_plan(plan: RunPlan) -> None:
