@@ -44,6 +44,7 @@ def _check_counts(cfg: Config) -> None:
         "--batch_size": lrn.batch_size,
         "--num_batches_per_epoch": lrn.num_batches_per_epoch,
         "--num_epochs": lrn.num_epochs,
+        "--max_bad_updates": lrn.max_bad_updates,
         "--keep_checkpoints": run.keep_checkpoints,
         "--learner_threads": lrn.learner_threads,
         "--hidden_size": model.hidden_size,
@@ -119,8 +120,12 @@ def _check_run(cfg: Config) -> None:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
     if run.eval_every_sec < 0:
         raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
-    if run.train_for_env_steps <= 0 or run.train_for_seconds <= 0:
-        raise ConfigError("--train_for_env_steps and --train_for_seconds must be positive")
+    for flag, budget in {
+        "--train_for_env_steps": run.train_for_env_steps,
+        "--train_for_seconds": run.train_for_seconds,
+    }.items():
+        if budget is not None and budget <= 0:
+            raise ConfigError(f"{flag} must be positive (got {budget:g})")
     if run.stuck_timeout_sec <= 0:
         raise ConfigError(f"--stuck_timeout_sec must be positive (got {run.stuck_timeout_sec})")
     if run.max_worker_restarts < 0:

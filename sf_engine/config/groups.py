@@ -16,6 +16,7 @@ from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
+DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run given neither
 
 
 # --algo: each learning algorithm's class ("module:Class" under sf_engine.algo, built by the learner role;
@@ -144,7 +145,11 @@ class LearnerConfig:
         "with small gradients (a CNN's large linear layer) move faster.",
     )
     lr_schedule: str = _f(
-        "constant", "'constant', or 'linear' decay to 0 over --train_for_env_steps.", choices=("constant", "linear")
+        "constant",
+        "'constant', or 'linear' decay to 0 over the run's budgets: by the larger part used of those that apply "
+        "(env steps of --train_for_env_steps, seconds of this run of --train_for_seconds), so the rate reaches "
+        "0 at the first budget reached; with only a time budget a resumed run decays anew over its own time.",
+        choices=("constant", "linear"),
     )
     gamma: float = _f(0.99, "Discount factor.")
     gae_lambda: float = _f(0.95, "GAE lambda (advantage estimation without V-trace).")
@@ -161,6 +166,13 @@ class LearnerConfig:
         100,
         "Drop samples more than this many policy versions older than the learner "
         "(they are counted in train/samples_dropped_lag).",
+    )
+    max_bad_updates: int = _f(
+        100,
+        "Stop the run once this many optimizer updates in a row had a non-finite loss or gradient (each is "
+        "skipped: no step) or left weights with a non-finite value (undone: such weights are never published "
+        "or saved). Training has diverged then: NaN or inf in the env's observations or rewards, or too high "
+        "a --learning_rate, are the usual causes.",
     )
     learner_threads: int = _f(1, "Torch threads in the learner (keep threads x busy processes <= cores).")
     recurrence: int | str = _f(
@@ -201,8 +213,19 @@ class RunConfig:
         "heads, losses and optimizer stay float32), the policy worker's, on images, from "
         "bfloat16 copies of the image encoders' and recurrent core's weights. About 2x on CNN training on such CPUs.",
     )
-    train_for_env_steps: int = _f(10_000_000, "Stop after this many env steps in total (resumed runs included).")
-    train_for_seconds: float = _f(3600.0, "Stop after this many seconds of this run.")
+    train_for_env_steps: int | None = _f(
+        None,
+        "Env-step budget: stop after this many env steps in total (resumed runs included; a re-run of an "
+        "experiment that reached it exits at once). Each budget applies when given, the first reached "
+        f"stops the run; with neither given, {DEFAULT_ENV_STEPS:,} env steps and {DEFAULT_SECONDS:g} s apply.",
+        type=int,
+    )
+    train_for_seconds: float | None = _f(
+        None,
+        "Time budget: stop after this many seconds of this run (each run, resumed or not, has its own). "
+        "Applies when given, or by default with --train_for_env_steps not given either (see there).",
+        type=float,
+    )
     stop_at_return: Optional[float] = _f(
         None, "Stop once the mean return of the last 100 episodes reaches this.", type=float
     )
@@ -234,14 +257,27 @@ class RunConfig:
     shm_dir: str = _f("/dev/shm", "Directory (a tmpfs) backing the shared trajectory buffers.")
     stuck_timeout_sec: float = _f(
         60.0,
-        "A process whose heartbeat stops this long is stuck (a hung env, say): "
-        "a rollout or policy worker is restarted, a stuck learner stops the run.",
+        "A process whose heartbeat stops this long is stuck (a hung env, say): it is killed and restarted "
+        "like one that died (the learner too, from the weights it published last).",
     )
     max_worker_restarts: int = _f(
         10,
-        "Stop the run (cleanly, with a checkpoint) once workers have been "
-        "restarted more than this many times within 5 minutes.",
+        "Stop the run (cleanly, with a checkpoint) once its processes (rollout workers, the policy worker, the "
+        "learner, the evaluator, the receiver) have been restarted more than this many times within 5 minutes.",
     )
+
+    def __post_init__(self):
+        """A run given neither budget gets both defaults; one given alone is the only budget (the other None)."""
+        if self.train_for_env_steps is None and self.train_for_seconds is None:
+            object.__setattr__(self, "train_for_env_steps", DEFAULT_ENV_STEPS)
+            object.__setattr__(self, "train_for_seconds", DEFAULT_SECONDS)
+
+    def budget_used(self, env_steps: int, elapsed_sec: float) -> float:
+        """How far a run is through its budgets, 0 to 1: the larger part used of those that apply (the run
+        stops at the first one reached). `elapsed_sec`: this run's seconds so far."""
+        used = [env_steps / self.train_for_env_steps] if self.train_for_env_steps is not None else []
+        used += [elapsed_sec / self.train_for_seconds] if self.train_for_seconds is not None else []
+        return min(1.0, max(used))
 
 
 @dataclass(frozen=True)

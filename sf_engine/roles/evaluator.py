@@ -82,6 +82,8 @@ class Evaluator:
         finished); best.pt only when all did."""
         start = time.monotonic()
         version = self.weights.read_into(self.params)
+        if version is None:  # the learner is being replaced: the next period evaluates its weights
+            return None
         if self.two_player:
             return self._evaluate_games(version, start)
         returns, lengths = {}, {}

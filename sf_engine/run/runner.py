@@ -14,10 +14,12 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.forkserver
+import os
 import signal
 import sys
 import time
 
+from sf_engine.config.checks import check_flags
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.groups import ALGORITHMS, ConfigError
 from sf_engine.envs import EnvError
@@ -25,7 +27,9 @@ from sf_engine.envs.registry import may_use_envpool
 from sf_engine.run.experiment import Experiment
 from sf_engine.run.plan import build_plan, log_plan, saved_config
 from sf_engine.run.supervisor import ChildFailed, Supervisor
+from sf_engine.runtime.checkpoint import checkpoint_dir, env_steps_of, latest_valid_checkpoint
 from sf_engine.runtime.ipc import drain_into, make_lifeline
+from sf_engine.runtime.role import RunStopped
 from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.slot_pool import SlotPool
@@ -67,18 +71,24 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+def env_step_budget_reached(budget: int) -> str:
+    return f"env-step budget reached ({budget:,} env steps; --train_for_env_steps raises it)"
+
+
 def _stop_reason(cfg, stats: RunStats, start_time: float):
-    if stats.env_steps >= cfg.run.train_for_env_steps:
-        return f"env-step budget reached ({stats.env_steps:,} >= {cfg.run.train_for_env_steps:,})"
-    if time.monotonic() - start_time >= cfg.run.train_for_seconds:
-        return f"time budget reached ({cfg.run.train_for_seconds:g} s)"
+    """Why the run stops now (a budget that applies is reached, or the return target), or None."""
+    steps, seconds = cfg.run.train_for_env_steps, cfg.run.train_for_seconds
+    if steps is not None and stats.env_steps >= steps:
+        return env_step_budget_reached(steps)
+    if seconds is not None and time.monotonic() - start_time >= seconds:
+        return f"time budget reached ({seconds:g} s; --train_for_seconds raises it)"
     target = cfg.run.stop_at_return
     if target is not None and len(stats.returns) == stats.returns.maxlen and stats.return_mean >= target:
         return f"mean return of the last 100 episodes {stats.return_mean:.1f} >= {target:g}"
     return None
 
 
-def run(plan: RunPlan, mp_context=None) -> int:
+def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
     """Run the plan until a budget is reached; returns the exit code (130 after Ctrl-C, 1 after a
     failure the run cannot go on from). `mp_context`: the started forkserver (async and sync modes;
     started here when not given). Whatever happens, the shared memory is released, the last summary
@@ -89,6 +99,8 @@ def run(plan: RunPlan, mp_context=None) -> int:
     experiment = Experiment(plan)
     experiment.lock()
     tracker, summary, exit_code = None, None, 1
+    # once the stop begins, Ctrl-C cannot cut it short (_train); `exits_after` (train.py): nor the exit that follows
+    previous_sigint = signal.SIG_IGN if exits_after else signal.getsignal(signal.SIGINT)
     try:
         tracker = WandbRun.start(plan)  # before anything in the experiment changes: W&B may refuse
         experiment.prepare()
@@ -103,7 +115,9 @@ def run(plan: RunPlan, mp_context=None) -> int:
             )
             SlotPool(buffers, queues).fill()
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
-            reporter = Reporter(stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker)
+            reporter = Reporter(
+                stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker, resumed=bool(plan.resume_from)
+            )
             try:
                 exit_code, reason = _train(plan, experiment, mp_context, buffers, queues, stats, reporter)
             finally:
@@ -114,6 +128,7 @@ def run(plan: RunPlan, mp_context=None) -> int:
         if tracker is not None:
             tracker.finish(summary, exit_code)
         experiment.close()
+        signal.signal(signal.SIGINT, previous_sigint)
     logging.info("stopped: %s", reason)
     brief = {
         k: v
@@ -156,10 +171,11 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
         exit_code, reason = 130, "interrupted (Ctrl-C)"
     except Terminated:
         reason = "terminated (SIGTERM)"
-    except ChildFailed as exc:
+    except (ChildFailed, RunStopped) as exc:  # RunStopped: a role stopped a serial run (in one process)
         exit_code, reason = 1, str(exc)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below runs to its end
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below runs to its end: a second Ctrl-C only
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # hurries the children's (Supervisor.shutdown)
         stats.stop()
         try:
             if roles is not None:
@@ -176,6 +192,39 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
     return exit_code, reason
 
 
+def already_done(cfg) -> str | None:
+    """The one line of a re-run with nothing to train: the experiment's newest valid checkpoint already
+    holds its env-step budget (a time budget is per run, so only that budget can be spent before a run
+    starts); None otherwise. Read before the env is probed or anything measured. None where the plan has
+    something to report: flags that do not pass their checks, an experiment of another env or with an
+    unreadable config.json."""
+    budget, experiment_dir = cfg.run.train_for_env_steps, os.path.join(cfg.run.train_dir, cfg.run.experiment)
+    if budget is None or cfg.run.restart or not _same_env(cfg, os.path.join(experiment_dir, "config.json")):
+        return None
+    try:
+        check_flags(cfg)
+    except ConfigError:
+        return None
+    path, _ = latest_valid_checkpoint(checkpoint_dir(experiment_dir))
+    if path is None or env_steps_of(path) < budget:
+        return None
+    return (
+        f"experiment {cfg.run.experiment} has nothing to train: {env_step_budget_reached(budget)} by its "
+        f"checkpoint of {env_steps_of(path):,} env steps"
+    )
+
+
+def _same_env(cfg, config_path: str) -> bool:
+    """Whether the experiment's config.json (if it has one) is readable and of the env of `cfg`."""
+    if not os.path.exists(config_path):
+        return True
+    try:
+        with open(config_path) as f:
+            return json.load(f)["env"]["env"] == cfg.env.env
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def main(argv=None) -> int:
     """Entry point of train.py: flags -> run plan -> training. Bad input prints one line and returns 2.
     Envs registered with sf_engine.envs.register_env before this call can be used."""
@@ -183,8 +232,12 @@ def main(argv=None) -> int:
         given = parse_flags(argv)
         saved = saved_config(given)
         first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
+        done = already_done(first)
+        if done:
+            print(done)
+            return 0
         mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
-        return run(build_plan(argv, given, saved), mp_context)
+        return run(build_plan(argv, given, saved), mp_context, exits_after=True)
     except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ class Episodes:
     lengths: list
     extra: dict = field(default_factory=dict)
     policies: list = field(default_factory=list)  # --num_policies > 1: the policy of each of `returns`
+    seats: list = field(default_factory=list)  # multi-agent envs: the seat (agent index) of each of `returns`
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Training:
     losses: dict = field(default_factory=dict)  # policy_loss, value_loss, entropy, approx_kl, ...
     policy: int = 0
     train_sec: float = 0.0  # the learner's seconds on this policy's part of the batch
+    skipped_non_finite: int = 0  # steps a rollout worker skipped for a non-finite value (not in not_trainable)
+    skipped_updates: int = 0  # optimizer steps skipped for a non-finite loss or gradient
 
 
 @dataclass
@@ -104,6 +107,13 @@ class Recycled:
     """Learner with --sampling_only: env steps handed back untrained."""
 
     steps: int
+
+
+@dataclass
+class Recovered:
+    """A restarted learner: where each policy's weights and optimizer state came from (one line)."""
+
+    note: str
 
 
 @dataclass

@@ -5,7 +5,6 @@ nothing. Runs in the main process (no torch: events are written with TensorBoard
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -14,17 +13,12 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text.summary_v2 import text_pb
 
+from sf_engine.stats.previous import carry_over, read_summary
+from sf_engine.stats.records import EventLog, keep_record, write_json_atomic
 from sf_engine.stats.run_stats import RunStats
 
 TENSORBOARD_EVERY_SEC = 1.0
 SUMMARY_EVERY_SEC = 10.0
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
 
 
 def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
@@ -52,7 +46,11 @@ def _run_scalars(stats: RunStats, cfg, frameskip: int) -> dict:
         "train/samples_dropped_lag": stats.books.dropped_lag,
         "faults/worker_restarts": stats.worker_restarts,
         "faults/policy_worker_restarts": stats.policy_worker_restarts,
+        "faults/learner_restarts": stats.learner_restarts,
+        "faults/evaluator_restarts": stats.evaluator_restarts,
         "faults/checkpoint_failures": stats.checkpoint_failures,
+        "faults/samples_skipped_non_finite": stats.books.skipped_non_finite,
+        "faults/updates_skipped_non_finite": stats.skipped_updates,
     }
     out["perf/frames_per_sec_10s"] = out["perf/env_steps_per_sec_10s"] * frameskip
     out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * frameskip
@@ -71,6 +69,9 @@ def _episode_scalars(stats: RunStats) -> dict:
     if stats.returns:
         out["episode/return"] = stats.return_mean
         out["episode/length"] = sum(stats.lengths) / len(stats.lengths)
+    for seat, value in enumerate(stats.seat_return_means or []):  # multi-agent envs: each seat's own
+        if value is not None:
+            out[f"episode/return_seat_{seat}"] = value
     out.update({f"episode/{name}": value for name, value in stats.extra_means.items()})
     evaluation = stats.evaluation
     if evaluation:
@@ -181,6 +182,9 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
         f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
         f"| lag mean/max {lag} | version {train.version if train else 0}"
     )
+    line += _game_progress(stats)
+    if stats.books.skipped_non_finite or stats.skipped_updates:  # the env's or the learner's NaNs and infs
+        line += f" | non-finite: {stats.books.skipped_non_finite:,} samples, {stats.skipped_updates:,} updates skipped"
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
     if extra:  # the env's own episode stats: frags, deaths, ...
         line += " | " + " ".join(extra)
@@ -198,16 +202,39 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
             f" | {len(nodes)} sampler actors {sum(n['env_steps_per_sec_10s'] for n in nodes):,.0f} env steps/s, "
             f"lag {max(lags) if lags else 0:.1f}, restarts {sum(n['restarts'] for n in nodes)}"
         )
-    remaining = [cfg.run.train_for_seconds - elapsed]
-    if rate > 0:
+    return line + f" | ETA {_seconds_left(stats, cfg, elapsed, rate)}"
+
+
+def _game_progress(stats: RunStats) -> str:
+    """What moves in a multi-agent game, where the mean return of a zero-sum game stays 0: each seat's mean
+    return, and the latest win rate against a random player (two-player games)."""
+    out = ""
+    seats = stats.seat_return_means
+    if seats and len(seats) > 1:
+        out += " | seats " + "/".join("-" if value is None else f"{value:+.2f}" for value in seats)
+    evaluation = stats.evaluation
+    if evaluation is not None and evaluation.win_rate is not None:
+        out += (
+            f" | vs random won {evaluation.win_rate:.0%} drew {evaluation.draw_rate:.0%} "
+            f"(v{evaluation.version}, {evaluation.episodes} games)"
+        )
+    return out
+
+
+def _seconds_left(stats: RunStats, cfg, elapsed: float, rate: float) -> str:
+    """Until the first budget that applies is reached (the env-step budget's at the last 10 s's rate)."""
+    remaining = []
+    if cfg.run.train_for_seconds is not None:
+        remaining.append(cfg.run.train_for_seconds - elapsed)
+    if cfg.run.train_for_env_steps is not None and rate > 0:
         remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
-    return line + f" | ETA {max(0.0, min(remaining)):,.0f}s"
+    return f"{max(0.0, min(remaining)):,.0f}s" if remaining else "-"
 
 
 def summary(stats: RunStats, cfg, frameskip: int) -> dict:
     """summary.json: the run's figures (the perf/ scripts read it)."""
     steps_per_sec = stats.throughput.env_steps_per_sec()
-    diagnosis, evaluation, train = stats.diagnosis, stats.evaluation, stats.training
+    diagnosis, train = stats.diagnosis, stats.training
     return {
         "env": cfg.env.env,
         "mode": cfg.run.mode,
@@ -221,6 +248,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         "frames_per_sec": round(steps_per_sec * frameskip, 1),
         "episode_return_mean": stats.return_mean,
         "episodes": stats.episodes,
+        "episode_return_by_seat": stats.seat_return_means,
         "episode_extra_stats": stats.extra_means,
         "policy_lag_mean": stats.lag_sum / stats.lag_count if stats.lag_count else None,
         "policy_lag_max": stats.lag_max if stats.lag_count else None,
@@ -236,43 +264,63 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         ),
         "env_steps_per_sec_windows": [round(r, 1) for r in stats.throughput.window_rates],
         "checkpoint": stats.checkpoint_path,
-        "eval_return_mean": evaluation.return_mean if evaluation else None,
-        "eval_return_best": evaluation.best if evaluation else None,
-        "eval_win_rate_vs_random": evaluation.win_rate if evaluation else None,
+        **_evaluation_summary(stats.evaluation),
         "worker_restarts": stats.worker_restarts,
         "policy_worker_restarts": stats.policy_worker_restarts,
+        "learner_restarts": stats.learner_restarts,
+        "learner_recoveries": stats.recoveries,
+        "evaluator_restarts": stats.evaluator_restarts,
         "checkpoint_failures": stats.checkpoint_failures,
+        "updates_skipped_non_finite": stats.skipped_updates,
         "env_step_books": stats.books.as_dict(stats.env_steps - stats.env_steps_base),
         "policies": _trained_policies(stats, cfg) or None,
         "remote_samplers": stats.remote_figures() or None,
         "remote_weights": None
         if stats.remote is None
         else {"objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
-        "pbt": None
-        if stats.pbt is None
-        else {
-            "rounds": stats.pbt.round,
-            "hyperparameters": stats.pbt.hyperparameters,
-            "objectives": stats.pbt.objectives,
-            "exploits": [
-                {"round": r, "replaced": t, "copied": s, "objective_replaced": a, "objective_copied": b}
-                for r, t, s, a, b in stats.pbt_exploits
-            ],
-        },
+        "pbt": _pbt_summary(stats),
+    }
+
+
+def _evaluation_summary(evaluation) -> dict:
+    """The latest evaluation's figures (None each before the first): its return, the best so far, the
+    version evaluated and, in two-player games, the rates against a random player."""
+    return {
+        "eval_return_mean": evaluation.return_mean if evaluation else None,
+        "eval_return_best": evaluation.best if evaluation else None,
+        "eval_win_rate_vs_random": evaluation.win_rate if evaluation else None,
+        "eval_draw_rate_vs_random": evaluation.draw_rate if evaluation else None,
+        "eval_loss_rate_vs_random": evaluation.loss_rate if evaluation else None,
+        "eval_version": evaluation.version if evaluation else None,
+    }
+
+
+def _pbt_summary(stats: RunStats):
+    """--pbt: the rounds, each member's hyperparameters and objective, and every exploit; None otherwise."""
+    if stats.pbt is None:
+        return None
+    return {
+        "rounds": stats.pbt.round,
+        "hyperparameters": stats.pbt.hyperparameters,
+        "objectives": stats.pbt.objectives,
+        "exploits": [
+            {"round": r, "replaced": t, "copied": s, "objective_replaced": a, "objective_copied": b}
+            for r, t, s, a, b in stats.pbt_exploits
+        ],
     }
 
 
 class Reporter:
     """Writes the figures of `stats` when each is due: TensorBoard every second, the status line every
     --status_every_sec, summary.json every 10 s (or the status period if shorter), the bottleneck
-    report every 30 s after warm-up."""
+    report every 30 s after warm-up. `resumed`: the run continues the experiment's previous one, whose
+    summary.json gives the figures this run has none of yet (carry_over)."""
 
-    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str, tracker=None):
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
+    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str, tracker=None, resumed=False):
         self.stats, self.cfg, self.frameskip, self.dir = stats, cfg, frameskip, experiment_dir
+        self.previous = read_summary(os.path.join(experiment_dir, "summary.json")) if resumed else {}
         self.tracker = tracker  # tracking.WandbRun (--with_wandb) or None
-        self.writer = EventFileWriter(experiment_dir)
+        self.events = EventLog(experiment_dir)
         self.last_tb = self.last_status = self.last_summary = time.monotonic()
 
     def tick(self) -> None:
@@ -302,7 +350,7 @@ class Reporter:
         summary_pb.value.extend(
             Summary.Value(tag=f"perf/{name}", simple_value=float(v)) for name, v in diagnosis.fractions.items()
         )
-        self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
+        self.events.add(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
         if self.tracker is not None:
             self.tracker.log(
                 {f"perf/{name}": float(v) for name, v in diagnosis.fractions.items()}, self.stats.env_steps
@@ -312,18 +360,18 @@ class Reporter:
         """The scalars to TensorBoard, and to W&B with --with_wandb."""
         current = {tag: float(v) for tag, v in scalars(self.stats, self.cfg, self.frameskip).items()}
         values = [Summary.Value(tag=tag, simple_value=v) for tag, v in current.items()]
-        self.writer.add_event(Event(wall_time=time.time(), step=self.stats.env_steps, summary=Summary(value=values)))
+        self.events.add(Event(wall_time=time.time(), step=self.stats.env_steps, summary=Summary(value=values)))
         if self.tracker is not None:
             self.tracker.log(current, self.stats.env_steps)
 
     def write_summary(self) -> dict:
-        data = summary(self.stats, self.cfg, self.frameskip)
-        write_json_atomic(os.path.join(self.dir, "summary.json"), data)
+        data = carry_over(summary(self.stats, self.cfg, self.frameskip), self.previous)
+        keep_record("summary.json", lambda: write_json_atomic(os.path.join(self.dir, "summary.json"), data))
         return data
 
     def close(self) -> dict:
         """The final figures, after the run stopped; returns the summary."""
         self.stats.finish()
         self.write_tensorboard()
-        self.writer.close()
+        self.events.close()
         return self.write_summary()

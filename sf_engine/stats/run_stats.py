@@ -70,13 +70,14 @@ class Throughput:
 @dataclass
 class Books:
     """Where the env steps went: sampled = trained + dropped for lag + not trainable (reset steps) +
-    recycled untrained (sampling only) + dropped with a failed worker + dropped with a lost sampler
-    actor (--num_remote_samplers) + in flight at the stop (in local slots, or stepped by a sampler
-    actor and not placed here yet)."""
+    skipped for a non-finite observation, reward or action + recycled untrained (sampling only) + dropped
+    with a failed worker + dropped with a lost sampler actor (--num_remote_samplers) + in flight at the
+    stop (in local slots, or stepped by a sampler actor and not placed here yet)."""
 
     trained: int = 0
     dropped_lag: int = 0
     not_trainable: int = 0
+    skipped_non_finite: int = 0
     recycled_untrained: int = 0
     dropped_faults: int = 0
     dropped_lost_samplers: int = 0
@@ -117,6 +118,7 @@ class RunStats:
         self.stages: dict = {}  # role -> its latest Stages
         self.inference_forwards, self.inference_samples = 0, 0
         self.policy_returns: dict = {}  # --num_policies > 1: policy -> its last 100 episode returns
+        self.seat_returns: dict = {}  # multi-agent envs: seat -> its last 100 episode returns
         self.policy_training: dict = {}  # policy -> its latest Training
         self.policy_books: dict = {}  # policy -> its PolicyBooks
         self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
@@ -126,8 +128,11 @@ class RunStats:
         self.remote_steps = RateWindow(60.0)  # env steps each sampler actor stepped, last 60 s
         self.checkpoint_path = None
         self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
+        self.learner_restarts, self.evaluator_restarts = 0, 0
+        self.recoveries: list = []  # each restarted learner's line: where its weights and optimizer state came from
         self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
         self.books = Books()
+        self.skipped_updates = 0  # the learner's optimizer steps skipped for a non-finite loss or gradient
         self.diagnosis = None
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
@@ -139,6 +144,7 @@ class RunStats:
             msg.CheckpointWritten: self._checkpoint,
             msg.CheckpointFailed: self._checkpoint_failed,
             msg.Recycled: self._recycled,
+            msg.Recovered: self._recovered,
             msg.Fault: self._fault,
             msg.PbtRound: self._pbt,
             msg.RemoteNodes: self._remote,
@@ -151,6 +157,15 @@ class RunStats:
     @property
     def return_mean(self):
         return sum(self.returns) / len(self.returns) if self.returns else None
+
+    @property
+    def seat_return_means(self) -> list | None:
+        """Multi-agent envs: each seat's mean return over its last 100 episodes (None for a seat without
+        one), in seat order; None before any episode or with one agent."""
+        if not self.seat_returns:
+            return None
+        seats = range(max(self.seat_returns) + 1)
+        return [sum(r) / len(r) if (r := self.seat_returns.get(seat)) else None for seat in seats]
 
     @property
     def extra_means(self) -> dict:
@@ -197,6 +212,8 @@ class RunStats:
                 self.extra.setdefault(name, deque(maxlen=100)).extend(values)
             for policy, value in zip(m.policies, m.returns[-len(m.policies) :] if m.policies else []):
                 self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
+            for seat, value in zip(m.seats, m.returns[-len(m.seats) :] if m.seats else []):
+                self.seat_returns.setdefault(seat, deque(maxlen=100)).append(value)
             self.stages[m.stages.role] = m.stages
 
     def _training(self, m: msg.Training) -> None:
@@ -211,6 +228,8 @@ class RunStats:
         self.books.trained += m.samples
         self.books.dropped_lag += m.dropped_lag
         self.books.not_trainable += m.not_trainable
+        self.books.skipped_non_finite += m.skipped_non_finite
+        self.skipped_updates += m.skipped_updates
         self.lag_sum += m.lag_mean * m.lag_count
         self.lag_count += m.lag_count
         self.lag_max = max(self.lag_max, m.lag_max)
@@ -286,6 +305,10 @@ class RunStats:
 
     def _recycled(self, m: msg.Recycled) -> None:
         self.books.recycled_untrained += m.steps
+
+    def _recovered(self, m: msg.Recovered) -> None:
+        self.recoveries.append(m.note)
+        logging.warning("%s", m.note)
 
     def _fault(self, m: msg.Fault) -> None:
         self.faults[(m.role, m.index)] = m.traceback

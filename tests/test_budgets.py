@@ -1,0 +1,106 @@
+"""The run's budgets: each applies when given (the defaults only when neither is), a stop on one names it and
+the flag that raises it, and what reads them (learning-rate decay, time left) copes with one not set."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+from sf_engine.config.cli import make_config, parse_flags
+from sf_engine.config.groups import DEFAULT_ENV_STEPS, DEFAULT_SECONDS
+from sf_engine.run.runner import _stop_reason
+from sf_engine.stats.report import status_line
+from sf_engine.stats.run_stats import RunStats
+
+
+def budgets(*argv):
+    run = make_config(parse_flags(list(argv))).run
+    return run.train_for_env_steps, run.train_for_seconds
+
+
+def test_a_time_budget_alone_is_the_only_budget():
+    assert budgets("--train_for_seconds", "120") == (None, 120.0)
+
+
+def test_an_env_step_budget_alone_is_the_only_budget():
+    assert budgets("--train_for_env_steps", "5000") == (5000, None)
+
+
+def test_both_budgets_apply_when_given_and_the_defaults_when_neither_is():
+    assert budgets("--train_for_env_steps", "5000", "--train_for_seconds", "9") == (5000, 9.0)
+    assert budgets() == (DEFAULT_ENV_STEPS, DEFAULT_SECONDS)
+
+
+@pytest.mark.parametrize("flag", ["--train_for_env_steps", "--train_for_seconds"])
+def test_a_budget_that_is_not_positive_is_one_line_naming_it(flag, tmp_path, capsys):
+    from conftest import main_error
+
+    from sf_engine.run.runner import main
+
+    line = main_error(main, ["--train_dir", str(tmp_path), flag, "0"], capsys)
+    assert flag in line and "positive" in line, line
+
+
+def test_saved_config_of_a_time_budget_run_keeps_it_the_only_budget(tmp_path):
+    """config.json records a budget not set as null, and --config of it reads back the same budgets."""
+    import json
+
+    from sf_engine.config.file import read_config_file
+
+    cfg = make_config(parse_flags(["--train_for_seconds", "120"]))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    assert json.loads(path.read_text())["run"]["train_for_env_steps"] is None
+    assert make_config({}, saved=read_config_file(str(path))).run.train_for_env_steps is None
+
+
+def _stats(env_steps: int) -> RunStats:
+    return RunStats(0, np.array([env_steps]))
+
+
+def test_each_stop_names_its_budget_and_the_flag_that_raises_it():
+    env_steps_cfg = make_config(parse_flags(["--train_for_env_steps", "1000"]))
+    reason = _stop_reason(env_steps_cfg, _stats(1000), time.monotonic())
+    assert reason == "env-step budget reached (1,000 env steps; --train_for_env_steps raises it)"
+    time_cfg = make_config(parse_flags(["--train_for_seconds", "120"]))
+    assert _stop_reason(time_cfg, _stats(10**12), time.monotonic()) is None  # no env-step budget: steps go on
+    reason = _stop_reason(time_cfg, _stats(0), time.monotonic() - 121)
+    assert reason == "time budget reached (120 s; --train_for_seconds raises it)"
+
+
+def test_learning_rate_decays_over_the_budgets_that_apply():
+    """--lr_schedule linear: by the larger part used of the budgets that apply (the time budget alone:
+    over this run's seconds), reaching 0 at the first budget reached."""
+    run = make_config(parse_flags(["--train_for_seconds", "100"])).run
+    assert run.budget_used(10**9, 25.0) == pytest.approx(0.25)
+    run = make_config(parse_flags(["--train_for_env_steps", "1000"])).run
+    assert run.budget_used(250, 10**6) == pytest.approx(0.25)
+    run = make_config(parse_flags(["--train_for_env_steps", "1000", "--train_for_seconds", "100"])).run
+    assert run.budget_used(250, 50.0) == pytest.approx(0.5) and run.budget_used(2000, 1.0) == 1.0
+
+
+def test_ppo_linear_schedule_under_a_time_budget_alone():
+    import torch
+
+    from sf_engine.algo.base import TrainingHooks
+    from sf_engine.algo.ppo import PPO
+    from sf_engine.envs import probe_env_spec
+    from sf_engine.model.shape import resolve_model_config
+
+    cfg = make_config(parse_flags(["--train_for_seconds", "100", "--lr_schedule", "linear"]))
+    spec = probe_env_spec("CartPole-v1", "auto")
+    cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
+    hooks = TrainingHooks(env_steps=lambda: 10**9, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 50.0)
+    ppo = PPO(cfg, spec, torch.device("cpu"), hooks)  # half of this run's time is spent
+    ppo._scheduled_learning_rate()
+    assert ppo.learning_rate == pytest.approx(cfg.learner.learning_rate / 2, rel=0.01)
+
+
+def test_time_left_with_one_budget_not_set():
+    cfg = make_config(parse_flags(["--train_for_seconds", "120"]))
+    stats = _stats(5000)
+    stats.sample()
+    assert status_line(stats, cfg, 1).endswith("| ETA 120s")
+    cfg = make_config(parse_flags(["--train_for_env_steps", "5000"]))
+    assert status_line(stats, cfg, 1).endswith("| ETA -")  # no rate yet, no time budget
