@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import REPO, SerialRun, read_json, serial_plan, train_error
 
+from sf_engine.algo.base import TrainResult
 from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.run.runner import run
 from sf_engine.stats.messages import Episodes
@@ -104,7 +105,8 @@ def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
     assert dones.any()
     np.testing.assert_array_equal(valid[1:], ~dones[:-1])
     trained = []
-    roles.learner.policies[0].algorithm._ppo_epochs = lambda samples: trained.append(samples.log_probs.numel()) or {}
+    algorithm = roles.learner.policies[0].algorithm
+    algorithm._ppo_epochs = lambda samples: trained.append(samples.log_probs.numel()) or TrainResult(0)
     roles.learner.train_on(slots)
     assert trained == [int(valid.sum())]
     roles.worker.send_stats()

@@ -222,3 +222,41 @@ class ObjectiveChoiceEnv(MaskedChoiceEnv):
         if done:
             info["episode_extra_stats"]["true_objective"] = 10.0 * self.correct
         return obs, reward, done, truncated, info
+
+
+class NaNAfterEnv(gym.Env):
+    """A CartPole-sized env (4 floats, 2 actions, reward 1, 50-step episodes) whose observations turn NaN
+    after NAN_AFTER steps of each env and stay so (a simulator that blew up)."""
+
+    NAN_AFTER = 200
+    observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, render_mode=None):
+        self.steps, self.episode_steps = 0, 0
+
+    def _obs(self):
+        return np.full(4, np.nan if self.steps >= self.NAN_AFTER else 0.5 * (self.episode_steps % 2), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode_steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.steps += 1
+        self.episode_steps += 1
+        return self._obs(), self._reward(), self.episode_steps >= 50, False, {}
+
+    def _reward(self) -> float:
+        return 1.0
+
+
+class InfRewardAfterEnv(NaNAfterEnv):
+    """NaNAfterEnv whose observations stay finite and whose rewards turn +inf instead."""
+
+    def _obs(self):
+        return np.full(4, 0.5 * (self.episode_steps % 2), np.float32)
+
+    def _reward(self) -> float:
+        return np.inf if self.steps >= self.NAN_AFTER else 1.0

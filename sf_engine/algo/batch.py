@@ -43,6 +43,7 @@ SLOT_FIELDS = (
     SlotField("terminated", STEP, "bool"),  # the MDP ended the episode (no bootstrap)
     SlotField("truncated", STEP, "bool"),  # a time limit cut it (bootstrap from the last obs)
     SlotField("valid", STEP, "bool"),  # False on the reset step after an episode end and on absent agents' rows
+    SlotField("non_finite", STEP, "bool"),  # skipped: a non-finite obs, reward or action (valid is False too)
     SlotField("acting", STEP, "bool", TURN_BASED),  # the row's agent was to move: only these steps train its policy
     SlotField("policy_id", BOOTSTRAP, "int16", SEVERAL_POLICIES),  # the policy that plays the row's episode
     SlotField("episode_start", BOOTSTRAP, "bool", RECURRENT),  # the obs starts an episode: the state is zeroed
@@ -65,6 +66,7 @@ class TrajectoryBatch:
     terminated: Tensor
     truncated: Tensor
     valid: Tensor
+    non_finite: Tensor  # [T, N]: the steps skipped for a non-finite value (not trainable, booked apart)
     acting: Tensor | None = None  # [T, N], turn-based games
     policy_id: Tensor | None = None  # [T+1, N], several policies or an opponent pool
     episode_start: Tensor | None = None  # [T+1, N], a recurrent core

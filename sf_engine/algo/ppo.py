@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, TrainResult
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite
 from sf_engine.algo.batch import TrajectoryBatch
 from sf_engine.algo.ppo_loss import (
     DiscretePPOLoss,
@@ -153,16 +153,18 @@ class PPO:
             returns=flat(returns),
             acting=None if batch.acting is None else flat(batch.acting).float(),
         )
-        losses = {}
-        if index.numel():
-            losses = (
-                self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
-                if self.model.recurrent
-                else self._ppo_epochs(samples)
-            )
-            # after the epochs: the behaviour log-probs were computed with the statistics in force
+        if not index.numel():
+            return TrainResult(0)
+        result = (
+            self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
+            if self.model.recurrent
+            else self._ppo_epochs(samples)
+        )
+        # after the epochs: the behaviour log-probs were computed with the statistics in force (not after a
+        # skipped update: a non-finite value in the batch would poison them)
+        if not result.skipped_updates:
             self.model.update_normalizers(samples.obs, samples.returns)
-        return TrainResult(int(index.numel()), losses)
+        return dataclasses.replace(result, samples=int(index.numel()))
 
     # --- targets ------------------------------------------------------------------------------------
     def _targets(self, batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,10 +245,10 @@ class PPO:
 
     def _scheduled_learning_rate(self) -> None:
         if self.lcfg.lr_schedule == "linear":
-            fraction_left = max(0.0, 1.0 - self.hooks.env_steps() / self.cfg.run.train_for_env_steps)
+            fraction_left = 1.0 - self.cfg.run.budget_used(self.hooks.env_steps(), self.hooks.elapsed_sec())
             self._set_all_learning_rates(self.lcfg.learning_rate * fraction_left)
 
-    def _ppo_epochs(self, samples: Samples) -> dict:
+    def _ppo_epochs(self, samples: Samples) -> TrainResult:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""
 
         def minibatch(picked) -> Minibatch:
@@ -288,7 +290,7 @@ class PPO:
 
         return self._optimize(samples.log_probs.numel(), direct)
 
-    def _ppo_epochs_recurrent(self, seq: Sequences) -> dict:
+    def _ppo_epochs_recurrent(self, seq: Sequences) -> TrainResult:
         """Recurrent: minibatches of whole sequences (`Sequences`); the core is re-run from where each
         starts and the losses cover kept samples."""
         recurrence = seq.keep.shape[0]
@@ -337,14 +339,15 @@ class PPO:
             return lcfg.num_batches_per_epoch
         return max(1, min(lcfg.num_batches_per_epoch, round(num_units * unit / lcfg.batch_size)))
 
-    def _optimize(self, num_units: int, gradients, unit: int = 1) -> dict:
+    def _optimize(self, num_units: int, gradients, unit: int = 1) -> TrainResult:
         """--num_epochs passes of minibatches (`_minibatches`) over `num_units` samples or sequences (of
         `unit` samples), each a clipped PPO step: gradients(indices) puts the minibatch's loss gradients
-        into the optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped)."""
+        into the optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped). A
+        step whose loss stats or gradient norm are not finite is not taken (counted: `skipped_updates`)."""
         lcfg = self.lcfg
         self._scheduled_learning_rate()
         totals = torch.zeros(len(LOSS_STATS))
-        num_updates = 0
+        num_updates = skipped = 0
         minibatches = self._minibatches(num_units, unit)
         for _ in range(lcfg.num_epochs):
             for picked in torch.randperm(num_units, device=self.device).tensor_split(minibatches):
@@ -355,10 +358,15 @@ class PPO:
                 if stats is None:
                     continue
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
+                figures = torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
+                if not all_finite(figures):  # a NaN or inf in the loss or any gradient
+                    skipped += 1
+                    continue
                 self.optimizer.step()
-                totals += torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
+                totals += figures
                 num_updates += 1
-        return {name: float(v) / max(num_updates, 1) for name, v in zip(LOSS_STATS, totals)}
+        losses = {name: float(v) / num_updates for name, v in zip(LOSS_STATS, totals)} if num_updates else {}
+        return TrainResult(0, losses, num_updates, skipped)
 
     def _loss(self, batch: Minibatch):
         """(the PPO loss of a minibatch, its stats [policy loss, value loss, entropy, approx KL, clip

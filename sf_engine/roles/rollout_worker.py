@@ -9,12 +9,15 @@ and take a free one.
 A restarted worker (same index, next `generation`) gets fresh envs with new seeds. Requests and replies
 carry a token `generation x splits + split`, so replies meant for a dead predecessor are ignored.
 The worker marks the slots it fills in `slot_owner` and counts their rows in `slot_rows`, so the runner
-can take back a dead worker's half-written slots.
+can take back a dead worker's half-written slots. A step with a non-finite observation, reward or action is
+skipped (NonFiniteGuard).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import time
 
 import numpy as np
@@ -25,6 +28,57 @@ from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import StageTimer, WorkerStage
 
 STATS_EVERY_SEC = 0.5
+# what an env did, for the log: a non-finite action (from the policy), reward or observation
+NON_FINITE = (
+    "got a non-finite action from the policy",
+    "returned a non-finite reward",
+    "returned a non-finite observation",
+)
+
+
+def zero_non_finite(arrays) -> np.ndarray | None:
+    """The rows (first axis) of the float `arrays` that hold a non-finite value, as one bool [E], those
+    values set to 0 in place; None when every value is finite. The common case costs one vectorised pass
+    per array: x . x is finite unless a value is not (or the sum overflows: the exact check finds none)."""
+    rows = None
+    for array in arrays:
+        if math.isfinite(np.vdot(array, array)):  # half the time of np.isfinite(array).all()
+            continue
+        finite = np.isfinite(array)
+        if finite.all():
+            continue
+        array[~finite] = 0
+        bad = ~finite.reshape(len(array), -1).all(1)
+        rows = bad if rows is None else rows | bad
+    return rows
+
+
+class NonFiniteGuard:
+    """What a rollout worker checks for non-finite values: its envs' float observations (uint8 frames
+    cannot hold one) and rewards, and the policy's continuous actions before they reach an env. A step
+    holding one is not trained on (`valid` False, marked `non_finite`: the learner books it apart), its
+    values are set to 0 so that nothing non-finite reaches the policy worker or the learner, and each env
+    that gave one is named in the log once."""
+
+    def __init__(self, buffers, env_id: str, worker: int, num_splits: int, envs_per_split: int):
+        self.obs_keys = tuple(key for key, array in buffers.obs.items() if array.dtype.kind == "f")
+        self.actions = buffers.actions.dtype.kind == "f"  # continuous actions
+        self.env_id, self.worker, self.envs_per_split = env_id, worker, envs_per_split
+        self.steps = [0] * num_splits  # env steps each split has taken
+        self.named = np.zeros((num_splits, envs_per_split), bool)
+
+    def name(self, split: int, rows: np.ndarray, what: str) -> None:
+        """Name in the log each env of `rows` [E] (of `split`) not named yet: `what` it did."""
+        for row in np.flatnonzero(rows & ~self.named[split]):
+            logging.warning(
+                "env %s (worker %d, env %d) %s at step %d: its samples are skipped (each such env is named once)",
+                self.env_id,
+                self.worker,
+                split * self.envs_per_split + row,
+                what,
+                self.steps[split],
+            )
+        self.named[split] |= rows
 
 
 class RolloutWorker:
@@ -45,6 +99,8 @@ class RolloutWorker:
         self.pending_valid: list = [None] * self.num_splits
         self.pending_first: list = [None] * self.num_splits  # recurrent runs: obs that start an episode
         self.pending_acting: list = [None] * self.num_splits  # turn-based runs: whose turn it is
+        self.obs_skipped: list = [None] * self.num_splits  # rows of each split's current obs skipped (non-finite)
+        self.guard = NonFiniteGuard(self.buffers, cfg.env.env, self.idx, self.num_splits, self.envs_per_split)
         self.waiting_for_slot: list[int] = []
         self.num_awaiting_actions = 0
         self.episode_return = np.zeros((self.num_splits, self.envs_per_split), np.float64)
@@ -53,6 +109,7 @@ class RolloutWorker:
         self.finished_lengths: list = []
         self.finished_extra: dict = {}  # name -> values of the env's own episode stats
         self.finished_policies: list = []  # the policy that played each finished episode
+        self.finished_seats: list = []  # multi-agent envs: the seat (agent index) of each finished episode
         self._plan_policies(cfg, ctx.plan.spec)
         self.timer = StageTimer(*WorkerStage)
         self.last_stats_time = time.monotonic()
@@ -100,9 +157,14 @@ class RolloutWorker:
     def _reset(self) -> None:
         """Reset every env and queue each split for a free slot."""
         for split, env in enumerate(self.envs):
-            self.pending_obs[split] = {key: np.array(value) for key, value in env.reset().items()}
+            obs = {key: np.array(value, self.buffers.obs[key].dtype) for key, value in env.reset().items()}
             alive = getattr(env, "alive", None)  # multi-agent: rows of agents absent from their game
-            self.pending_valid[split] = np.ones(self.envs_per_split, bool) if alive is None else alive.copy()
+            valid = np.ones(self.envs_per_split, bool) if alive is None else alive.copy()
+            bad = zero_non_finite([obs[key] for key in self.guard.obs_keys])
+            if bad is not None:
+                self.obs_skipped[split], valid = bad & valid, valid & ~bad
+                self.guard.name(split, bad, NON_FINITE[2])
+            self.pending_obs[split], self.pending_valid[split] = obs, valid
             acting = getattr(env, "acting", None)  # turn-based multi-agent: whose turn it is
             self.pending_acting[split] = None if acting is None else acting.copy()
             self.pending_first[split] = np.ones(self.envs_per_split, bool)
@@ -159,6 +221,9 @@ class RolloutWorker:
             for key, value in self.pending_obs[split].items():
                 self.buffers.obs[key][slot, 0] = value
             self.buffers.valid[slot, 0] = self.pending_valid[split]
+            self.buffers.non_finite[slot] = False
+            if self.obs_skipped[split] is not None:
+                self.buffers.non_finite[slot, 0] = self.obs_skipped[split]
             if self.buffers.episode_start is not None:
                 self.buffers.episode_start[slot, 0] = self.pending_first[split]
             if self.buffers.acting is not None:
@@ -178,49 +243,88 @@ class RolloutWorker:
         """Step split's envs with the actions the policy worker wrote, record the transition."""
         buf, slot, row = self.buffers, self.slot[split], self.row[split]
         self.timer.start()
-        result = self.envs[split].step(buf.actions[slot, row])
+        actions = buf.actions[slot, row]
+        bad_actions = zero_non_finite((actions,)) if self.guard.actions else None
+        result = self.envs[split].step(actions)
         self.timer.lap(WorkerStage.ENV_STEP)
-        self._record(split, slot, row, result)
+        self._record(split, slot, row, result, bad_actions)
         self.timer.lap(WorkerStage.WRITE_SLOT)
 
-    def _record(self, split: int, slot: int, row: int, result) -> None:
-        """Write the transition into the slot; request the next actions or hand the full slot over."""
+    def _record(self, split: int, slot: int, row: int, result, bad_actions=None) -> None:
+        """Write the transition into the slot (a step with a non-finite value skipped: `_skip`); request the
+        next actions or hand the full slot over. `bad_actions`: the rows whose action was not finite."""
         buf = self.buffers
         buf.rewards[slot, row] = result.rewards
+        bad_rewards = zero_non_finite((buf.rewards[slot, row],))
+        score = result.score_rewards
+        if bad_rewards is not None:
+            score = np.nan_to_num(score, nan=0.0, posinf=0.0, neginf=0.0)
         buf.terminated[slot, row] = result.terminated
         buf.truncated[slot, row] = result.truncated
         done = np.logical_or(result.terminated, result.truncated)
-        self._track_episodes(split, result.score_rewards, result.episode_over, buf.valid[slot, row], result.objective)
+        taken = buf.valid[slot, row]  # the step was taken (not a reset step): valid, or skipped for its obs
+        if self.obs_skipped[split] is not None:
+            taken = taken | self.obs_skipped[split]
+        self._track_episodes(split, score, result.episode_over, taken, result.objective)
         if result.extra_stats:
             for name, values in result.extra_stats.items():
                 self.finished_extra.setdefault(name, []).extend(values)
         row += 1
+        self.guard.steps[split] += 1
         buf.env_steps[self.idx] += self.envs_per_split  # counted with the row that holds the step
         buf.slot_rows[slot] = row
         for key, value in result.obs.items():
             buf.obs[key][slot, row] = value
-        first = ~buf.valid[slot, row - 1]  # the step just taken was a reset step: a new episode begins
+        bad_obs = zero_non_finite([buf.obs[key][slot, row] for key in self.guard.obs_keys])
+        first = ~taken  # the step just taken was a reset step: a new episode begins
         if buf.episode_start is not None:
             buf.episode_start[slot, row] = first
         next_valid = ~done if result.alive is None else ~done & result.alive  # after an end: the reset step
+        skipped = None  # the next step's rows skipped for a non-finite obs
+        if bad_actions is not None or bad_rewards is not None or bad_obs is not None:
+            next_valid, skipped = self._skip(split, slot, row - 1, (bad_actions, bad_rewards, bad_obs), next_valid)
+        self.obs_skipped[split] = skipped
         if buf.policy_id is not None:  # a row changes hands where its new episode's first obs is (the
             self._assign_policies(split, first)  # reset step and its value stay with the old policy)
             buf.policy_id[slot, row] = self.row_policy[split]
         if row < self.rollout:
             buf.valid[slot, row] = next_valid
+            if skipped is not None:
+                buf.non_finite[slot, row] = skipped
             if buf.acting is not None:
                 buf.acting[slot, row] = result.acting
             self.row[split] = row
             self._request_actions(split)
             return
-        self.pool.hand_over(slot)
-        self.slot[split] = -1
-        self.pending_obs[split] = {key: np.array(value) for key, value in result.obs.items()}
+        # the bootstrap row as checked, copied before the learner may take the slot
+        self.pending_obs[split] = {key: buf.obs[key][slot, row].copy() for key in result.obs}
         self.pending_valid[split] = next_valid
         self.pending_first[split] = first
         self.pending_acting[split] = result.acting
+        self.pool.hand_over(slot)
+        self.slot[split] = -1
         self.waiting_for_slot.append(split)
         self._take_free_slots()
+
+    def _skip(self, split: int, slot: int, row: int, bad: tuple, next_valid: np.ndarray) -> tuple:
+        """Not trained on: step `row` where its action, its reward or the obs after it was not finite (its
+        value target would bootstrap from that obs), and the next step where that obs was. `bad`: the rows
+        of each (or None); their values are 0 by now (zero_non_finite), and a zeroed action's log-prob is
+        set to 0 too. Only steps that were trainable are marked `non_finite` (a reset step stays one).
+        Returns (the next step's valid, its rows skipped for their obs or None)."""
+        buf, (actions, _, obs) = self.buffers, bad
+        step = np.logical_or.reduce([rows for rows in bad if rows is not None])
+        buf.non_finite[slot, row] |= step & buf.valid[slot, row]
+        buf.valid[slot, row] &= ~step
+        if actions is not None:
+            buf.log_probs[slot, row][actions] = 0.0
+        skipped = None
+        if obs is not None:
+            skipped, next_valid = next_valid & obs, next_valid & ~obs
+        for rows, what in zip(bad, NON_FINITE):
+            if rows is not None:
+                self.guard.name(split, rows, what)
+        return next_valid, skipped
 
     def _track_episodes(self, split: int, score_rewards, episode_over, valid, objectives=None) -> None:
         """Returns of whole episodes as the user scores them (true game score on Atari)."""
@@ -231,6 +335,7 @@ class RolloutWorker:
             self.finished_returns.extend(self.episode_return[split, ended].tolist())
             self.finished_lengths.extend(self.episode_length[split, ended].tolist())
             self.finished_policies.extend(self.row_policy[split, ended].tolist())
+            self.finished_seats.extend((ended % self.num_agents).tolist())
             if self.buffers.policy_episodes is not None:  # PBT's objective per policy
                 objective = (
                     self.episode_return[split, ended]
@@ -252,10 +357,11 @@ class RolloutWorker:
                 self.finished_lengths[-100:],
                 {name: values[-100:] for name, values in self.finished_extra.items()},
                 self.finished_policies[-100:] if self.num_policies > 1 else [],
+                self.finished_seats[-100:] if self.num_agents > 1 else [],
             )
         )
         self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
-        self.finished_policies = []
+        self.finished_policies, self.finished_seats = [], []
         self.last_stats_time = time.monotonic()
 
     def finish(self) -> None:

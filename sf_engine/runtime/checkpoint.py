@@ -12,6 +12,7 @@ MAGIC and the SHA-256 of those bytes.
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import io
@@ -105,10 +106,19 @@ def save_state_atomic(path: str, state: dict) -> None:
 
 
 def save_checkpoint(directory: str, state: dict, version: int, env_steps: int, keep: int) -> str:
-    """Write `state` atomically and keep only the newest `keep` checkpoints."""
+    """Write `state` atomically, read it back, then keep `keep` checkpoints: the one just written and the
+    newest `keep` - 1 others by name. Nothing is removed before the new file is read back whole (OSError
+    otherwise, the file removed), and the new file is never rotated away (a run resumed from an older
+    checkpoint, its newest being corrupt, writes versions older than that one)."""
     path = os.path.join(directory, f"checkpoint_v{version:09d}_s{env_steps:013d}.pt")
     save_state_atomic(path, state)
-    for old in list_checkpoints(directory)[:-keep]:
+    try:
+        read_verified(path)
+    except CheckpointError as exc:
+        os.unlink(path)
+        raise OSError(errno.EIO, f"the checkpoint read back is not what was written: {exc}") from None
+    others = [old for old in list_checkpoints(directory) if old != path]
+    for old in others[: max(0, len(others) - (keep - 1))]:
         os.unlink(old)
     return path
 
