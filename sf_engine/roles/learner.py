@@ -14,52 +14,68 @@ pool (so in sync mode no slot is ever filled by an older policy).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from sf_engine.algo.base import Algorithm, TrainingHooks
+from sf_engine.algo.base import Algorithm, TrainingHooks, TrainResult, all_finite
 from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
 from sf_engine.config.groups import ALGORITHMS
 from sf_engine.roles.population import Population
-from sf_engine.runtime.checkpoint import load_checkpoint, policy_states, population_state, save_checkpoint
-from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.role import RoleContext
+from sf_engine.runtime.checkpoint import (
+    latest_valid_checkpoint,
+    load_checkpoint,
+    policy_states,
+    population_state,
+    save_checkpoint,
+)
+from sf_engine.runtime.role import RoleContext, RunStopped
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import import_class, weight_readers
-from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recycled, Training
+from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Recycled, Training
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
 
 @dataclass
 class LearningPolicy:
     """One trained policy as the learner holds it: its algorithm (model, optimizer, maths), its shared
-    weights, the version it published last, and the oldest version whose samples it still trains on (a
-    PBT exploit replaces the weights: what the old ones acted is dropped)."""
+    weights, the version it published last, the oldest version whose samples it still trains on (a
+    PBT exploit replaces the weights: what the old ones acted is dropped), and its updates in a row that
+    had a non-finite loss or gradient or left non-finite weights (Learner._count_bad_updates)."""
 
     policy: int
     algorithm: Algorithm
     weights: SharedWeights
     version: int = 0
     min_version: int = 0
+    bad_updates: int = 0
 
     @property
     def params(self):
         return self.algorithm.params
 
-    def publish(self) -> None:
-        """The algorithm's weights as the next version."""
+    def publish(self) -> bool:
+        """The algorithm's weights as the next version when every value is finite (one check over the flat
+        vector); else the weights published last are put back into the algorithm (the shared copy holds
+        them), nothing is published, and False is returned."""
+        if not all_finite(self.params):
+            self.params.copy_(self.weights.shared)
+            return False
         self.version += 1
         self.weights.publish(self.params, self.version)
+        return True
 
 
 class Learner:
-    def __init__(self, ctx: RoleContext):
+    def __init__(self, ctx: RoleContext, share: bool = True):
         """Built from the run plan (the checkpoint to resume from is the plan's); publishes version 0
-        (or the resumed version) before the first step."""
+        (or the resumed version) before the first step. A learner restarted after its predecessor died
+        (generation > 0) starts from what that one left (`_recover`). `share`: False for a learner built
+        only to write a checkpoint (checkpoint_last_published)."""
         plan = ctx.plan
         self.ctx, self.cfg, self.lcfg, self.buffers, self.queues = (
             ctx,
@@ -70,20 +86,29 @@ class Learner:
         )
         self.pool = SlotPool(ctx.buffers, ctx.queues)
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
-        self.device = torch.device(self.cfg.run.device)
+        self.device = torch.device(self.cfg.run.device if share else "cpu")
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
-        hooks = TrainingHooks(env_steps=lambda: self.env_steps, beat=ctx.beat, stopping=lambda: ctx.stopping)
+        hooks = TrainingHooks(
+            env_steps=lambda: self.env_steps,
+            beat=ctx.beat,
+            stopping=lambda: ctx.stopping,
+            elapsed_sec=lambda: time.monotonic() - float(self.buffers.run_started[0]),
+        )
         algorithm = import_class(ALGORITHMS[self.lcfg.algo])
         self.policies = [
             LearningPolicy(policy, algorithm(self.cfg, plan.spec, self.device, hooks), ctx.weights(policy))
             for policy in range(self.cfg.policies.num_policies)
         ]
         self.population = Population(self, ctx)  # PBT and the opponent pool (sf_engine.roles.population)
-        if plan.resume_from:
+        self.recovered = self._recover() if ctx.generation else None
+        if plan.resume_from and not ctx.generation:
             self._load(plan.resume_from)
-        for learner in self.policies:
-            learner.weights.create(learner.params, learner.version, weight_readers(self.cfg))
-        self.population.share(weight_readers(self.cfg))
+        if share:
+            for learner in self.policies:
+                learner.weights.create(learner.params, learner.version, weight_readers(self.cfg))
+            self.population.share(weight_readers(self.cfg))
+        if self.recovered:  # logged by the main process
+            self.ctx.send(Recovered(self.recovered))
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.timer = StageTimer(*LearnerStage)
@@ -107,6 +132,31 @@ class Learner:
             logging.info("policy %d resumed from %s (version %d)", learner.policy, path, learner.version)
         self.population.load(state)
 
+    def _recover(self) -> str:
+        """What a learner that died left: the newest checkpoint that loads (weights, optimizer state, the
+        population), then each policy's weights as that learner published them last where they are newer
+        (they outlive it in the shared-memory file: SharedWeights.last_published). Returns one line on
+        where each policy's weights and optimizer state came from, and so what was lost."""
+        path, _ = latest_valid_checkpoint(self.checkpoint_dir, load=True)
+        if path:
+            self._load(path)
+        name = os.path.basename(path) if path else None
+        parts, self.newer_than_checkpoint = [], False
+        for learner in self.policies:
+            published = learner.weights.last_published(learner.params.numel())
+            if published is not None and (path is None or published[0] > learner.version):
+                learner.version, flat = published
+                learner.params.copy_(torch.from_numpy(flat))
+                self.newer_than_checkpoint = True
+                optimizer = f"the optimizer state of {name}" if name else "a new optimizer state (no checkpoint yet)"
+                parts.append(
+                    f"policy {learner.policy} version {learner.version} from its last published weights, {optimizer}"
+                )
+            else:
+                source = name or "scratch (nothing published, no checkpoint)"
+                parts.append(f"policy {learner.policy} version {learner.version} from {source}")
+        return "recovered what the learner left: " + "; ".join(parts)
+
     @property
     def env_steps(self) -> int:
         return self.env_steps_base + int(self.buffers.env_steps.sum())
@@ -119,7 +169,7 @@ class Learner:
         for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
             learner.weights.serve_requests()
         self.population.serve_requests()
-        self.pending_slots += get_many(self.queues.full_slots, timeout_sec, max_messages=needed)
+        self.pending_slots += self.pool.take_full(needed, timeout_sec)  # freed by the supervisor if this one dies
         self.timer.lap(LearnerStage.WAIT_DATA)
         if self.cfg.run.sampling_only:
             if self.pending_slots:
@@ -159,12 +209,13 @@ class Learner:
 
     def train_on(self, slots: list) -> None:
         """One training iteration on `slots`: each policy on the samples it acted (all of them with one
-        policy), then its new version published; then the slots go back to the free pool."""
+        policy), then its new version published (weights with a non-finite value never are: the last
+        published ones come back); then the slots go back to the free pool."""
         self.timer.start()
         batch = self._gather(slots)
         valid = batch.valid
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
-        not_trainable = self._not_trainable(batch)  # booked once per batch, with its first report
+        books = self._not_trainable(batch)  # booked once per batch, with its first report
         for learner in self.policies:
             mine = valid if batch.policy_id is None else valid & (batch.policy_id[:-1] == learner.policy)
             if len(self.policies) > 1 and not bool(mine.any()):
@@ -175,57 +226,97 @@ class Learner:
             result = learner.algorithm.train(batch, keep)
             train_sec = time.perf_counter() - started
             self.timer.lap(LearnerStage.TRAIN)
-            learner.publish()
+            published = learner.publish()
             self.population.trained(learner.policy, int(mine.sum()))
             self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-            mine_lag = lag[mine].float() if bool(mine.any()) else torch.zeros(1)
-            self.ctx.send(
-                Training(
-                    self.timer.report("learner"),
-                    version=learner.version,
-                    samples=result.samples,
-                    dropped_lag=int((mine & ~keep).sum()),
-                    not_trainable=not_trainable,
-                    lag_count=int(mine.sum()),
-                    lag_min=float(mine_lag.min()),
-                    lag_mean=float(mine_lag.mean()),
-                    lag_max=float(mine_lag.max()),
-                    learning_rate=learner.algorithm.learning_rate,
-                    losses=result.losses,
-                    policy=learner.policy,
-                    train_sec=train_sec,
-                )
-            )
-            not_trainable = 0
-        if not_trainable:  # no policy trained on this batch: its books still count
-            self.ctx.send(
-                Training(
-                    self.timer.report("learner"),
-                    version=self.policies[0].version,
-                    samples=0,
-                    dropped_lag=0,
-                    not_trainable=not_trainable,
-                    lag_count=0,
-                    lag_min=0.0,
-                    lag_mean=0.0,
-                    lag_max=0.0,
-                    learning_rate=self.policies[0].algorithm.learning_rate,
-                )
-            )
+            self._send_training(learner, result, books, train_sec, mine, keep, lag)
+            books = (0, 0)
+            self._count_bad_updates(learner, result, published)
+        if any(books):  # no policy trained on this batch: its books still count
+            self._send_training(self.policies[0], TrainResult(0), books)
         self.population.step()  # a PBT round or a pool snapshot when one is due
         self.pool.recycle(slots)
         self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
 
-    def _not_trainable(self, batch: TrajectoryBatch) -> int:
-        """Reset steps and absent agents, and the steps the opponent pool's snapshots acted."""
-        not_trainable = int((~batch.valid).sum())
+    def _send_training(self, learner, result: TrainResult, books: tuple, train_sec=0.0, mine=None, keep=None, lag=None):
+        """The Training message of `learner`'s part of a batch: `mine` [T, N] its samples, `keep` those it
+        trained on, `lag` their policy lag; without them, of a batch no policy trained on. `books`: the
+        batch's (not trainable, skipped non-finite) steps, or zeros once they went with another message."""
+        mine_lag = lag[mine].float() if mine is not None and bool(mine.any()) else torch.zeros(1)
+        self.ctx.send(
+            Training(
+                self.timer.report("learner"),
+                version=learner.version,
+                samples=result.samples,
+                dropped_lag=0 if mine is None else int((mine & ~keep).sum()),
+                not_trainable=books[0],
+                lag_count=0 if mine is None else int(mine.sum()),
+                lag_min=float(mine_lag.min()),
+                lag_mean=float(mine_lag.mean()),
+                lag_max=float(mine_lag.max()),
+                learning_rate=learner.algorithm.learning_rate,
+                losses=result.losses,
+                policy=learner.policy,
+                train_sec=train_sec,
+                skipped_non_finite=books[1],
+                skipped_updates=result.skipped_updates,
+            )
+        )
+
+    def _not_trainable(self, batch: TrajectoryBatch) -> tuple[int, int]:
+        """(steps not trainable, steps skipped for a non-finite value): reset steps and absent agents, and
+        the steps the opponent pool's snapshots acted; the steps a rollout worker skipped (`non_finite`,
+        never valid) apart."""
+        skipped = int(batch.non_finite.sum())
+        not_trainable = int((~batch.valid).sum()) - skipped
         if batch.policy_id is not None:
             not_trainable += int((batch.valid & (batch.policy_id[:-1] >= len(self.policies))).sum())
-        return not_trainable
+        return not_trainable, skipped
+
+    def _count_bad_updates(self, learner: LearningPolicy, result: TrainResult, published: bool) -> None:
+        """Count `learner`'s updates in a row that had a non-finite loss or gradient (the algorithm skipped
+        them) or left non-finite weights (`published` False: undone); an update kept ends the run of them.
+        The first of a run is logged; --max_bad_updates in a row stop the run (RunStopped, one line)."""
+        if published and result.updates:
+            learner.bad_updates = 0
+            return
+        bad = result.skipped_updates + (0 if published else max(result.updates, 1))
+        if not bad:
+            return
+        if not learner.bad_updates:
+            logging.warning(
+                "policy %d: %s (version %d); training goes on, and stops after --max_bad_updates %d in a row",
+                learner.policy,
+                "an update had a non-finite loss or gradient: skipped"
+                if published
+                else "its weights went non-finite in training: those of the version published last are back",
+                learner.version,
+                self.lcfg.max_bad_updates,
+            )
+        learner.bad_updates += bad
+        if learner.bad_updates >= self.lcfg.max_bad_updates:
+            last, _ = latest_valid_checkpoint(self.checkpoint_dir)
+            raise RunStopped(
+                f"{learner.bad_updates} updates in a row had a non-finite loss or gradient or left non-finite "
+                f"weights (--max_bad_updates {self.lcfg.max_bad_updates}; last: policy {learner.policy} at version "
+                f"{learner.version}, learning rate {learner.algorithm.learning_rate:g}): the env's observations or "
+                f"rewards, or too high a --learning_rate, are the usual causes; the last checkpoint is "
+                f"{last or 'none yet'} (weights with a non-finite value are never saved)"
+            )
 
     def save(self):
-        """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on.
-        Returns the path, or None when the write failed."""
+        """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on. Not
+        while a policy's weights hold a non-finite value or its last updates were not finite (those weights
+        may be what made them so): the previous checkpoint is kept. Returns the path, or None when the
+        write failed or was not made."""
+        self.last_save_time = time.monotonic()
+        unsafe = [p.policy for p in self.policies if p.bad_updates or not all_finite(p.params)]
+        if unsafe:
+            logging.warning(
+                "checkpoint not written: the last updates of policy %s were not finite; the previous one is kept",
+                ", ".join(map(str, unsafe)),
+            )
+            return None
         env_steps = self.env_steps  # one reading for the file's contents and its name
         state = population_state(
             [learner.algorithm.state() | {"version": learner.version} for learner in self.policies]
@@ -233,7 +324,6 @@ class Learner:
         state |= self.population.state()
         state |= {"env_steps": env_steps, "config": self.cfg.to_dict()}
         version = state["version"]
-        self.last_save_time = time.monotonic()
         try:
             path = save_checkpoint(self.checkpoint_dir, state, version, env_steps, self.cfg.run.keep_checkpoints)
         except OSError as exc:
@@ -244,3 +334,12 @@ class Learner:
             return None
         self.ctx.send(CheckpointWritten(path))
         return path
+
+
+def checkpoint_last_published(ctx: RoleContext):
+    """The run stops while its learner is dead (its restarts spent): a checkpoint of what it left (the
+    weights it published last, the optimizer state of its last checkpoint), written from this process so
+    that the next run resumes from it. Returns its path, or None when nothing newer than the last checkpoint
+    was published or the write failed."""
+    learner = Learner(ctx, share=False)
+    return learner.save() if learner.newer_than_checkpoint else None

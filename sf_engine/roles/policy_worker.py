@@ -66,8 +66,10 @@ class PolicyWorker:
         if requests:
             for policy, weights in enumerate(self.weights):
                 if weights.version != self.versions[policy]:
-                    self.versions[policy] = weights.read_into(self.params[policy])
-                    self.models[policy].refresh_bf16_acting()
+                    version = weights.read_into(self.params[policy])  # None: the learner is being replaced
+                    if version is not None:
+                        self.versions[policy] = version
+                        self.models[policy].refresh_bf16_acting()
                     self.timer.lap(InferenceStage.WEIGHT_RELOAD)
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:

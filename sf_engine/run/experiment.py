@@ -19,8 +19,9 @@ import psutil
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs import reap_orphaned_processes
 from sf_engine.runtime.checkpoint import list_checkpoints, remove_temporary_files
-from sf_engine.runtime.shared_buffers import SHM_PREFIX
-from sf_engine.stats.report import write_json_atomic
+from sf_engine.runtime.log_file import LogFile
+from sf_engine.runtime.shared_buffers import SHM_PREFIX, WEIGHTS_SUFFIX
+from sf_engine.stats.records import keep_record, write_json_atomic
 
 _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
 
@@ -60,10 +61,14 @@ class Experiment:
             logging.info(line)
         remove_temporary_files(self.paths.checkpoint_dir)
         # the resolved config (no 'auto') and the command line that was given
-        write_json_atomic(
-            os.path.join(self.paths.experiment_dir, "config.json"),
-            {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)},
-        )
+        path = os.path.join(self.paths.experiment_dir, "config.json")
+        try:
+            write_json_atomic(path, {**self.plan.cfg.to_dict(), "command_line": list(self.plan.command_line)})
+        except OSError as exc:
+            raise ConfigError(
+                f"--train_dir {self.plan.cfg.run.train_dir}: cannot write {path} ({exc.strerror or exc}): "
+                f"free some space there or choose another --train_dir"
+            ) from None
 
     def write_processes(self, rows: list) -> None:
         """processes.json: (role, index, pid) of every live process of the run with its start time and
@@ -84,13 +89,13 @@ class Experiment:
                 )
             except psutil.Error:
                 continue
-        write_json_atomic(
-            os.path.join(self.paths.experiment_dir, "processes.json"),
-            {
-                "processes": out,
-                "shm_path": os.path.realpath(self.paths.shm_path),
-                "experiment": _identity(self.paths.experiment_dir),
-            },
+        data = {
+            "processes": out,
+            "shm_path": os.path.realpath(self.paths.shm_path),
+            "experiment": _identity(self.paths.experiment_dir),
+        }
+        keep_record(
+            "processes.json", lambda: write_json_atomic(os.path.join(self.paths.experiment_dir, "processes.json"), data)
         )
 
     def close(self) -> None:
@@ -169,11 +174,12 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
     done += reap_orphaned_processes()  # env processes (VizDoom's games) that killed workers left alive
     segment = leftover_segment(experiment_dir, shm_dir, processes)
     if segment is not None:
-        try:
-            os.unlink(segment)
-            done.append(f"removed {segment} left by a previous run")
-        except OSError:
-            pass
+        for path in (segment, segment + WEIGHTS_SUFFIX):  # and the file of its last published weights
+            try:
+                os.unlink(path)
+                done.append(f"removed {path} left by a previous run")
+            except OSError:
+                pass
     return done
 
 
@@ -193,7 +199,7 @@ def _setup_logging(log_path: str) -> None:
     root.setLevel(logging.INFO)
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("%(message)s"))
-    logfile = logging.FileHandler(log_path)
+    logfile = LogFile(log_path)  # a log that cannot be written (a full disk) is one line, and the run goes on
     logfile.setFormatter(logging.Formatter("%(asctime)s runner %(levelname)s %(message)s"))
     root.addHandler(console)
     root.addHandler(logfile)

@@ -13,17 +13,19 @@ from collections import deque
 from dataclasses import dataclass
 
 from sf_engine.envs import reap_orphaned_processes
-from sf_engine.runtime.checkpoint import latest_valid_checkpoint
+from sf_engine.runtime.checkpoint import latest_valid_checkpoint, remove_temporary_files
 from sf_engine.runtime.ipc import drain_into
-from sf_engine.runtime.role import run_role
-from sf_engine.runtime.shared_buffers import WRITING
+from sf_engine.runtime.role import RUN_STOPPED_EXIT, run_role
+from sf_engine.runtime.shared_buffers import LEARNING, WRITING
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
-from sf_engine.runtime.wiring import heartbeat_index, new_policy_requests, roles_of
+from sf_engine.runtime.wiring import LAST_STOP_PHASE, ROLES, heartbeat_index, new_policy_requests, roles_of
 
 STOP_TIMEOUT_SEC = 9.0  # every child stops within this (the learner saves first), or is killed
+LEARNER_STOP_SEC = 4.0  # of which the learner's last checkpoint, once the sampling stopped, has at least this
 STARTUP_GRACE_SEC = 120.0  # a process that has not beaten yet is stuck only after this (or the timeout)
 RESTART_WINDOW_SEC = 300.0  # --max_worker_restarts counts restarts within this window
+MAX_EVALUATOR_RESTARTS = 3  # then evaluation is off for the rest of the run
 
 
 class ChildFailed(RuntimeError):
@@ -44,6 +46,7 @@ class Supervisor:
         self.pool = SlotPool(buffers, queues)
         self.children: dict = {}  # (role, index) -> Child
         self.restart_times: deque = deque()
+        self.learner_published_at_restart = None  # param_seq when the learner was last restarted
 
     def start(self) -> None:
         for role, index in roles_of(self.cfg):
@@ -51,7 +54,7 @@ class Supervisor:
         self._write_processes()
 
     def step(self) -> None:
-        """Replace the children that died or are stuck (a failed learner stops the run: ChildFailed)."""
+        """Replace the children that died or are stuck (past the restart budget: ChildFailed)."""
         for (role, index), child in list(self.children.items()):
             cause = self._failure(role, index, child)
             if cause:
@@ -80,29 +83,88 @@ class Supervisor:
         return None
 
     def _recover(self, role: str, index: int, cause: str) -> None:
-        """Restart a failed rollout worker, policy worker or receiver; a failed evaluator is not
-        restarted; a failed learner stops the run."""
+        """Restart a failed process: what it held goes back (its slots, booked as dropped), its successor
+        gets the shared weights; past --max_worker_restarts within RESTART_WINDOW_SEC the run stops
+        (ChildFailed), a dead learner's last published weights first written as a checkpoint."""
         drain_into(self.queues.stats, self.stats.consume)  # the failed process's traceback, if it sent one
         trace = self.stats.faults.pop((role, index), None)
         where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
+        stopped_run = self.children[(role, index)].process.exitcode == RUN_STOPPED_EXIT  # the role's own stop
+        if stopped_run and role != "evaluator":
+            raise ChildFailed(trace or f"{where} {cause}")
         logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
         self._kill(role, index)
+        generation = self.children[(role, index)].generation + 1
         if role == "learner":
-            last, _ = latest_valid_checkpoint(self.plan.paths.checkpoint_dir)
-            raise ChildFailed(
-                f"the learner {cause}; the last good checkpoint is {last or 'none yet'}: run the "
-                f"same command again to resume from it (details in {self.plan.paths.log_path})"
-            )
-        if role == "evaluator":
-            del self.children[(role, index)]
+            self._restart_learner(f"{where} {cause}", generation)
+        elif role == "evaluator":
+            self._restart_evaluator(generation, stopped_run)
+        else:
+            self._count_restart(f"{where} {cause}")
+            self._restart_sampling(role, index, generation)
+        self._write_processes()
+
+    def _restart_evaluator(self, generation: int, stopped_run: bool) -> None:
+        """Evaluation never stops training: a failed evaluator is restarted, outside --max_worker_restarts;
+        one that stopped on bad input, or failed MAX_EVALUATOR_RESTARTS times, is not, and evaluation is off."""
+        if stopped_run or self.stats.evaluator_restarts >= MAX_EVALUATOR_RESTARTS:
+            del self.children[("evaluator", 0)]
             logging.warning("evaluation is off for the rest of this run; training goes on")
             return
-        self._count_restart(f"{where} {cause}")
+        SharedWeights(self.buffers, self.queues.weights, 0).want("evaluator")
+        self._spawn("evaluator", 0, generation)
+        self.stats.evaluator_restarts += 1
+        logging.warning("restarted the evaluator (its best evaluation so far is read back from best.pt)")
+
+    def _restart_learner(self, what: str, generation: int) -> None:
+        """A learner that died is replaced by one that starts from the newest of its last checkpoint and
+        the weights it published last (sf_engine.roles.learner.Learner._recover); the slots it was training
+        on are dropped (booked). With the restarts spent, what it published last becomes a checkpoint."""
+        self.stats.books.dropped_faults += self.pool.recycle(self.pool.owned_by([LEARNING]))
+        for policy in range(self.cfg.policies.num_acting):  # its vectors died with it: readers keep their copies
+            SharedWeights(self.buffers, self.queues.weights, policy).retire()
+        published = self.buffers.param_seq.copy()
+        try:
+            if self.learner_published_at_restart is not None and (published == self.learner_published_at_restart).all():
+                raise ChildFailed(f"the learner failed again before publishing anything ({what})")
+            self._count_restart(what)
+        except ChildFailed as exc:
+            del self.children[("learner", 0)]  # saved here, not again at the stop
+            raise ChildFailed(f"{exc}; {self._checkpoint_last_published(generation)}") from None
+        self.learner_published_at_restart = published
+        self._spawn("learner", 0, generation)
+        self.stats.learner_restarts += 1
+        logging.warning(
+            "restarted the learner (%d learner restarts): it resumes from the newest of its last checkpoint and "
+            "the weights it published last",
+            self.stats.learner_restarts,
+        )
+
+    def _checkpoint_last_published(self, generation: int) -> str:
+        """Write the dead learner's last published weights as a checkpoint, from this process; says where."""
+        from sf_engine.roles.learner import checkpoint_last_published
+        from sf_engine.runtime.role import RoleContext
+
+        ctx = RoleContext(self.plan, "learner", 0, self.buffers, self.queues, generation)
+        try:
+            path = checkpoint_last_published(ctx)
+        except Exception as exc:  # the run stops anyway: say why nothing was written
+            logging.exception("no checkpoint of the last published weights")
+            path, why = None, f"{exc.__class__.__name__}: {exc}"
+        else:
+            why = "nothing newer than the last checkpoint was published, or the write failed"
+        if path is None:
+            last, _ = latest_valid_checkpoint(self.plan.paths.checkpoint_dir)
+            return f"the last published weights were not saved ({why}); the last good checkpoint is {last or 'none'}"
+        return f"the last published weights were saved as {path}: run the same command again to resume from it"
+
+    def _restart_sampling(self, role: str, index: int, generation: int) -> None:
+        """A receiver, rollout worker or policy worker replaced."""
         if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
             self.pool.recycle(self.pool.owned_by([WRITING]))  # its successor books their steps as dropped
             for policy in range(self.cfg.policies.num_acting):
                 SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
-            self._spawn(role, index, self.children[(role, index)].generation + 1)
+            self._spawn(role, index, generation)
             logging.warning("restarted the receiver and its sampler actors")
         elif role == "rollout_worker":
             self._restart_workers([index])
@@ -122,7 +184,6 @@ class Supervisor:
             self._restart_workers(workers)
             self.stats.policy_worker_restarts += 1
             logging.warning("restarted the policy worker (weights from the shared copy) and the rollout workers")
-        self._write_processes()
 
     def _count_restart(self, what: str) -> None:
         now = time.monotonic()
@@ -131,8 +192,8 @@ class Supervisor:
             self.restart_times.popleft()
         if len(self.restart_times) > self.cfg.run.max_worker_restarts:
             raise ChildFailed(
-                f"{len(self.restart_times)} worker failures within {RESTART_WINDOW_SEC:.0f} s (last: "
-                f"{what}); fix the env or raise --max_worker_restarts"
+                f"{len(self.restart_times)} process failures within {RESTART_WINDOW_SEC:.0f} s (last: "
+                f"{what}); fix the cause or raise --max_worker_restarts"
             )
 
     def _restart_workers(self, workers: list) -> None:
@@ -164,24 +225,35 @@ class Supervisor:
         """Stop every child within STOP_TIMEOUT_SEC (the learner saves a checkpoint first) and kill what
         does not stop. A second Ctrl-C kills the children at once (checkpoints are written atomically,
         so none is corrupted)."""
-        self.buffers.stop[0] = 1
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C: kill them now
         try:
             deadline = time.monotonic() + STOP_TIMEOUT_SEC
-            for child in self.children.values():
-                child.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            for phase in range(1, LAST_STOP_PHASE + 1):  # the sampling stops, then the learner saves what it made
+                self.buffers.stop[0] = phase
+                phase_end = deadline - (LAST_STOP_PHASE - phase) * LEARNER_STOP_SEC
+                for (role, _), child in self.children.items():
+                    if ROLES[role].stop_phase == phase:
+                        child.process.join(timeout=max(0.0, phase_end - time.monotonic()))
         except KeyboardInterrupt:
             logging.info("second Ctrl-C: stopping every process now")
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third: the stop goes on to its end
             for (role, index), child in self.children.items():
                 if child.process.is_alive():
                     logging.warning("%s %d did not stop in time: killed", role, index)
                     child.process.kill()
                     child.process.join(timeout=5.0)
+            learner = self.children.get(("learner", 0))
+            if learner is not None and learner.process.exitcode not in (0, RUN_STOPPED_EXIT):
+                logging.warning(
+                    "the learner did not save at the stop: %s", self._checkpoint_last_published(learner.generation + 1)
+                )
             if self.children:
                 self.children = {}
                 self._write_processes()
             for line in reap_orphaned_processes():  # the envs' own processes of workers killed just now
                 logging.info(line)
+            remove_temporary_files(self.plan.paths.checkpoint_dir)  # a learner killed while it saved
 
 
 def _describe_exit(code: int) -> str:

@@ -5,8 +5,8 @@ Surviving a killed process: faster-fifo queues wait on process-shared condition 
 process killed while waiting on one leaves it unusable (the next signal on it can block forever).
 So a process that may be killed and restarted never waits on a queue others keep using: rollout
 workers wait for actions on their own pipe (kernel objects, robust to a dead reader) and poll for
-free slots; the runner polls its stats queue; a restarted policy worker gets a new policy_requests
-queue (the rollout workers are restarted with it).
+free slots; the learner polls for full slots; the runner polls its stats queue; a restarted policy
+worker gets a new policy_requests queue (the rollout workers are restarted with it).
 """
 
 from __future__ import annotations

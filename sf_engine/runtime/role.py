@@ -21,11 +21,18 @@ import traceback
 from dataclasses import dataclass
 from typing import Protocol
 
+from sf_engine.envs import EnvError
 from sf_engine.runtime.ipc import ParentWatch
+from sf_engine.runtime.log_file import LogFile
 from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.wiring import ROLES, Queues, heartbeat_index, role_class
 from sf_engine.stats import messages
+
+
+class RunStopped(Exception):
+    """Raised by a role to stop the whole run: its message is the one-line cause of the stop (no traceback,
+    no restart)."""
 
 
 class Role(Protocol):
@@ -71,7 +78,8 @@ class RoleContext:
 
     @property
     def stopping(self) -> bool:
-        return bool(self.buffers.stop[0])
+        """The run stops, and this role's turn to stop has come (wiring.RoleSpec.stop_phase)."""
+        return int(self.buffers.stop[0]) >= ROLES[self.role].stop_phase
 
     def send(self, message) -> None:
         """A stats message to the main process; dropped (never blocks) if it is far behind."""
@@ -87,12 +95,17 @@ class RoleContext:
         return SharedWeights(self.buffers, self.queues.weights, policy)
 
 
+RUN_STOPPED_EXIT = 4  # a role's exit code when it stopped the run (RunStopped): its one line is the cause
+
+
 def _init_child(role: str, index: int, log_path: str) -> None:
     """The main process alone handles Ctrl-C; logs go to the run's file."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     logging.basicConfig(
-        filename=log_path, level=logging.INFO, format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s"
+        handlers=[LogFile(log_path, report=False)],
+        level=logging.INFO,
+        format=f"%(asctime)s {role}[{index}] %(levelname)s %(message)s",
     )
 
 
@@ -124,7 +137,8 @@ def pin_to_cores(role: str, cfg) -> None:
 def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     """Process target of every role: set-up, then `step` until the run stops or the main process is
     gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
-    once there, with the env id) and the process exits with 1."""
+    once there, with the env id) and the process exits with 1; an EnvError (an env that does not fit the
+    plan) stops the run as RunStopped does, with its one line."""
     from sf_engine.envs import register_env
 
     _init_child(role, index, plan.paths.log_path)
@@ -142,6 +156,12 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
         while not ctx.stopping and watch.parent_alive():
             instance.step(timeout)
         instance.finish()
+    except RunStopped as exc:  # the role stops the run on purpose (supervisor): its line, no traceback
+        ctx.send(messages.Fault(role, index, str(exc)))
+        sys.exit(RUN_STOPPED_EXIT)
+    except EnvError as exc:  # an env that does not fit the plan stops the run too: a restart would fail the same way
+        ctx.send(messages.Fault(role, index, f"{role.replace('_', ' ')} {index}: {exc}"))
+        sys.exit(RUN_STOPPED_EXIT)
     except Exception:
         ctx.send(messages.Fault(role, index, traceback.format_exc()))
         sys.exit(1)

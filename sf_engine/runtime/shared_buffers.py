@@ -22,7 +22,13 @@ stop [1] int64, heartbeat [4 + num_workers] float64 (time.monotonic() of each pr
 wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver,
 NO_OWNER when none; see slot_pool), slot_rows [S] int64 (env-step rows written into a slot and not trained
 yet), params_wanted [P, readers] int64 (set by the supervisor when a restarted reader needs a policy's
-shared weights again).
+shared weights again), weights_generation [P] int64 (bumped each time a learner makes a policy's shared
+vector, or by the supervisor when the learner died: a reader holding an older one takes the new one),
+published_copy [P] int64 (the version + 1 whose weights the file below holds, 0: none), run_started [1]
+float64 (time.monotonic() when this run started: the same clock in every process).
+Beside the file, `<file>.weights` (created empty with it, sized by the learner, which knows the model):
+last_published [P, F] float32, each policy's weights as published last (F = the model's flat state size),
+so that they outlive a learner that dies (see weights.py).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
 """
@@ -32,6 +38,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import time
 
 import numpy as np
 
@@ -44,6 +51,7 @@ WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that re
 SLOT_FIELD_NAMES = frozenset(field.name for field in SLOT_FIELDS)
 NO_OWNER = -1  # slot_owner of a slot nobody is writing (free, full, or being trained on)
 WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)
+LEARNING = -3  # slot_owner of a slot the learner took (freed by the supervisor if it dies meanwhile)
 
 
 def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
@@ -85,6 +93,9 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "slot_owner": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
         "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
+        "weights_generation": ((policies,), "int64"),
+        "published_copy": ((policies,), "int64"),
+        "run_started": ((1,), "float64"),
     }
 
 
@@ -107,6 +118,7 @@ def required_bytes(layout: dict) -> int:
 
 
 SHM_PREFIX = "sf_engine_"
+WEIGHTS_SUFFIX = ".weights"  # the file of the last published weights, beside the run's
 
 
 def shm_path(shm_dir: str, experiment_dir: str) -> str:
@@ -132,6 +144,8 @@ class SharedBuffers:
             self._mmap = mmap.mmap(fd, total)
         finally:
             os.close(fd)
+        if create:  # the file of the last published weights, empty until the learner sizes it
+            os.close(os.open(path + WEIGHTS_SUFFIX, flags, 0o600))
         self.owner = create
         self.obs = {}
         for field in SLOT_FIELDS:  # the slot fields a run lacks (see SlotField.present) stay None
@@ -139,6 +153,7 @@ class SharedBuffers:
         self.rnn_current = None  # recurrent runs only
         self.policy_episodes = None  # runs of several policies only
         self.remote_books = None  # runs with sampler nodes only
+        self._last_published = None  # mapped on first use (last_published)
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
@@ -151,6 +166,8 @@ class SharedBuffers:
     def create(cls, path: str, layout: dict) -> "SharedBuffers":
         buffers = cls(path, layout, create=True)
         buffers.slot_owner[:] = NO_OWNER
+        if "run_started" in layout:  # a run's layout (buffer_layout) has it
+            buffers.run_started[0] = time.monotonic()
         return buffers
 
     def take_rows(self, slots) -> int:
@@ -164,8 +181,29 @@ class SharedBuffers:
     def attach(cls, path: str, layout: dict) -> "SharedBuffers":
         return cls(path, layout, create=False)
 
+    def last_published(self, floats: int, allocate: bool):
+        """[P, floats] float32: each policy's weights as the learner published them last, in the file beside
+        this one; sized on first use by the learner that knows the model's flat state size (`allocate`),
+        None for a reader where it never was."""
+        policies = self.param_seq.shape[0]
+        if self._last_published is None:
+            fd = os.open(self.path + WEIGHTS_SUFFIX, os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                size = policies * floats * 4
+                if os.fstat(fd).st_size < size:
+                    if not allocate:
+                        return None
+                    os.posix_fallocate(fd, 0, size)  # ENOSPC now, not SIGBUS at a write into a full tmpfs
+                mapped = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            self._last_published = np.frombuffer(mapped, np.float32, policies * floats).reshape(policies, floats)
+        return self._last_published
+
     def release(self) -> None:
-        """Unlink the backing file (creator only). Views stay valid until the process exits."""
-        if self.owner and os.path.exists(self.path):
-            os.unlink(self.path)
+        """Unlink the backing files (creator only). Views stay valid until the process exits."""
+        if self.owner:
+            for path in (self.path, self.path + WEIGHTS_SUFFIX):
+                if os.path.exists(path):
+                    os.unlink(path)
             self.owner = False

@@ -4,8 +4,9 @@ A slot circulates: a filler (a rollout worker, the receiver) takes a free one fr
 marked as its own in `slot_owner` while it writes (`slot_rows` counts the env-step rows written), then
 hands its index over to the learner through full_slots; the learner (or whoever takes a slot back from a
 dead filler) recycles it: its rows leave the books, its owner is cleared, and it goes back on the free
-queue. Free slots are polled, never waited for on the shared queue: a process killed while waiting on
-it would break it for everybody (see sf_engine.runtime.ipc).
+queue. Free and full slots are polled, never waited for on the shared queues: a process killed while waiting
+on one would break it for everybody (see sf_engine.runtime.ipc), and every process that takes slots may
+be killed and restarted (the learner too).
 """
 
 from __future__ import annotations
@@ -15,9 +16,20 @@ import time
 import numpy as np
 
 from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.shared_buffers import NO_OWNER
+from sf_engine.runtime.shared_buffers import LEARNING, NO_OWNER
 
-POLL_SEC = 0.0005  # how often a filler with nothing else to do looks for a free slot
+POLL_SEC = 0.0005  # how often a filler (the learner) with nothing else to do looks for a free (full) slot
+
+
+def _poll(queue, max_slots: int, timeout_sec: float) -> list:
+    """Up to `max_slots` slot indices from `queue`, looked for every POLL_SEC for at most `timeout_sec`."""
+    slots = get_many(queue, 0, max_messages=max_slots)
+    if not slots and timeout_sec > 0:
+        deadline = time.monotonic() + timeout_sec
+        while not slots and time.monotonic() < deadline:
+            time.sleep(POLL_SEC)
+            slots = get_many(queue, 0, max_messages=max_slots)
+    return slots
 
 
 class SlotPool:
@@ -33,15 +45,18 @@ class SlotPool:
     def take_free(self, max_slots: int, owner: int, timeout_sec: float = 0.0) -> list:
         """Up to `max_slots` free slot indices, marked as written by `owner` (a rollout worker's index, or
         WRITING); when none is free, polls for one for at most `timeout_sec`."""
-        free = get_many(self.queues.free_slots, 0, max_messages=max_slots)
-        if not free and timeout_sec > 0:
-            deadline = time.monotonic() + timeout_sec
-            while not free and time.monotonic() < deadline:
-                time.sleep(POLL_SEC)
-                free = get_many(self.queues.free_slots, 0, max_messages=max_slots)
+        free = _poll(self.queues.free_slots, max_slots, timeout_sec)
         if free:
             self.buffers.slot_owner[free] = owner
         return free
+
+    def take_full(self, max_slots: int, timeout_sec: float) -> list:
+        """Up to `max_slots` filled slot indices for the learner, marked LEARNING (a dead learner's go back
+        through `recycle`); when none is full, polls for one for at most `timeout_sec`."""
+        full = _poll(self.queues.full_slots, max_slots, timeout_sec)
+        if full:
+            self.buffers.slot_owner[full] = LEARNING
+        return full
 
     def hand_over(self, slot: int) -> None:
         """A slot its owner has filled: owned by no one again, and its index to the learner."""
@@ -60,5 +75,5 @@ class SlotPool:
         return steps
 
     def owned_by(self, owners) -> list:
-        """The slots being written by any of `owners` (rollout worker indices, or WRITING)."""
+        """The slots held by any of `owners` (rollout worker indices, WRITING or LEARNING)."""
         return np.flatnonzero(np.isin(self.buffers.slot_owner, owners)).tolist()

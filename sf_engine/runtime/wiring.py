@@ -34,18 +34,26 @@ class RoleSpec:
     runs it (rollout workers never import torch) and built from a RoleContext; `heartbeat`: its entry in
     the shared heartbeat array (rollout worker w: HEARTBEAT_WORKERS + w); `step_timeout_sec`: how long
     one `step` may wait in a process; `serial_order`: its turn in serial mode's round (a request made in
-    a round is served in it); `torch_threads(cfg)`: torch threads of its process (None: no torch)."""
+    a round is served in it); `torch_threads(cfg)`: torch threads of its process (None: no torch);
+    `stop_phase`: the value of the shared stop flag that stops it (the learner stops last, once nothing
+    samples any more, so that its last checkpoint counts every env step of the run)."""
 
     cls: str
     heartbeat: int | None
     step_timeout_sec: float
     serial_order: int
     torch_threads: object = None
+    stop_phase: int = 1
+
+
+LAST_STOP_PHASE = 2
 
 
 HEARTBEAT_WORKERS = HEARTBEAT_ROLES  # heartbeat entries before the rollout workers' (shared_buffers.buffer_layout)
 ROLES = {
-    "learner": RoleSpec("sf_engine.roles.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads),
+    "learner": RoleSpec(
+        "sf_engine.roles.learner:Learner", 0, 0.1, 2, lambda cfg: cfg.learner.learner_threads, LAST_STOP_PHASE
+    ),
     "policy_worker": RoleSpec("sf_engine.roles.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
     "evaluator": RoleSpec("sf_engine.roles.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
     "rollout_worker": RoleSpec("sf_engine.roles.rollout_worker:RolloutWorker", None, 0.1, 0),

@@ -167,7 +167,8 @@ class Receiver:
                 weights = self.weights[policy]
                 if self.local_params[policy] is None:
                     self.local_params[policy] = weights.shared.detach().to("cpu", copy=True)
-                self.held_versions[policy] = weights.read_into(self.local_params[policy])
+                version = weights.read_into(self.local_params[policy])  # None: the learner is being replaced
+                self.held_versions[policy] = self.held_versions[policy] if version is None else version
             versions = [
                 (p, params.numpy(), int(v)) for p, (params, v) in enumerate(zip(self.local_params, self.held_versions))
             ]
