@@ -263,7 +263,7 @@ class RunConfig:
     max_worker_restarts: int = _f(
         10,
         "Stop the run (cleanly, with a checkpoint) once its processes (rollout workers, the policy worker, the "
-        "learner, the evaluator, the receiver) have been restarted more than this many times within 5 minutes.",
+        "learner, the receiver) have been restarted more than this many times within 5 minutes.",
     )
 
     def __post_init__(self):
