@@ -12,8 +12,8 @@ Sequence lock: `param_seq[policy]` in the shared buffers is 2 x version while th
 odd while the learner writes; a reader copies, then checks that the counter did not move.
 
 A learner that dies takes its shared vector with it (a CUDA tensor lives as long as the process that made
-it), so every publish also copies the weights into the run's shared-memory file (`last_published`, held
-by the main process): a restarted learner starts from them (`last_published`), and makes a new shared
+it), so every publish also copies the weights into the file beside the run's shared memory (held by the
+main process, see SharedBuffers.last_published): a restarted learner starts from them, and makes a new shared
 vector, bumping `weights_generation`; a reader holding an older vector drops it and takes the new one.
 
 torch is imported where a tensor is handled, not with the module: the supervisor (in the main process,
@@ -147,10 +147,10 @@ class SharedWeights:
         holds). On CUDA the copy is awaited before the counter is checked again (copy_ only queues it)."""
         import torch
 
-        if self.held_generation != int(self.generation[0]) and not self.connect(self.reader, 1e-3):
-            return None
         if self.held_generation != int(self.generation[0]):
-            return None
+            self.connect(self.reader, 1e-3)  # the next learner's vector, if it is here
+            if self.held_generation != int(self.generation[0]):
+                return None
         deadline = time.monotonic() + READ_TIMEOUT_SEC
         while time.monotonic() < deadline:
             before = int(self.seq[0])
