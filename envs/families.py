@@ -86,7 +86,67 @@ FAMILY_DEFAULTS = {
 TWO_PLAYER_DEFAULTS = {"eval_every_sec": 30.0, "eval_episodes": 20}
 
 
-def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
-    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS)."""
+# the value-based algorithms' defaults (--algo dqn, --algo pqn): every family's (None), then a family's own; they
+# replace the family's PPO settings above. A Q-network has no recurrent core yet and normalizes nothing.
+_VALUE_BASED = {"rnn": "none", "normalize_input": False, "normalize_returns": False, "lr_schedule": "constant"}
+ALGO_DEFAULTS = {
+    ("dqn", None): _VALUE_BASED | {"max_grad_norm": 10.0, "adam_eps": 1e-5},
+    ("dqn", "classic"): {
+        "hidden_size": 256,
+        "activation": "relu",
+        "learning_rate": 1e-3,
+        "batch_size": 128,
+        "replay_size": 100_000,
+        "learning_starts": 1_000,
+        "replay_ratio": 8.0,
+        "target_update_period": 250,
+        "num_envs_per_worker": 16,
+        "rollout": 16,
+    },
+    # Ape-X on Atari: Nature DQN's network and step sizes, and a replay ratio in Ape-X's regime (its actors
+    # outpace its learner: far fewer samples trained per env step than Nature DQN's 8); --replay_ratio 8 is
+    # Nature DQN's, at an eighth of the env steps per second where learning is the slower side (a CPU learner)
+    ("dqn", "atari"): {
+        "encoder": "nature_cnn",
+        "learning_rate": 1e-4,
+        "adam_eps": 1.5e-4,
+        "batch_size": 32,
+        "replay_size": 200_000,
+        "learning_starts": 20_000,
+        "replay_ratio": 1.0,
+        "target_update_period": 2_000,
+        "num_envs_per_worker": 16,
+        "rollout": 32,
+        "learner_threads": 2,
+    },
+    # CleanRL's pqn.py and pqn_atari_envpool.py
+    ("pqn", None): _VALUE_BASED
+    | {
+        "layer_norm": True,
+        "activation": "relu",
+        "max_grad_norm": 10.0,
+        "epsilon_start": 1.0,
+        "epsilon_end": 0.05,
+        "apex_alpha": 0.0,
+        "num_epochs": 4,
+        "num_batches_per_epoch": 4,
+    },
+    ("pqn", "classic"): {"hidden_size": 128, "learning_rate": 2.5e-4, "epsilon_decay_env_steps": 250_000},
+    ("pqn", "atari"): {
+        "encoder": "nature_cnn",
+        "learning_rate": 2.5e-4,
+        "rollout": 32,
+        "batch_size": 1024,
+        "epsilon_end": 0.01,
+        "epsilon_decay_env_steps": 1_000_000,
+        "learner_threads": 2,
+    },
+}
+
+
+def flag_defaults(env_id: str, spec: EnvSpec, algo: str = "ppo") -> dict:
+    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS); with a
+    value-based --algo, its own (ALGO_DEFAULTS) over the family's PPO settings."""
     two_player = TWO_PLAYER_DEFAULTS if spec.family == "turns" and len(spec.agents) == 2 else {}
-    return FAMILY_DEFAULTS[spec.family] | two_player | ENV_DEFAULTS.get(env_id, {})
+    defaults = FAMILY_DEFAULTS[spec.family] | two_player | ENV_DEFAULTS.get(env_id, {})
+    return defaults | ALGO_DEFAULTS.get((algo, None), {}) | ALGO_DEFAULTS.get((algo, spec.family), {})

@@ -21,11 +21,12 @@ MAY_IMPORT = {
     "stats": {"config"},
     "model": {"config", "envs"},
     "algo": {"model", "config", "envs"},
-    "runtime": {"algo", "stats", "config", "envs"},
-    "play": {"runtime", "algo", "model", "stats", "config", "envs"},
-    "roles": {"play", "runtime", "algo", "model", "stats", "config", "envs"},
-    "scaleout": {"roles", "runtime", "algo", "model", "stats", "config", "envs"},
-    "run": {"scaleout", "roles", "play", "runtime", "algo", "model", "stats", "config", "envs"},
+    "replay": {"algo", "stats", "config", "envs"},
+    "runtime": {"replay", "algo", "stats", "config", "envs"},
+    "play": {"runtime", "replay", "algo", "model", "stats", "config", "envs"},
+    "roles": {"play", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
+    "scaleout": {"roles", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
+    "run": {"scaleout", "roles", "play", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
 }
 TOP_LEVEL = {"sf_engine", "sf_engine.export"}  # the package itself and `python -m sf_engine.export`
 

@@ -75,3 +75,17 @@ class TrajectoryBatch:
     @property
     def dones(self) -> Tensor:
         return self.terminated | self.truncated
+
+
+@dataclass
+class ReplayBatch:
+    """A minibatch sampled from the replay buffer, on the learner's device (B = batch): obs / next_obs key ->
+    [B, *shape] in the stored dtype, actions [B] int64, returns [B] (the n-step discounted rewards), discounts
+    [B] (gamma ** n, 0 after a terminated step), weights [B] (importance weights of prioritized replay, else 1)."""
+
+    obs: dict
+    actions: Tensor
+    returns: Tensor
+    discounts: Tensor
+    next_obs: dict
+    weights: Tensor

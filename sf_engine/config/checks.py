@@ -34,6 +34,7 @@ def check_flags(cfg: Config) -> None:
     _check_learner_values(cfg)
     _check_rollout(cfg)
     _check_run(cfg)
+    _check_value_based(cfg)
 
 
 def _check_counts(cfg: Config) -> None:
@@ -56,7 +57,7 @@ def _check_counts(cfg: Config) -> None:
         "--recurrence": lrn.recurrence,
         "--num_policies": cfg.policies.num_policies,
     }
-    for group in (cfg.env, s, model, lrn, run, cfg.policies):
+    for group in (cfg.env, s, model, lrn, run, cfg.policies, cfg.replay, cfg.q):
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -90,12 +91,14 @@ def _check_learner_values(cfg: Config) -> None:
 
 
 def _check_rollout(cfg: Config) -> None:
-    """The rollout and BPTT lengths against the training batch."""
+    """The rollout and BPTT lengths against the training batch (with a replay buffer, any batch)."""
     s, lrn = cfg.sampler, cfg.learner
     train_batch = lrn.batch_size * lrn.num_batches_per_epoch
     if s.rollout != "auto":
         if s.rollout < 2:
             raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
+        if cfg.uses_replay:
+            return
         if train_batch % s.rollout:
             raise ConfigError(
                 f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of --rollout ({s.rollout})"
@@ -105,7 +108,7 @@ def _check_rollout(cfg: Config) -> None:
         raise ConfigError(
             f"--recurrence ({lrn.recurrence}) must divide --rollout ({rollout}): use e.g. --recurrence {rollout}"
         )
-    if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT:
+    if s.rollout == "auto" and train_batch % ROLLOUT_DEFAULT and not cfg.uses_replay:
         raise ConfigError(
             f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of "
             f"--rollout ({ROLLOUT_DEFAULT} with auto): give --rollout"
@@ -118,6 +121,8 @@ def _check_run(cfg: Config) -> None:
     for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    if run.stop_at_eval_return is not None and not run.eval_every_sec:
+        raise ConfigError("--stop_at_eval_return needs evaluations: give --eval_every_sec too (e.g. 5)")
     if run.eval_every_sec < 0:
         raise ConfigError(f"--eval_every_sec must be >= 0 (got {run.eval_every_sec}); 0 turns evaluation off")
     for flag, budget in {
@@ -151,7 +156,7 @@ def check_resolved(cfg: Config) -> None:
             f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
             f"--worker_num_splits ({s.worker_num_splits})"
         )
-    if train_batch % cfg.samples_per_slot:
+    if train_batch % cfg.samples_per_slot and not cfg.uses_replay:
         raise ConfigError(
             f"--batch_size x --num_batches_per_epoch ({train_batch}) must be a multiple of one trajectory "
             f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
@@ -161,4 +166,72 @@ def check_resolved(cfg: Config) -> None:
         raise ConfigError(
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
             f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker"
+        )
+
+
+def _check_value_based(cfg: Config) -> None:
+    """The replay and q groups' values, and what --algo dqn / pqn do not do yet."""
+    r, q, algo = cfg.replay, cfg.q, cfg.learner.algo
+    for flag, value in {
+        "--replay_size": r.replay_size,
+        "--n_step": r.n_step,
+        "--target_update_period": q.target_update_period,
+        "--epsilon_decay_env_steps": q.epsilon_decay_env_steps,
+    }.items():
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    if r.replay_ratio <= 0:
+        raise ConfigError(f"--replay_ratio must be positive (got {r.replay_ratio}): samples trained per env step")
+    for flag, value in {"--learning_starts": r.learning_starts, "--per_alpha": r.per_alpha}.items():
+        if value < 0:
+            raise ConfigError(f"{flag} must be >= 0 (got {value})")
+    unit = {
+        "--per_beta": r.per_beta,
+        "--epsilon_start": q.epsilon_start,
+        "--epsilon_end": q.epsilon_end,
+        "--q_lambda": q.q_lambda,
+    }
+    for flag, value in unit.items():
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    if not 0.0 < q.target_tau <= 1.0:
+        raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
+    if q.apex_alpha < 0:
+        raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
+    if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
+        raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
+    if algo in ("dqn", "pqn"):
+        _check_value_based_scope(cfg)
+
+
+def _check_value_based_scope(cfg: Config) -> None:
+    """What --algo dqn and --algo pqn do not do (yet): one line each, naming the way out."""
+    algo, p = cfg.learner.algo, cfg.policies
+    if cfg.model.rnn != "none":
+        raise ConfigError(
+            f"--rnn {cfg.model.rnn} with --algo {algo}: recurrent Q-networks (R2D2) are not built yet; "
+            f"use --rnn none or --algo ppo"
+        )
+    if p.num_policies > 1 or p.pbt or p.pool_every_versions:
+        raise ConfigError(
+            f"--algo {algo} trains one policy: drop --num_policies, --pbt and --pool_every_versions, or use --algo ppo"
+        )
+    if cfg.model.normalize_input or cfg.model.normalize_returns:
+        raise ConfigError(f"--normalize_input / --normalize_returns are PPO's: drop them with --algo {algo}")
+    if cfg.learner.with_vtrace:
+        raise ConfigError(f"--with_vtrace is PPO's: drop it with --algo {algo}")
+
+
+def check_env_for_algo(cfg: Config, spec) -> None:
+    """The env against --algo: the value-based family needs one agent and a Discrete action space."""
+    algo = cfg.learner.algo
+    if not cfg.acts_on_q:
+        return
+    if spec.action.kind != "discrete":
+        raise ConfigError(
+            f"--algo {algo} needs a Discrete action space; {cfg.env.env} has a {spec.action.kind} one: use --algo ppo"
+        )
+    if spec.num_agents > 1 or spec.turn_based:
+        raise ConfigError(
+            f"--algo {algo} trains single-agent envs; {cfg.env.env} has {spec.num_agents} agents: use --algo ppo"
         )

@@ -14,6 +14,7 @@ from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.fields import int_or_auto
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
+from sf_engine.config.value import Q_ALGORITHMS, REPLAY_ALGORITHMS, QConfig, ReplayConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
 DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run given neither
@@ -21,7 +22,7 @@ DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run 
 
 # --algo: each learning algorithm's class ("module:Class" under sf_engine.algo, built by the learner role;
 # see sf_engine.algo.base). Adding an algorithm: its module, its config group, and its line here.
-ALGORITHMS = {"ppo": "sf_engine.algo.ppo:PPO"}
+ALGORITHMS = {"ppo": "sf_engine.algo.ppo:PPO", "dqn": "sf_engine.algo.dqn:DQN", "pqn": "sf_engine.algo.pqn:PQN"}
 
 
 class ConfigError(ValueError):
@@ -128,7 +129,9 @@ class LearnerConfig:
     algo: str = _f(
         "ppo",
         "Learning algorithm of the learner: 'ppo' (PPO's clipped objective on GAE targets, or on V-trace's with "
-        "--with_vtrace).",
+        "--with_vtrace); 'dqn' (the DQN family on a shared-memory replay buffer: double Q, dueling heads, n-step "
+        "returns, prioritized replay, Ape-X exploration; see the replay and q groups); 'pqn' (PQN: Q(lambda) "
+        "targets on each batch of trajectory slots, layer norm, no replay and no target network).",
         choices=tuple(ALGORITHMS),
     )
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
@@ -229,6 +232,12 @@ class RunConfig:
     stop_at_return: Optional[float] = _f(
         None, "Stop once the mean return of the last 100 episodes reaches this.", type=float
     )
+    stop_at_eval_return: Optional[float] = _f(
+        None,
+        "Stop once a greedy evaluation's mean return reaches this (with --eval_every_sec: the return that counts "
+        "when training episodes explore, as with --algo dqn).",
+        type=float,
+    )
     save_every_sec: float = _f(120.0, "Checkpoint period in seconds (a checkpoint is also written at exit).")
     keep_checkpoints: int = _f(3, "How many recent checkpoints to keep.")
     restart: bool = _f(False, "Start over: delete the experiment's previous checkpoints and logs.")
@@ -306,6 +315,8 @@ GROUPS = {
     "tracking": TrackingConfig,
     "policies": PolicyConfig,
     "remote": RemoteConfig,
+    "replay": ReplayConfig,
+    "q": QConfig,
 }
 
 
@@ -319,6 +330,18 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     policies: PolicyConfig = field(default_factory=PolicyConfig)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    q: QConfig = field(default_factory=QConfig)
+
+    @property
+    def uses_replay(self) -> bool:
+        """The learner trains from the replay buffer (sf_engine.replay), not on the slots as they come."""
+        return self.learner.algo in REPLAY_ALGORITHMS
+
+    @property
+    def acts_on_q(self) -> bool:
+        """The policy acts epsilon-greedy on Q-values (sf_engine.model.q_network)."""
+        return self.learner.algo in Q_ALGORITHMS
 
     @property
     def samples_per_slot(self) -> int:
@@ -326,6 +349,10 @@ class Config:
 
     @property
     def slots_per_batch(self) -> int:
+        """Slots the learner takes at a time: a training batch's, or with a replay buffer one round of every
+        split in sync mode (the learner inserts them, trains, then frees them) and one at a time otherwise."""
+        if self.uses_replay:
+            return self.sampler.total_splits if self.run.mode == "sync" else 1
         return self.learner.batch_size * self.learner.num_batches_per_epoch // self.samples_per_slot
 
     @property

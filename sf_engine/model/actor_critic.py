@@ -62,19 +62,21 @@ class MLP(nn.Module):
     us of Python, a large part of acting on a small batch. The parameters keep the nn.Sequential names
     (net.0.weight, ...)."""
 
-    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str):
+    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str, layer_norm: bool = False):
         super().__init__()
         modules, size = [], in_size
         for _ in range(layers):
-            modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), _ACTIVATIONS[activation]()]
+            norm = [nn.LayerNorm(hidden_size)] if layer_norm else []  # PQN's: before the nonlinearity
+            modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), *norm, _ACTIVATIONS[activation]()]
             size = hidden_size
         self.net = nn.Sequential(*modules)
+        self.layer_norm = layer_norm
         self.linears = [module for module in modules if isinstance(module, nn.Linear)]
         self.activations = (activation,) * layers
         self.out_size = size
 
     def forward(self, x):
-        return mlp(x, self.linears, self.activations)
+        return self.net(x) if self.layer_norm else mlp(x, self.linears, self.activations)
 
 
 def _channels_first(shape: tuple) -> bool:
@@ -85,7 +87,8 @@ def _channels_first(shape: tuple) -> bool:
 class Encoder(nn.Module):
     """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
 
-    def __init__(self, spec, mcfg):
+    def __init__(self, spec, mcfg, layer_norm: bool = False):
+        """`layer_norm`: a LayerNorm after each hidden layer of the MLPs and after each CNN's last layer."""
         super().__init__()
         self.keys, self.image_keys, self.hwc_keys = [], set(), set()
         self.nets = nn.ModuleDict()
@@ -99,11 +102,12 @@ class Encoder(nn.Module):
                 if not _channels_first(shape):
                     self.hwc_keys.add(key)
                     shape = (shape[2], shape[0], shape[1])
-                self.nets[key] = cnn_for(shape, mcfg.encoder).to(memory_format=torch.channels_last)
+                self.nets[key] = cnn_for(shape, mcfg.encoder, layer_norm).to(memory_format=torch.channels_last)
                 if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
                     self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
             else:
-                self.nets[key] = MLP(int(math.prod(shape)), mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation)
+                size = int(math.prod(shape))
+                self.nets[key] = MLP(size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, layer_norm)
                 if mcfg.normalize_input and dtype != "uint8":
                     self.normalizers[key] = RunningMeanStd((int(math.prod(shape)),))
         self.out_size = sum(net.out_size for net in self.nets.values())
@@ -111,7 +115,7 @@ class Encoder(nn.Module):
     @property
     def single_mlp(self):
         """(key, MLP) when the encoder is one MLP over one vector observation, else None."""
-        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP):
+        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP) and not self.nets[self.keys[0]].layer_norm:
             return self.keys[0], self.nets[self.keys[0]]
         return None
 

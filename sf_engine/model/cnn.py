@@ -24,12 +24,13 @@ def init_layer(layer: nn.Module, gain: float) -> nn.Module:
 class _ConvEncoder(nn.Module):
     """`convs` (ending in Flatten), then one linear layer of `units` units (ReLU unless said)."""
 
-    def __init__(self, convs: nn.Sequential, shape: tuple, units: int, activation=nn.ReLU):
+    def __init__(self, convs: nn.Sequential, shape: tuple, units: int, activation=nn.ReLU, layer_norm: bool = False):
         super().__init__()
         self.convs = convs
         with torch.no_grad():
             size = self.convs(torch.zeros(1, *shape)).shape[1]
-        self.fc = nn.Sequential(init_layer(nn.Linear(size, units), math.sqrt(2)), activation())
+        norm = [nn.LayerNorm(units)] if layer_norm else []  # PQN's, before the nonlinearity
+        self.fc = nn.Sequential(init_layer(nn.Linear(size, units), math.sqrt(2)), *norm, activation())
         self.out_size = units
 
     def forward(self, x):
@@ -39,7 +40,7 @@ class _ConvEncoder(nn.Module):
 class NatureCNN(_ConvEncoder):
     """Mnih et al. 2015: 3 conv layers + 512-unit linear layer. Input [B, C, H, W] float in [0, 1]."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, shape: tuple, layer_norm: bool = False):
         super().__init__(
             nn.Sequential(
                 init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)),
@@ -52,6 +53,7 @@ class NatureCNN(_ConvEncoder):
             ),
             shape,
             512,
+            layer_norm=layer_norm,
         )
 
 
@@ -59,7 +61,7 @@ class SimpleCNN(_ConvEncoder):
     """Sample Factory's default image encoder ('convnet_simple', used for its Doom agents): 32 8x8/4,
     64 4x4/2 and 128 3x3/2 convolutions, then 512 units, all ELU."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, shape: tuple, layer_norm: bool = False):
         super().__init__(
             nn.Sequential(
                 init_layer(nn.Conv2d(shape[0], 32, 8, stride=4), math.sqrt(2)),
@@ -73,6 +75,7 @@ class SimpleCNN(_ConvEncoder):
             shape,
             512,
             activation=ELU,
+            layer_norm=layer_norm,
         )
 
 
@@ -80,7 +83,7 @@ class SmallCNN(_ConvEncoder):
     """For images too small for the Nature CNN's 8x8/4 first layer (MiniGrid-style views): three 3x3
     convolutions at full resolution, then 256 units (ReLU)."""
 
-    def __init__(self, shape: tuple):
+    def __init__(self, shape: tuple, layer_norm: bool = False):
         super().__init__(
             nn.Sequential(
                 init_layer(nn.Conv2d(shape[0], 16, 3, padding=1), math.sqrt(2)),
@@ -93,6 +96,7 @@ class SmallCNN(_ConvEncoder):
             ),
             shape,
             256,
+            layer_norm=layer_norm,
         )
 
 
@@ -109,7 +113,7 @@ class _ResidualBlock(nn.Module):
 class ImpalaCNN(_ConvEncoder):
     """Espeholt et al. 2018: 3 stages of conv + max-pool + 2 residual blocks, then 256 units (ReLU)."""
 
-    def __init__(self, shape: tuple, depths=(16, 32, 32)):
+    def __init__(self, shape: tuple, depths=(16, 32, 32), layer_norm: bool = False):
         layers, channels = [], shape[0]
         for depth in depths:
             layers += [
@@ -119,14 +123,15 @@ class ImpalaCNN(_ConvEncoder):
                 _ResidualBlock(depth),
             ]
             channels = depth
-        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256)
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), shape, 256, layer_norm=layer_norm)
 
 
-def cnn_for(shape_chw: tuple, encoder: str) -> nn.Module:
+def cnn_for(shape_chw: tuple, encoder: str, layer_norm: bool = False) -> nn.Module:
     """The CNN of --encoder for images of [C, H, W] `shape_chw` ('auto' / 'nature_cnn': the Nature
-    CNN, or the small one for images under 36 pixels)."""
+    CNN, or the small one for images under 36 pixels); `layer_norm`: a LayerNorm on its last layer."""
     if encoder == "impala_cnn":
-        return ImpalaCNN(shape_chw)
+        return ImpalaCNN(shape_chw, layer_norm=layer_norm)
     if encoder == "convnet_simple":
-        return SimpleCNN(shape_chw)
-    return NatureCNN(shape_chw) if min(shape_chw[1:]) >= 36 else SmallCNN(shape_chw)
+        return SimpleCNN(shape_chw, layer_norm)
+    cnn = NatureCNN if min(shape_chw[1:]) >= 36 else SmallCNN
+    return cnn(shape_chw, layer_norm)

@@ -49,7 +49,7 @@ def first_line(exc: Exception) -> str:
 def load_policy(cfg, spec, path: str, device, policy: int = 0):
     """The actor-critic of `cfg` with the weights of checkpoint `path` (of its policy `policy` where it
     holds several), or an EnjoyError saying why not."""
-    from sf_engine.model.actor_critic import ActorCritic
+    from sf_engine.model.q_network import build_policy
     from sf_engine.model.shape import changed_flags, flag_text
     from sf_engine.runtime.checkpoint import CheckpointError, load_checkpoint, policy_states
 
@@ -76,7 +76,7 @@ def load_policy(cfg, spec, path: str, device, policy: int = 0):
     states = policy_states(state)
     if not 0 <= policy < len(states):
         raise EnjoyError(f"--policy {policy}: checkpoint {path} holds policies 0..{len(states) - 1}")
-    model = ActorCritic(spec, cfg.model)
+    model = build_policy(spec, cfg)
     try:
         model.load_state_dict(states[policy]["model"])
     except (KeyError, RuntimeError, TypeError) as exc:

@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from sf_engine.envs import make_batch_env
-from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.kernels import flatten_state
+from sf_engine.model.q_network import build_policy
 from sf_engine.play.episodes import play
 from sf_engine.runtime.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
 from sf_engine.stats.messages import Evaluation
@@ -29,7 +29,7 @@ class Evaluator:
     def __init__(self, ctx):
         cfg = ctx.cfg
         self.ctx, self.cfg = ctx, cfg
-        self.model = ActorCritic(ctx.plan.spec, cfg.model)
+        self.model = build_policy(ctx.plan.spec, cfg)
         self.model.requires_grad_(False)
         self.params = flatten_state(self.model)
         self.weights = ctx.weights()

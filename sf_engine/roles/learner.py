@@ -25,6 +25,7 @@ from sf_engine.algo.base import Algorithm, TrainingHooks, TrainResult, all_finit
 from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
 from sf_engine.config.groups import ALGORITHMS
 from sf_engine.roles.population import Population
+from sf_engine.roles.replay_feed import ReplayFeed
 from sf_engine.runtime.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
@@ -94,6 +95,7 @@ class Learner:
             stopping=lambda: ctx.stopping,
             elapsed_sec=lambda: time.monotonic() - float(self.buffers.run_started[0]),
         )
+        self.hooks = hooks
         algorithm = import_class(ALGORITHMS[self.lcfg.algo])
         self.policies = [
             LearningPolicy(policy, algorithm(self.cfg, plan.spec, self.device, hooks), ctx.weights(policy))
@@ -112,6 +114,9 @@ class Learner:
         self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.timer = StageTimer(*LearnerStage)
+        self.feed = ReplayFeed(self) if self.cfg.uses_replay and share else None  # --algo dqn's loop
+        if self.feed is not None and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
+            self.feed.load_replay(self.checkpoint_dir)
 
     # policy 0's model and version: a single-policy run's own
     model = property(lambda self: self.policies[0].algorithm.model)
@@ -169,6 +174,10 @@ class Learner:
         for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
             learner.weights.serve_requests()
         self.population.serve_requests()
+        if self.feed is not None and not self.cfg.run.sampling_only:
+            self.feed.step(timeout_sec)
+            self._save_when_due()
+            return
         self.pending_slots += self.pool.take_full(needed, timeout_sec)  # freed by the supervisor if this one dies
         self.timer.lap(LearnerStage.WAIT_DATA)
         if self.cfg.run.sampling_only:
@@ -178,6 +187,9 @@ class Learner:
         elif len(self.pending_slots) == self.cfg.slots_per_batch:
             slots, self.pending_slots = self.pending_slots, []
             self.train_on(slots)
+        self._save_when_due()
+
+    def _save_when_due(self) -> None:
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
             self.timer.start()
             self.save()
@@ -333,6 +345,8 @@ class Learner:
             self.ctx.send(CheckpointFailed(str(exc.strerror or exc)))
             return None
         self.ctx.send(CheckpointWritten(path))
+        if self.feed is not None and self.cfg.replay.save_replay:
+            self.feed.save_replay(self.checkpoint_dir)
         return path
 
 

@@ -15,8 +15,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.kernels import flatten_state
+from sf_engine.model.q_network import base_epsilon, build_policy, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Inference
@@ -33,9 +33,11 @@ class PolicyWorker:
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
         self.num_acting = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
-        self.models = [
-            ActorCritic(ctx.plan.spec, cfg.model, cfg.run.bf16).to(self.device) for _ in range(self.num_acting)
-        ]
+        self.models = [build_policy(ctx.plan.spec, cfg, cfg.run.bf16).to(self.device) for _ in range(self.num_acting)]
+        # epsilon-greedy acting (value-based algorithms): env row i = (worker, split, env) in that order, of N
+        self.qcfg, self.env_steps_base = (cfg.q, ctx.plan.env_steps_base) if cfg.acts_on_q else (None, 0)
+        rows = max(cfg.sampler.total_splits, 1) * self.envs_per_split
+        self.exponents = epsilon_exponents(rows, cfg.q.apex_alpha).reshape(-1, self.envs_per_split)
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
@@ -100,7 +102,8 @@ class PolicyWorker:
             state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
         self.timer.lap(InferenceStage.GATHER)
         policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
-        actions, log_probs, values, new_state = self._forward(obs, state, policies)
+        epsilons = None if self.qcfg is None else self._epsilons(workers * self.num_splits + tokens % self.num_splits)
+        actions, log_probs, values, new_state = self._forward(obs, state, policies, epsilons)
         self.timer.lap(InferenceStage.FORWARD)
         if new_state is not None:
             new_state = new_state.reshape(carried.shape)
@@ -124,14 +127,23 @@ class PolicyWorker:
         self.num_samples += len(actions)
         self.timer.lap(InferenceStage.WRITE_RESULTS)
 
-    def _forward(self, obs: dict, state, policies):
+    def _epsilons(self, splits: np.ndarray) -> torch.Tensor:
+        """[requests x E] each row's epsilon: the schedule's base epsilon now, to the row's Ape-X exponent
+        (`splits`: the global split index of each request)."""
+        env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
+        epsilons = base_epsilon(self.qcfg, env_steps) ** self.exponents[splits].reshape(-1)
+        return torch.from_numpy(epsilons.astype(np.float32)).to(self.device)
+
+    def _forward(self, obs: dict, state, policies, epsilons=None):
         """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
-        policy (`policies` [rows], None: policy 0 for all): one forward per policy present."""
+        policy (`policies` [rows], None: policy 0 for all): one forward per policy present. `epsilons` [rows]:
+        a Q-network's exploration (one policy only)."""
         with torch.inference_mode():
             present = [0] if policies is None else np.unique(policies)
             if len(present) == 1:
                 started = time.perf_counter()
-                out = self.models[int(present[0])].sample(obs, state)
+                model = self.models[int(present[0])]
+                out = model.sample(obs, state) if epsilons is None else model.sample(obs, state, epsilons)
                 out = tuple(None if x is None else x.cpu().numpy() for x in out)
                 if policies is not None:
                     policy = int(present[0])

@@ -108,15 +108,16 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     forkserver may be busy on the other cores meanwhile."""
     import torch
 
-    from sf_engine.model.actor_critic import ActorCritic, obs_tensors
+    from sf_engine.model.actor_critic import obs_tensors
     from sf_engine.model.kernels import FlatAdam, flatten_state
+    from sf_engine.model.q_network import build_policy
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
         reps = -(-rows // len(next(iter(obs.values()))))
         return obs_tensors({k: np.concatenate([v] * reps)[:rows] for k, v in obs.items()})
 
     threads = torch.get_num_threads()
-    model = ActorCritic(spec, cfg.model, cfg.run.bf16)  # as the policy worker and learner will run it
+    model = build_policy(spec, cfg, cfg.run.bf16)  # as the policy worker and learner will run it
     model.refresh_bf16_acting()
     inputs = tiled(batch)
     try:
@@ -154,7 +155,8 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         _, cpu, n = _timed(train_step, PROBE_SEC / 2)
     finally:
         torch.set_num_threads(threads)
-    return inference, cpu / (n * minibatch) * cfg.learner.num_epochs
+    reuse = cfg.replay.replay_ratio if cfg.uses_replay else cfg.learner.num_epochs  # samples trained per env step
+    return inference, cpu / (n * minibatch) * reuse
 
 
 def measure(cfg, spec, probe_envs: int) -> Costs:

@@ -21,7 +21,7 @@ import sys
 import psutil
 
 from sf_engine.algo.pbt import period as pbt_period
-from sf_engine.config.checks import check_flags, check_resolved
+from sf_engine.config.checks import check_env_for_algo, check_flags, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
@@ -57,13 +57,8 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     saved = saved_config(given) if saved is None else saved
     first = make_config(given, saved=saved)
     spec = probe_env_spec(first.env.env, first.env.env_backend)
-    cfg = make_config(given, flag_defaults(first.env.env, spec), saved)
-    check_flags(cfg)
-    try:
-        cfg.policies.check(spec.agents)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    check_tracking(cfg)
+    cfg = make_config(given, flag_defaults(first.env.env, spec, first.learner.algo), saved)
+    _check_before_resolving(cfg, spec)
     cfg, notes = _resolve(cfg, spec)
     check_resolved(cfg)
     if cfg.sampler.envs_per_split % spec.num_agents:
@@ -109,6 +104,17 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
         envs,
         tuple(notes),
     )
+
+
+def _check_before_resolving(cfg: Config, spec: EnvSpec) -> None:
+    """The flags, the env against the algorithm and the policies, the tracking: one ConfigError line each."""
+    check_flags(cfg)
+    check_env_for_algo(cfg, spec)
+    try:
+        cfg.policies.check(spec.agents)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_tracking(cfg)
 
 
 def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
@@ -189,7 +195,8 @@ def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
     if needed > available:
         raise ConfigError(
             f"shared buffers need {needed / 2**20:,.0f} MiB but {cfg.run.shm_dir} has "
-            f"{available / 2**20:,.0f} MiB free: lower --num_envs_per_worker or --batch_size, "
+            f"{available / 2**20:,.0f} MiB free: lower "
+            f"{'--replay_size' if cfg.uses_replay else '--num_envs_per_worker or --batch_size'}, "
             f"or choose a larger --shm_dir"
         )
     processes = cfg.sampler.num_workers + 3
@@ -198,8 +205,8 @@ def _check_resources(cfg: Config, layout: dict, experiment_dir: str) -> None:
     if memory > free:
         raise ConfigError(
             f"this run needs about {memory / 2**20:,.0f} MiB of memory (buffers and {processes} "
-            f"processes) but {free / 2**20:,.0f} MiB are available: lower --num_workers or "
-            f"--num_envs_per_worker"
+            f"processes) but {free / 2**20:,.0f} MiB are available: lower "
+            f"{'--replay_size, ' if cfg.uses_replay else ''}--num_workers or --num_envs_per_worker"
         )
 
 

@@ -85,6 +85,9 @@ def _stop_reason(cfg, stats: RunStats, start_time: float):
     target = cfg.run.stop_at_return
     if target is not None and len(stats.returns) == stats.returns.maxlen and stats.return_mean >= target:
         return f"mean return of the last 100 episodes {stats.return_mean:.1f} >= {target:g}"
+    target, evaluation = cfg.run.stop_at_eval_return, stats.evaluation
+    if target is not None and evaluation is not None and evaluation.return_mean >= target:
+        return f"greedy evaluation of version {evaluation.version}: return {evaluation.return_mean:.1f} >= {target:g}"
     return None
 
 

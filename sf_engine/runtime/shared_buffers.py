@@ -31,6 +31,7 @@ last_published [P, F] float32, each policy's weights as published last (F = the 
 so that they outlive a learner that dies (see weights.py).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
+With a replay buffer (--algo dqn): its arrays, named replay.* (sf_engine.replay.layout), in `replay`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 from sf_engine.algo.batch import ALWAYS, BOOTSTRAP, RECURRENT, SEVERAL_POLICIES, SLOT_FIELDS, TURN_BASED
 from sf_engine.envs.spec import EnvSpec
+from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
 
 _ALIGN = 64
 HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
@@ -85,6 +87,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     remote = cfg.remote.num_remote_samplers
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
+    layout |= replay_layout(cfg, spec)  # --algo dqn: the replay buffer (sf_engine.replay.layout)
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
@@ -154,10 +157,13 @@ class SharedBuffers:
         self.policy_episodes = None  # runs of several policies only
         self.remote_books = None  # runs with sampler nodes only
         self._last_published = None  # mapped on first use (last_published)
+        self.replay = {}  # the replay buffer's arrays by name without REPLAY_PREFIX ('obs.<key>', 'returns', ...)
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
-            if name.startswith("obs."):
+            if name.startswith(REPLAY_PREFIX):
+                self.replay[name.removeprefix(REPLAY_PREFIX)] = array
+            elif name.startswith("obs."):
                 self.obs[name[4:]] = array
             else:
                 setattr(self, name, array)

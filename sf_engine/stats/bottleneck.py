@@ -54,15 +54,19 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     }
 
 
-def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
+def diagnose(stage_sec: dict, window_sec: float, replay_ratio: float | None = None) -> Diagnosis:
+    """The binding stage of a window; `replay_ratio`: the target of a run with a replay buffer (whose rate
+    limiter makes sampling wait for learning, or learning for data)."""
     f = stage_fractions(stage_sec, window_sec)
     pct = {k: f"{100 * v:.0f}%" for k, v in f.items()}
     if f["learner_busy"] >= NEVER_WAITS or (f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING):
+        fix = "raise --batch_size or lower --num_epochs"
+        if replay_ratio is not None:
+            fix = f"the replay ratio's limiter holds sampling back: lower --replay_ratio ({replay_ratio:g})"
         return Diagnosis(
             "learning",
             f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
-            f"{pct['workers_wait_slot']} for free slots: raise --batch_size or lower --num_epochs, "
-            f"or use a GPU (--device cuda)",
+            f"{pct['workers_wait_slot']} for free slots: {fix}, or use a GPU (--device cuda)",
             f,
         )
     if f["inference_busy"] >= BUSY and f["workers_wait_actions"] >= WAITING:
@@ -94,7 +98,8 @@ def diagnose(stage_sec: dict, window_sec: float) -> Diagnosis:
             "sampling",
             f"sampling-bound: workers step envs {pct['workers_env_step']} of the time, "
             f"the learner waits {pct['learner_wait_data']} for data: add --num_workers (up to the "
-            f"cores) or raise --num_envs_per_worker",
+            f"cores) or raise --num_envs_per_worker"
+            + ("" if replay_ratio is None else f", or train more per env step (--replay_ratio {replay_ratio:g})"),
             f,
         )
     return Diagnosis(

@@ -52,6 +52,28 @@ class Training:
     train_sec: float = 0.0  # the learner's seconds on this policy's part of the batch
     skipped_non_finite: int = 0  # steps a rollout worker skipped for a non-finite value (not in not_trainable)
     skipped_updates: int = 0  # optimizer steps skipped for a non-finite loss or gradient
+    inserted: int | None = None  # with a replay buffer: trainable env steps put into it (`samples`: trained)
+
+
+@dataclass
+class ReplayStatus:
+    """Learner with a replay buffer (--algo dqn): its books since it started (cumulative, as kept in shared
+    memory): env steps `inserted` and transitions `sampled` for training, transitions `stored` of `capacity`,
+    the replay ratio reached since learning started (None before) and the target, the age of the latest
+    minibatch (versions: learner version - the version that acted; mean and max), and the seconds the learner
+    waited for data while the ratio allowed no training (learning was the faster side; the rollout workers'
+    wait for free slots says how long sampling waited for learning)."""
+
+    inserted: int
+    sampled: int
+    stored: int
+    capacity: int
+    replay_ratio: float | None
+    replay_ratio_target: float
+    learning_starts: int
+    age_mean: float
+    age_max: float
+    learner_waited_sec: float
 
 
 @dataclass

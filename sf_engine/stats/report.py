@@ -29,6 +29,7 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
         out.update(_training_scalars(stats.training))
     out.update(_policy_scalars(stats, cfg))
     out.update(_remote_scalars(stats))
+    out.update(stats.replay.scalars())
     if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
         for member, hyper in enumerate(stats.pbt.hyperparameters):
             out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
@@ -56,7 +57,7 @@ def _run_scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     out["perf/frames_per_sec_60s"] = out["perf/env_steps_per_sec_60s"] * frameskip
     if stats.inference_forwards:
         out["perf/inference_batch_mean"] = stats.inference_samples / stats.inference_forwards
-    if stats.env_steps > stats.env_steps_base:
+    if stats.env_steps > stats.env_steps_base and not cfg.uses_replay:  # with replay: the replay ratio
         out["perf/sample_reuse"] = (
             stats.books.trained * cfg.learner.num_epochs / (stats.env_steps - stats.env_steps_base)
         )
@@ -182,7 +183,7 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
         f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
         f"| lag mean/max {lag} | version {train.version if train else 0}"
     )
-    line += _game_progress(stats)
+    line += _game_progress(stats) + stats.replay.status_text()
     if stats.books.skipped_non_finite or stats.skipped_updates:  # the env's or the learner's NaNs and infs
         line += f" | non-finite: {stats.books.skipped_non_finite:,} samples, {stats.skipped_updates:,} updates skipped"
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
@@ -253,7 +254,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         "policy_lag_mean": stats.lag_sum / stats.lag_count if stats.lag_count else None,
         "policy_lag_max": stats.lag_max if stats.lag_count else None,
         "learner_version": train.version if train else 0,
-        "learner_samples": stats.books.trained,
+        "learner_samples": stats.books.trained + stats.replay_samples,
         "samples_dropped_lag": stats.books.dropped_lag,
         "stage_seconds": stats.stage_sec,
         "role_wall_seconds": {role: stages.wall_sec for role, stages in stats.stages.items()},
@@ -279,6 +280,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         if stats.remote is None
         else {"objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
         "pbt": _pbt_summary(stats),
+        **stats.replay.summary(cfg.learner.algo),
     }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sf_engine.stats import messages as msg
 from sf_engine.stats.bottleneck import diagnose, subtract
 from sf_engine.stats.rates import RateWindow
+from sf_engine.stats.replay_figures import ReplayFigures
 
 WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
 WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
@@ -79,6 +80,7 @@ class Books:
     not_trainable: int = 0
     skipped_non_finite: int = 0
     recycled_untrained: int = 0
+    inserted_replay: int = 0  # with a replay buffer: put into it (trained on there, any number of times)
     dropped_faults: int = 0
     dropped_lost_samplers: int = 0
     in_flight_at_stop: int | None = None
@@ -132,6 +134,8 @@ class RunStats:
         self.recoveries: list = []  # each restarted learner's line: where its weights and optimizer state came from
         self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
         self.books = Books()
+        self.replay = ReplayFigures()  # --algo dqn: the replay buffer's figures
+        self.replay_samples = 0  # with a replay buffer: transitions sampled and trained on
         self.skipped_updates = 0  # the learner's optimizer steps skipped for a non-finite loss or gradient
         self.diagnosis = None
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
@@ -148,6 +152,7 @@ class RunStats:
             msg.Fault: self._fault,
             msg.PbtRound: self._pbt,
             msg.RemoteNodes: self._remote,
+            msg.ReplayStatus: self.replay.consume,
         }
 
     @property
@@ -225,7 +230,11 @@ class RunStats:
         books.lag_max = max(books.lag_max, m.lag_max)
         books.trained += m.samples
         books.train_sec += m.train_sec
-        self.books.trained += m.samples
+        if m.inserted is None:
+            self.books.trained += m.samples
+        else:  # the env steps went into the replay buffer; m.samples were sampled from it
+            self.books.inserted_replay += m.inserted
+            self.replay_samples += m.samples
         self.books.dropped_lag += m.dropped_lag
         self.books.not_trainable += m.not_trainable
         self.books.skipped_non_finite += m.skipped_non_finite
@@ -316,7 +325,7 @@ class RunStats:
     def sample(self) -> None:
         """Sample the counters (report.Reporter.tick, a few times a second)."""
         now = time.monotonic()
-        self.throughput.sample(now, self.env_steps, self.books.trained)
+        self.throughput.sample(now, self.env_steps, self.books.trained + self.replay_samples)
         if self.bottleneck_snapshot is None and self.throughput.warmup is not None:
             self.bottleneck_snapshot = (now, self._stage_copy())
 
@@ -331,7 +340,7 @@ class RunStats:
         """Name the binding stage over the window since the last diagnosis; returns the window's seconds."""
         now = time.monotonic()
         then, old = self.bottleneck_snapshot
-        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then)
+        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then, self.replay.ratio_target)
         self.bottleneck_snapshot = (now, self._stage_copy())
         return now - then
 
@@ -346,4 +355,4 @@ class RunStats:
         """After the stop: a run shorter than one bottleneck window is judged whole."""
         self.sample()
         if self.diagnosis is None and self.stages:
-            self.diagnosis = diagnose(self.stage_sec, time.monotonic() - self.start_time)
+            self.diagnosis = diagnose(self.stage_sec, time.monotonic() - self.start_time, self.replay.ratio_target)

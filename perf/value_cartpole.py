@@ -1,0 +1,140 @@
+"""Seconds from launch to a solved CartPole-v1 with the value-based algorithms, against Stable-Baselines3 in the
+same run.
+
+  python perf/value_cartpole.py --algo dqn        # greedy evaluation >= 475 (every 5 s, 10 episodes), vs SB3's DQN
+  python perf/value_cartpole.py --algo pqn        # mean training return of the last 100 episodes >= 475
+  python perf/value_cartpole.py --algo dqn --rounds 3 --no_baseline -- --learning_rate 2e-3
+
+--algo dqn: train.py --algo dqn --eval_every_sec 5 --eval_episodes 10 --stop_at_eval_return 475; the time is
+that of the first evaluation line at or above 475, from the launch of train.py (imports and start-up included:
+the user's wait). Stable-Baselines3 2.9.2 (../shared/baselines/sb3.sh, RL Zoo's tuned CartPole DQN, greedy
+evaluation every 5 s of its training, its evaluation time not counted) runs after each of ours; where it never
+reaches 475 within its zoo budget, its whole run's seconds are a lower bound of its time (the ratio says so).
+--algo pqn: train.py --algo pqn --stop_at_return 475; the time of the 'stopped:' line. Prints each run (stderr)
+and one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, run_baseline  # noqa: E402
+
+EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
+THRESHOLD = 475.0
+
+
+def run_ours(algo: str, extra: list, limit_sec: float) -> dict:
+    """train.py in a new process; the seconds from its launch to the solved line (None: not within limit_sec)."""
+    goal = ["--eval_every_sec", "5", "--eval_episodes", "10", "--stop_at_eval_return", str(THRESHOLD)]
+    if algo == "pqn":
+        goal = ["--stop_at_return", str(THRESHOLD)]
+    with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
+        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "perf"]
+        cmd += ["--algo", algo, "--train_for_seconds", str(limit_sec), "--status_every_sec", "1000", *goal, *extra]
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        solved, evaluations = None, []
+        for line in proc.stdout:
+            now = round(time.monotonic() - start, 2)
+            found = EVAL_LINE.search(line)
+            if found:
+                evaluations.append((now, int(found.group(1)), float(found.group(2))))
+                if solved is None and float(found.group(2)) >= THRESHOLD:
+                    solved = now
+            if algo == "pqn" and line.startswith("stopped: mean return") and solved is None:
+                solved = now
+        proc.wait()
+        with open(os.path.join(train_dir, "perf", "summary.json")) as f:
+            summary = json.load(f)
+    return {
+        "seconds_to_475": solved,
+        "env_steps": summary["env_steps"],
+        "env_steps_per_sec": summary["env_steps_per_sec"],
+        "frames_per_sec": summary["frames_per_sec"],
+        "num_workers": summary["num_workers"],
+        "num_envs_per_worker": summary["num_envs_per_worker"],
+        "policy_lag_mean": summary["policy_lag_mean"],
+        "episode_return_mean": summary["episode_return_mean"],
+        "eval_return_mean": summary["eval_return_mean"],
+        "wall_sec": summary["wall_sec"],
+        "replay_ratio": summary.get("replay_ratio"),
+        "evaluations": evaluations,
+        "launch_to_exit_sec": round(time.monotonic() - start, 2),
+    }
+
+
+def run_sb3(algo: str) -> dict:
+    cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", "dqn", "--env", "CartPole-v1"]
+    cmd += ["--eval_every_sec", "5", "--stop_at_eval_return", str(THRESHOLD)]
+    out = run_baseline(cmd, timeout_sec=900)
+    reached = out.get("seconds_to_eval_threshold")
+    return {
+        "seconds_to_475": reached,
+        "lower_bound_sec": None if reached is not None else out["wall_sec"],
+        "env_steps": out["env_steps"],
+        "env_steps_per_sec": out["env_steps_per_sec"],
+        "replay_ratio": out.get("replay_ratio"),
+        "best_eval": max((e[-1] for e in out.get("evals", []) if e and e[-1] is not None), default=None),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--algo", choices=("dqn", "pqn"), default="dqn")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each system, alternating")
+    parser.add_argument("--limit_sec", type=float, default=60.0, help="our run's --train_for_seconds")
+    parser.add_argument("--no_baseline", action="store_true", help="skip Stable-Baselines3 (dqn only)")
+    parser.add_argument("train_args", nargs="*", help="more flags for train.py (after --)")
+    args = parser.parse_args()
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        ours.append(run_ours(args.algo, args.train_args, args.limit_sec))
+        print("sf_engine:", json.dumps(ours[-1]), file=sys.stderr, flush=True)
+        if args.algo == "dqn" and not args.no_baseline:
+            theirs.append(run_sb3(args.algo))
+            print("stable-baselines3:", json.dumps(theirs[-1]), file=sys.stderr, flush=True)
+    times = [r["seconds_to_475"] for r in ours]
+    median = statistics.median(times) if None not in times else None
+    result = {
+        "env": "CartPole-v1",
+        "algo": args.algo,
+        "mode": "async",
+        "rounds": args.rounds,
+        "seconds_to_475": times,
+        "seconds_to_475_median": median,
+        "env_steps_per_sec": statistics.median(r["env_steps_per_sec"] for r in ours),
+        "frames_per_sec": statistics.median(r["frames_per_sec"] for r in ours),
+        "num_workers": ours[-1]["num_workers"],
+        "num_envs_per_worker": ours[-1]["num_envs_per_worker"],
+        "policy_lag_mean": ours[-1]["policy_lag_mean"],
+        "episode_return_mean": ours[-1]["episode_return_mean"],
+        "wall_sec": statistics.median(r["wall_sec"] for r in ours),
+        "replay_ratio": ours[-1]["replay_ratio"],
+    }
+    if theirs:
+        bounds = [r["seconds_to_475"] or r["lower_bound_sec"] for r in theirs]
+        result["sb3_seconds_to_475"] = [r["seconds_to_475"] for r in theirs]
+        result["sb3_best_eval"] = [r["best_eval"] for r in theirs]
+        result["sb3_env_steps_per_sec"] = statistics.median(r["env_steps_per_sec"] for r in theirs)
+        if median:
+            speedup = statistics.median(bounds) / median
+            never = any(r["seconds_to_475"] is None for r in theirs)
+            result["speedup_vs_sb3"] = round(speedup, 2)
+            result["speedup_is_lower_bound"] = never  # SB3 never reached 475: its whole run's seconds
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

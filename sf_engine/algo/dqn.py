@@ -1,0 +1,99 @@
+"""The DQN family (--algo dqn) on the replay buffer: double Q-learning (van Hasselt et al. 2016), dueling heads
+(--dueling), n-step returns and prioritized replay (the buffer's: Ape-X's recipe), a target network copied
+every --target_update_period updates or moved by Polyak steps (--target_tau), the Huber loss weighted by
+prioritized replay's importance weights, gradient clipping. Runs in the learner process; the learner's replay
+feed (sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one optimizer step on one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sf_engine.algo.base import TrainResult
+from sf_engine.algo.batch import ReplayBatch
+from sf_engine.algo.q_learning import QLearning
+from sf_engine.algo.value_targets import double_q_targets
+from sf_engine.envs.spec import ACTION_MASK_KEY
+from sf_engine.model.kernels import flatten_state
+from sf_engine.model.q_network import QNetwork
+
+LOSS_STATS = ("q_loss", "q_mean", "td_abs_mean")  # then grad_norm
+
+
+class DQN(QLearning):
+    """One policy's DQN (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
+
+    replay = True
+
+    def __init__(self, cfg, spec, device, hooks):
+        super().__init__(cfg, spec, device, hooks)
+        self.qcfg = cfg.q
+        self.target = QNetwork(spec, cfg.model, cfg.q, cfg.run.bf16).to(device)
+        self.target.requires_grad_(False)
+        self.target_params = flatten_state(self.target)
+        self.target_params.copy_(self.params)
+        self.num_updates = 0
+
+    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
+        """One optimizer step on `batch`: (its TrainResult, |TD error| [B] for the priorities). A step whose
+        loss or gradient is not finite is skipped (TrainResult.skipped_updates 1, TD errors 0)."""
+        if self.num_updates % 64 == 0:
+            self.scheduled_learning_rate()
+        targets = self._targets(batch)
+        td_abs = torch.empty_like(targets)
+        columns = batch.actions.reshape(-1, 1)
+
+        def loss_and_grad(q_all):  # Huber loss weighted by the importance weights, and its gradient
+            q = q_all.detach().gather(1, columns).squeeze(1)
+            error = q - targets
+            td_abs.copy_(error.abs())
+            loss = (batch.weights * torch.where(td_abs < 1.0, 0.5 * error.square(), td_abs - 0.5)).mean()
+            grad = torch.zeros_like(q_all).scatter_(
+                1, columns, (batch.weights * error.clamp(-1.0, 1.0) / len(q)).unsqueeze(1)
+            )
+            return torch.stack([loss, q.mean(), td_abs.mean()]), grad
+
+        def gradients():
+            if self.model.direct_gradients(batch.obs):
+                return self.model.q_loss_gradients(batch.obs, loss_and_grad)
+            q = self.model.q_values(batch.obs).gather(1, columns).squeeze(1)
+            td_abs.copy_((q - targets).detach().abs())
+            loss = (batch.weights * F.huber_loss(q, targets, reduction="none")).mean()
+            loss.backward()
+            return torch.stack([loss.detach(), q.detach().mean(), td_abs.mean()])
+
+        figures = self.optimizer_step(gradients)
+        if figures is None:
+            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+        self.num_updates += 1
+        if self.num_updates % self.qcfg.target_update_period == 0:
+            self.target_params.lerp_(self.params, self.qcfg.target_tau)
+        losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
+        return TrainResult(len(td_abs), losses, 1, 0), td_abs
+
+    @torch.no_grad()
+    def _targets(self, batch: ReplayBatch) -> torch.Tensor:
+        """[B] n-step (double) Q-learning targets from the target network (and the online one's argmax)."""
+        next_target = self.target.q_values(batch.next_obs)
+        next_online = self.model.q_values(batch.next_obs) if self.qcfg.double_q else None
+        legal = batch.next_obs[ACTION_MASK_KEY] != 0 if self.model.masked else None
+        return double_q_targets(batch.returns, batch.discounts, next_online, next_target, legal, self.qcfg.double_q)
+
+    def train(self, batch, keep) -> TrainResult:
+        raise TypeError("DQN trains from the replay buffer (update), not on trajectory slots")
+
+    def state(self) -> dict:
+        return super().state() | {"target": self.target.state_dict(), "num_updates": self.num_updates}
+
+    def load(self, state: dict, source: str) -> None:
+        super().load(state, source)
+        if "target" in state:
+            self.target.load_state_dict(state["target"])
+        else:
+            self.target_params.copy_(self.params)
+        self.num_updates = int(state.get("num_updates", 0))
+
+    def copy_from(self, other: DQN) -> None:
+        super().copy_from(other)
+        self.target_params.copy_(other.target_params)

@@ -1,0 +1,74 @@
+"""The value-based family's common part (--algo dqn and --algo pqn): the Q-network, its flat parameters and
+Adam, the learning rate (and its schedule), one optimizer step with the non-finite guard, and the seam's
+state, load and PBT methods (sf_engine.algo.base.Algorithm). Runs in the learner process."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from sf_engine.algo import pbt
+from sf_engine.algo.base import TrainingHooks, all_finite
+from sf_engine.model.kernels import FlatAdam, flatten_state
+from sf_engine.model.q_network import QNetwork
+
+
+class QLearning:
+    """A Q-network and its optimizer, built from the resolved Config `cfg`, the EnvSpec, the learner's device
+    and the hooks of the process that hosts it."""
+
+    def __init__(self, cfg, spec, device, hooks: TrainingHooks):
+        self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
+        self.model = QNetwork(spec, cfg.model, cfg.q, cfg.run.bf16).to(device)
+        self.params = flatten_state(self.model)
+        self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def scheduled_learning_rate(self) -> None:
+        """--lr_schedule linear: the rate decays to 0 over the run's budgets (as PPO's)."""
+        if self.lcfg.lr_schedule == "linear":
+            used = self.cfg.run.budget_used(self.hooks.env_steps(), self.hooks.elapsed_sec())
+            self._set_learning_rate(self.lcfg.learning_rate * (1.0 - used))
+
+    def optimizer_step(self, gradients) -> torch.Tensor | None:
+        """gradients() puts a minibatch's loss gradients into the optimizer's gradient and returns the loss
+        stats [K]; then gradient clipping (--max_grad_norm), and the step when the stats and the gradient norm
+        are finite. Returns the [K + 1] stats and the norm on the CPU, or None (step skipped)."""
+        self.optimizer.zero_grad()
+        stats = gradients()
+        grad_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+        figures = torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
+        if not all_finite(figures):
+            return None
+        self.optimizer.step()
+        return figures
+
+    def hyperparameters(self) -> dict:
+        return pbt.hyperparameters(self.lcfg)
+
+    def set_hyperparameters(self, hyper: dict) -> None:
+        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        self._set_learning_rate(self.lcfg.learning_rate)
+
+    def copy_from(self, other: QLearning) -> None:
+        self.params.copy_(other.params)
+        lr = self.learning_rate
+        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
+        self._set_learning_rate(lr)
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load(self, state: dict, source: str) -> None:
+        """Weights and optimizer state from a checkpoint's state of this policy (this run's learning rate)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._set_learning_rate(self.lcfg.learning_rate)

@@ -1,0 +1,185 @@
+"""The replay buffer: full trajectory slots copied in as n-step transitions, minibatches sampled out, uniformly or
+in proportion to priority. Runs in the learner process (or the runner in serial mode) over the arrays that
+sf_engine.replay.layout lays out in the run's shared memory, so a learner restarted after a crash finds what its
+predecessor inserted.
+
+A slot of E envs becomes E columns of the ring, each an env's T steps and T + 1 observation rows (the slot's
+bootstrap row included); transition (column c, step t) is obs row t, its action, its n-step return and
+discount (sf_engine.algo.value_targets.n_step_transitions: no window crosses an episode's end or a reset), and
+the next observation, row t + steps. Transitions that may not be trained on (reset steps, skipped steps) are
+never sampled. Shapes: B = batch; flat transition index = column x T + t.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from sf_engine.algo.value_targets import n_step_transitions
+from sf_engine.replay.layout import REPLAY_FILLED, REPLAY_NEXT
+from sf_engine.replay.sum_tree import SumTree, importance_weights
+
+PRIORITY_EPS = 1e-6  # added to |TD error| so that no transition's priority falls to 0
+
+
+@dataclass
+class ReplaySample:
+    """A sampled minibatch (NumPy, copies): obs / next_obs key -> [B, *shape] (stored dtype), actions [B, ...],
+    returns and discounts [B] float32, weights [B] float32 (importance weights; 1 without priorities),
+    policy_version [B] int64 (the version that acted), indices [B] int64 (flat, for update_priorities)."""
+
+    obs: dict
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    next_obs: dict
+    weights: np.ndarray
+    policy_version: np.ndarray
+    indices: np.ndarray
+
+
+class ReplayBuffer:
+    def __init__(self, arrays: dict, gamma: float, n_step: int, prioritized: bool, per_alpha: float, seed: int):
+        """`arrays`: name -> the shared array (SharedBuffers.replay)."""
+        self.arrays, self.gamma, self.n_step = arrays, gamma, n_step
+        self.obs = {name.removeprefix("obs."): array for name, array in arrays.items() if name.startswith("obs.")}
+        self.counters = arrays["counters"]
+        self.columns, self.rollout = arrays["returns"].shape
+        self.capacity = self.columns * self.rollout
+        self.per_alpha = per_alpha
+        self.tree = SumTree(self.capacity, arrays["priorities"]) if prioritized else None
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def size(self) -> int:
+        """Transitions stored (trainable or not)."""
+        return int(self.counters[REPLAY_FILLED]) * self.rollout
+
+    def insert(self, obs: dict, actions, rewards, terminated, truncated, valid, policy_version) -> int:
+        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]. Returns the
+        env steps it held (T x E). The E columns written next are overwritten (the oldest data)."""
+        steps, envs = rewards.shape
+        columns = (int(self.counters[REPLAY_NEXT]) + np.arange(envs)) % self.columns
+        for key, rows in obs.items():
+            self.obs[key][columns] = rows.swapaxes(0, 1)
+        targets = n_step_transitions(rewards, terminated, truncated, valid, self.gamma, self.n_step)
+        a = self.arrays
+        a["actions"][columns] = actions.swapaxes(0, 1)
+        a["returns"][columns] = targets.returns.T
+        a["steps"][columns] = targets.steps.T
+        a["discounts"][columns] = targets.discounts.T
+        a["trainable"][columns] = targets.trainable.T
+        a["policy_version"][columns] = policy_version.T
+        if self.tree is not None:  # new transitions at the running maximum priority, the untrainable at 0
+            leaves = (columns[:, None] * self.rollout + np.arange(self.rollout)).reshape(-1)
+            highest = self.tree.max_priority() or 1.0
+            self.tree.update(leaves, np.where(targets.trainable.T.reshape(-1), highest, 0.0))
+        self.counters[REPLAY_NEXT] = (columns[-1] + 1) % self.columns
+        self.counters[REPLAY_FILLED] = min(self.columns, int(self.counters[REPLAY_FILLED]) + envs)
+        return steps * envs
+
+    def sample(self, batch: int, beta: float) -> ReplaySample:
+        """A minibatch of `batch` trainable transitions: in proportion to priority with --prioritized (and
+        importance weights ** `beta`), else uniformly."""
+        if self.tree is not None:
+            indices = self.tree.sample(batch, self.rng)
+            weights = importance_weights(self.tree.priorities(indices), self.tree.total(), self.size, beta)
+        else:
+            indices, weights = self._uniform(batch), np.ones(batch)
+        columns, rows = np.divmod(indices, self.rollout)
+        a = self.arrays
+        next_rows = rows + a["steps"][columns, rows]
+        return ReplaySample(
+            obs={key: array[columns, rows] for key, array in self.obs.items()},
+            actions=a["actions"][columns, rows],
+            returns=a["returns"][columns, rows],
+            discounts=a["discounts"][columns, rows],
+            next_obs={key: array[columns, next_rows] for key, array in self.obs.items()},
+            weights=weights.astype(np.float32),
+            policy_version=a["policy_version"][columns, rows],
+            indices=indices,
+        )
+
+    def _uniform(self, batch: int) -> np.ndarray:
+        """`batch` flat indices drawn uniformly among the trainable transitions stored (rejection: the
+        untrainable are a few per cent)."""
+        trainable = self.arrays["trainable"].reshape(-1)
+        indices = self.rng.integers(0, self.size, batch)
+        for _ in range(1000):
+            bad = ~trainable[indices]
+            if not bad.any():
+                return indices
+            indices[bad] = self.rng.integers(0, self.size, int(bad.sum()))
+        raise RuntimeError("the replay buffer holds (almost) no trainable transition")
+
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        """Priorities (|TD error| + eps) ** --per_alpha of the transitions sampled at `indices` (no-op
+        without --prioritized). A transition replaced since it was sampled by an untrainable one keeps priority
+        0; one replaced by a trainable one would take the old TD error (the learner updates before it inserts
+        again, so none is)."""
+        if self.tree is None:
+            return
+        fresh = self.tree.priorities(indices) > 0  # still a trainable transition (not replaced by an untrainable)
+        priorities = (np.abs(td_errors) + PRIORITY_EPS) ** self.per_alpha
+        self.tree.update(indices[fresh], priorities[fresh])
+
+    # --- saved beside a checkpoint (--save_replay) ---------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Every array of the buffer into `path` (.npz, uncompressed), atomically: a temporary file, fsync,
+        rename. Raises OSError (a full disk, say); the previous file then stays."""
+        temporary = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(temporary, "wb") as f:
+                np.savez(f, **self.arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+
+    def load(self, path: str) -> str:
+        """Refill from a file save() wrote (NumPy arrays only: no pickled object is read). Returns one line
+        on what was loaded, or why nothing was (another layout: a changed --replay_size, say; the buffer is
+        then untouched). A file that is no .npz archive raises ValueError; a torn or corrupt array,
+        zipfile.BadZipFile (its CRC) or ValueError, and the buffer is then untouched or empty, never half
+        loaded."""
+        if not zipfile.is_zipfile(path):  # np.load would take it for a pickle, and say how to unpickle it
+            raise ValueError(f"{path} is not a saved replay buffer (not an .npz archive)")
+        with np.load(path, allow_pickle=False) as saved:
+            mismatched = [
+                name for name, array in self.arrays.items() if _stored(saved, name) != (array.shape, array.dtype)
+            ]
+            if mismatched:
+                return f"replay buffer {path} not loaded: its {mismatched[0]} does not fit this run's buffer"
+            try:
+                for name, array in self.arrays.items():  # each array read once; a torn one fails its CRC here
+                    array[...] = saved[name]
+            except Exception:
+                self._clear()  # empty rather than half loaded (counters that promise data the file did not hold)
+                raise
+        if self.tree is not None:
+            self.tree.rebuild()
+        return f"replay buffer refilled from {path}: {self.size:,} transitions"
+
+    def _clear(self) -> None:
+        """Empty the buffer: nothing stored, inserted or sampled, every priority 0."""
+        self.counters[...] = 0
+        if self.tree is not None:
+            self.arrays["priorities"][...] = 0.0
+            self.tree.rebuild()
+
+
+def _stored(saved, name: str):
+    """(shape, dtype) of array `name` in a file save() wrote, read from its header alone (the data stays on
+    disk); None when the file lacks it."""
+    if name not in saved.files:
+        return None
+    with saved.zip.open(f"{name}.npy") as member:
+        major, _ = np.lib.format.read_magic(member)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(member)
+    return shape, dtype

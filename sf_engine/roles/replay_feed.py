@@ -1,0 +1,218 @@
+"""The learner's loop with a replay buffer (--algo dqn): full trajectory slots copied into the buffer and freed,
+minibatches sampled out and trained on, the replay ratio held by the rate limiter, the new weights published.
+
+Runs in the learner process (or the runner in serial mode), as the step of sf_engine.roles.learner.Learner when
+its algorithm learns from replay (one policy). Each step either takes full slots (when the ratio allows no
+training: learning waits for data) or trains: minibatches while the ratio allows one, for at most CHUNK_SEC,
+then one publication of the weights. In async mode a slot is freed as soon as it is copied in, so sampling
+waits only when the learner holds the next full slots back to keep the ratio (learning is the slower side: the
+rollout workers' wait for a free slot says how long). In sync mode the learner takes one slot of every split,
+trains what they allow, publishes, and only then frees them: every sample is acted by the newest policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+
+from sf_engine.algo.base import TrainResult
+from sf_engine.algo.batch import ReplayBatch
+from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
+from sf_engine.replay.rate_limiter import RateLimiter
+from sf_engine.stats.messages import ReplayStatus, Training
+from sf_engine.stats.stages import LearnerStage
+
+CHUNK_SEC = 0.05  # the longest run of updates between two publications of the weights
+REPORT_SEC = 1.0  # before learning starts: how often the buffer's figures are reported
+REPLAY_FILE = "replay.npz"  # --save_replay: the buffer beside the checkpoints
+REPLAY_SEED_OFFSET = 7_919  # the buffer's sampling stream, apart from the envs' and the networks'
+
+
+class ReplayFeed:
+    def __init__(self, learner):
+        """`learner`: the Learner this feed steps for (its pool, timer, policy, context)."""
+        cfg = learner.cfg
+        self.learner, self.cfg, self.rcfg = learner, cfg, cfg.replay
+        self.buffer = ReplayBuffer(
+            learner.buffers.replay,
+            cfg.learner.gamma,
+            self.rcfg.n_step,
+            self.rcfg.prioritized,
+            self.rcfg.per_alpha,
+            seed=cfg.env.seed + REPLAY_SEED_OFFSET + learner.ctx.generation,
+        )
+        self.limiter = RateLimiter(
+            self.buffer.counters, self.rcfg.replay_ratio, self.rcfg.learning_starts, cfg.learner.batch_size
+        )
+        self.sync = cfg.run.mode == "sync"
+        self.held: list = []  # sync mode: the round's slots, inserted, freed after its training
+        self.learner_waited_sec = 0.0  # waiting for full slots while the ratio allowed no training
+        self.inserted_since_report = 0  # trainable env steps inserted since the last Training message
+        self.books = (0, 0)  # (steps not trainable, steps skipped for a non-finite value) since then
+        self.last_report = time.monotonic()
+
+    def step(self, timeout_sec: float) -> None:
+        """Insert when the ratio allows no training, else train a chunk (see the module's docstring)."""
+        learner = self.learner
+        if self.limiter.can_train():
+            self._train_chunk()
+            return
+        if self.held:  # sync: the round is trained; its slots go back now
+            learner.pool.recycle(self.held)
+            self.held = []
+        started = time.monotonic()
+        needed = learner.cfg.slots_per_batch - len(learner.pending_slots)
+        learner.timer.start()
+        learner.pending_slots += learner.pool.take_full(needed, timeout_sec)
+        learner.timer.lap(LearnerStage.WAIT_DATA)
+        if len(learner.pending_slots) < learner.cfg.slots_per_batch:
+            self.learner_waited_sec += time.monotonic() - started
+            return
+        slots, learner.pending_slots = learner.pending_slots, []
+        for slot in slots:
+            self._insert(slot)
+        learner.timer.lap(LearnerStage.BATCH_ASSEMBLY)
+        if self.sync:
+            self.held = slots
+        else:
+            learner.pool.recycle(slots)
+        if not self.limiter.started and time.monotonic() - self.last_report > REPORT_SEC:
+            self._report(learner.policies[0], TrainResult(0), np.zeros(1), 0.0)  # the buffer filling up
+
+    def _insert(self, slot: int) -> None:
+        """Copy one full slot into the buffer; its steps that may not be trained (reset steps, absent agents,
+        skipped non-finite steps) are booked apart."""
+        b = self.learner.buffers
+        valid, non_finite = b.valid[slot], b.non_finite[slot]
+        self.buffer.insert(
+            {key: array[slot] for key, array in b.obs.items()},
+            b.actions[slot],
+            b.rewards[slot],
+            b.terminated[slot],
+            b.truncated[slot],
+            valid,
+            b.policy_version[slot],
+        )
+        b.take_rows([slot])  # inserted: out of the books of steps not trained yet
+        skipped = int(non_finite.sum())
+        trainable = int(valid.sum())
+        self.limiter.inserted_steps(valid.size)
+        self.inserted_since_report += trainable
+        self.books = (self.books[0] + valid.size - trainable - skipped, self.books[1] + skipped)
+
+    def _batch(self, sample: ReplaySample) -> ReplayBatch:
+        device = self.learner.device
+
+        def tensor(array):
+            return torch.from_numpy(array).to(device, non_blocking=True)
+
+        return ReplayBatch(
+            obs={key: tensor(value) for key, value in sample.obs.items()},
+            actions=tensor(sample.actions.astype(np.int64, copy=False)).reshape(-1),
+            returns=tensor(sample.returns),
+            discounts=tensor(sample.discounts),
+            next_obs={key: tensor(value) for key, value in sample.next_obs.items()},
+            weights=tensor(sample.weights),
+        )
+
+    def _beta(self) -> float:
+        """Prioritized replay's importance exponent, annealed linearly from --per_beta to 1 over the budget."""
+        used = self.cfg.run.budget_used(self.learner.env_steps, self.learner.hooks.elapsed_sec())
+        return self.rcfg.per_beta + (1.0 - self.rcfg.per_beta) * used
+
+    def _train_chunk(self) -> None:
+        """Minibatches while the ratio allows one (at most CHUNK_SEC), then one publication."""
+        learner = self.learner
+        policy = learner.policies[0]
+        learner.timer.start()
+        learner.ctx.beat()
+        total = TrainResult(0)
+        sums: dict = {}
+        ages = []
+        beta = self._beta() if self.rcfg.prioritized else 1.0
+        deadline = time.perf_counter() + CHUNK_SEC
+        started = time.perf_counter()
+        while self.limiter.can_train() and time.perf_counter() < deadline and not learner.ctx.stopping:
+            sample = self.buffer.sample(self.cfg.learner.batch_size, beta)
+            result, td_abs = policy.algorithm.update(self._batch(sample))
+            self.buffer.update_priorities(sample.indices, td_abs.cpu().numpy())
+            self.limiter.trained(len(sample.indices))
+            ages.append(policy.version - sample.policy_version)
+            total.samples += result.samples
+            total.updates += result.updates
+            total.skipped_updates += result.skipped_updates
+            for name, value in result.losses.items():
+                sums[name] = sums.get(name, 0.0) + value
+        train_sec = time.perf_counter() - started
+        learner.timer.lap(LearnerStage.TRAIN)
+        total.losses = {name: value / total.updates for name, value in sums.items()} if total.updates else {}
+        published = policy.publish() if total.updates else True
+        learner.timer.lap(LearnerStage.WEIGHT_PUBLISH)
+        self._report(policy, total, np.concatenate(ages) if ages else np.zeros(1), train_sec)
+        learner._count_bad_updates(policy, total, published)
+
+    def _report(self, policy, result: TrainResult, ages: np.ndarray, train_sec: float) -> None:
+        """The chunk's Training message and the buffer's ReplayStatus."""
+        learner, books = self.learner, self.books
+        self.books, self.last_report = (0, 0), time.monotonic()
+        learner.ctx.send(
+            Training(
+                learner.timer.report("learner"),
+                version=policy.version,
+                samples=result.samples,
+                dropped_lag=0,
+                not_trainable=books[0],
+                lag_count=len(ages),
+                lag_min=float(ages.min()),
+                lag_mean=float(ages.mean()),
+                lag_max=float(ages.max()),
+                learning_rate=policy.algorithm.learning_rate,
+                losses=result.losses,
+                train_sec=train_sec,
+                skipped_non_finite=books[1],
+                skipped_updates=result.skipped_updates,
+                inserted=self.inserted_since_report,
+            )
+        )
+        self.inserted_since_report = 0
+        learner.ctx.send(
+            ReplayStatus(
+                inserted=self.limiter.inserted,
+                sampled=self.limiter.sampled,
+                stored=self.buffer.size,
+                capacity=self.buffer.capacity,
+                replay_ratio=self.limiter.replay_ratio(),
+                replay_ratio_target=self.rcfg.replay_ratio,
+                learning_starts=self.rcfg.learning_starts,
+                age_mean=float(ages.mean()),
+                age_max=float(ages.max()),
+                learner_waited_sec=self.learner_waited_sec,
+            )
+        )
+
+    # --- --save_replay ----------------------------------------------------------------------------------------
+    def save_replay(self, checkpoint_dir: str) -> None:
+        """The buffer beside the checkpoint just written (atomically); on a full disk the previous file stays."""
+        path = os.path.join(checkpoint_dir, REPLAY_FILE)
+        started = time.monotonic()
+        try:
+            self.buffer.save(path)
+        except OSError as exc:
+            logging.warning("replay buffer not written (%s); the previous one is kept", exc.strerror or exc)
+            return
+        logging.debug("replay buffer written to %s in %.1f s", path, time.monotonic() - started)
+
+    def load_replay(self, checkpoint_dir: str) -> None:
+        """A resumed run with --save_replay refills from the saved buffer, when there is one that fits."""
+        path = os.path.join(checkpoint_dir, REPLAY_FILE)
+        if not os.path.exists(path):
+            logging.info("no saved replay buffer in %s: it refills from the envs", checkpoint_dir)
+            return
+        try:
+            logging.info(self.buffer.load(path))
+        except Exception as exc:  # a torn or foreign file: start empty rather than fail the run
+            logging.warning("replay buffer %s not loaded (%s): it refills from the envs", path, exc)
