@@ -20,7 +20,7 @@ from test_reliability import (  # noqa: F401  (no_leftover_runs: the autouse fix
     wait_for_steps,
 )
 
-from sf_engine.runtime.checkpoint import list_checkpoints, load_checkpoint, policy_states
+from sf_engine.runtime.checkpoint import env_steps_of, list_checkpoints, load_checkpoint, policy_states
 from sf_engine.runtime.ipc import LocalChannel
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.weights import SharedWeights
@@ -86,7 +86,8 @@ def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(
     (state,) = policy_states(load_checkpoint(path))
     assert state["version"] >= published > 0
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
-    again = start_train(ASYNC + args[:-2] + ["--train_for_env_steps", "100000"], tmp_path, "spent")
+    budget = env_steps_of(path) + 50_000  # the workers step on until the run stops: past 60,000, how far varies
+    again = start_train(ASYNC + args[:-2] + ["--train_for_env_steps", str(budget)], tmp_path, "spent")
     out, _ = again.communicate(timeout=60)
     assert again.returncode == 0 and f"from {os.path.basename(path)}" in out, out
 

@@ -162,6 +162,11 @@ def check_resolved(cfg: Config) -> None:
             f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
             f"change --batch_size or --num_envs_per_worker"
         )
+    if cfg.uses_replay and cfg.replay.replay_size < cfg.samples_per_slot:
+        raise ConfigError(
+            f"--replay_size ({cfg.replay.replay_size}) must hold at least one trajectory slot, --rollout x envs per "
+            f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
+        )
     if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
         raise ConfigError(
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
