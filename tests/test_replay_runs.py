@@ -157,6 +157,7 @@ def test_a_resumed_run_refills_or_reloads_its_replay_buffer(tmp_path, shm_dir, s
         (["--save_replay", "2"], ["--save_replay", "true or false"]),
         (["--target_update_period", "0"], ["--target_update_period", "at least 1"]),
         (["--target_tau", "0"], ["--target_tau", "(0, 1]"]),
+        (["--huber_delta", "0"], ["--huber_delta", "positive"]),
         (["--epsilon_start", "2"], ["--epsilon_start", "[0, 1]"]),
         (["--epsilon_end", "-0.1"], ["--epsilon_end", "[0, 1]"]),
         (["--epsilon_decay_env_steps", "0"], ["--epsilon_decay_env_steps", "at least 1"]),

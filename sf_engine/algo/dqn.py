@@ -1,7 +1,7 @@
 """The DQN family (--algo dqn) on the replay buffer: double Q-learning (van Hasselt et al. 2016), dueling heads
 (--dueling), n-step returns and prioritized replay (the buffer's: Ape-X's recipe), a target network copied
-every --target_update_period updates or moved by Polyak steps (--target_tau), the Huber loss weighted by
-prioritized replay's importance weights, gradient clipping. Runs in the learner process; the learner's replay
+every --target_update_period updates or moved by Polyak steps (--target_tau), the Huber loss (--huber_delta)
+weighted by prioritized replay's importance weights, gradient clipping. Runs in the learner process; the learner's replay
 feed (sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one optimizer step on one.
 """
 
@@ -42,15 +42,17 @@ class DQN(QLearning):
             self.scheduled_learning_rate()
         targets = self._targets(batch)
         td_abs = torch.empty_like(targets)
+        delta = self.qcfg.huber_delta
         columns = batch.actions.reshape(-1, 1)
 
         def loss_and_grad(q_all):  # Huber loss weighted by the importance weights, and its gradient
             q = q_all.detach().gather(1, columns).squeeze(1)
             error = q - targets
             td_abs.copy_(error.abs())
-            loss = (batch.weights * torch.where(td_abs < 1.0, 0.5 * error.square(), td_abs - 0.5)).mean()
+            huber = torch.where(td_abs < delta, 0.5 * error.square(), delta * (td_abs - 0.5 * delta))
+            loss = (batch.weights * huber).mean()
             grad = torch.zeros_like(q_all).scatter_(
-                1, columns, (batch.weights * error.clamp(-1.0, 1.0) / len(q)).unsqueeze(1)
+                1, columns, (batch.weights * error.clamp(-delta, delta) / len(q)).unsqueeze(1)
             )
             return torch.stack([loss, q.mean(), td_abs.mean()]), grad
 
@@ -59,7 +61,7 @@ class DQN(QLearning):
                 return self.model.q_loss_gradients(batch.obs, loss_and_grad)
             q = self.model.q_values(batch.obs).gather(1, columns).squeeze(1)
             td_abs.copy_((q - targets).detach().abs())
-            loss = (batch.weights * F.huber_loss(q, targets, reduction="none")).mean()
+            loss = (batch.weights * F.huber_loss(q, targets, reduction="none", delta=delta)).mean()
             loss.backward()
             return torch.stack([loss.detach(), q.detach().mean(), td_abs.mean()])
 

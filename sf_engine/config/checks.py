@@ -201,6 +201,8 @@ def _check_value_based(cfg: Config) -> None:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
     if not 0.0 < q.target_tau <= 1.0:
         raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
+    if q.huber_delta <= 0:
+        raise ConfigError(f"--huber_delta must be positive (got {q.huber_delta})")
     if q.apex_alpha < 0:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:

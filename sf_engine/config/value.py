@@ -63,6 +63,11 @@ class QConfig:
         "Layer normalization after each hidden layer of the Q-network (PQN's: what lets it learn without a "
         "target network; on by default with --algo pqn).",
     )
+    huber_delta: float = _f(
+        1.0,
+        "--algo dqn: the Huber loss is quadratic for TD errors below this and linear above (its gradient clipped "
+        "at it): 1 where rewards are clipped (Atari); a large one is the squared error.",
+    )
     target_update_period: int = _f(
         500,
         "--algo dqn: learner updates between target-network updates (a copy, or a Polyak step with --target_tau < 1).",
