@@ -69,8 +69,8 @@ class ReplayFeed:
         learner.timer.start()
         learner.pending_slots += learner.pool.take_full(needed, timeout_sec)
         learner.timer.lap(LearnerStage.WAIT_DATA)
+        self.learner_waited_sec += time.monotonic() - started  # for full slots, with the ratio allowing no training
         if len(learner.pending_slots) < learner.cfg.slots_per_batch:
-            self.learner_waited_sec += time.monotonic() - started
             return
         slots, learner.pending_slots = learner.pending_slots, []
         for slot in slots:
