@@ -111,6 +111,7 @@ def test_dqn_runs_in_sync_and_async_modes(tmp_path, shm_dir, mode):
     summary = read_json(tmp_path / mode / "summary.json")
     assert abs(summary["replay_ratio"] - 2.0) < 0.2, summary["replay_ratio"]
     assert summary["learner_version"] > 0
+    assert summary["env_step_books"]["unaccounted"] == 0, summary["env_step_books"]  # every env step booked
     assert "4 slots" in result.stdout if mode == "async" else "2 slots" in result.stdout, result.stdout
     assert os.listdir(shm_dir) == []
 

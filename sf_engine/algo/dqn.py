@@ -1,8 +1,9 @@
 """The DQN family (--algo dqn) on the replay buffer: double Q-learning (van Hasselt et al. 2016), dueling heads
 (--dueling), n-step returns and prioritized replay (the buffer's: Ape-X's recipe), a target network copied
 every --target_update_period updates or moved by Polyak steps (--target_tau), the Huber loss (--huber_delta)
-weighted by prioritized replay's importance weights, gradient clipping. Runs in the learner process; the learner's replay
-feed (sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one optimizer step on one.
+weighted by prioritized replay's importance weights, gradient clipping. Runs in the learner process; the
+learner's replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one optimizer
+step on one.
 """
 
 from __future__ import annotations

@@ -196,7 +196,9 @@ class Learner:
             self.timer.lap(LearnerStage.CHECKPOINT)
 
     def finish(self) -> None:
-        """The run stops: a last checkpoint."""
+        """The run stops: a last checkpoint (and with a replay buffer, the books of its last inserts)."""
+        if self.feed is not None:
+            self.feed.finish()
         if not self.cfg.run.sampling_only:
             self.save()
 

@@ -81,7 +81,12 @@ class ReplayFeed:
         else:
             learner.pool.recycle(slots)
         if not self.limiter.started and time.monotonic() - self.last_report > REPORT_SEC:
-            self._report(learner.policies[0], TrainResult(0), np.zeros(1), 0.0)  # the buffer filling up
+            self._report(learner.policies[0], TrainResult(0), np.zeros(0), 0.0)  # the buffer filling up
+
+    def finish(self) -> None:
+        """The run stops: the books of the slots inserted since the last report go out (every env step booked)."""
+        if self.inserted_since_report or any(self.books):
+            self._report(self.learner.policies[0], TrainResult(0), np.zeros(0), 0.0)
 
     def _insert(self, slot: int) -> None:
         """Copy one full slot into the buffer; its steps that may not be trained (reset steps, absent agents,
@@ -152,12 +157,15 @@ class ReplayFeed:
         total.losses = {name: value / total.updates for name, value in sums.items()} if total.updates else {}
         published = policy.publish() if total.updates else True
         learner.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-        self._report(policy, total, np.concatenate(ages) if ages else np.zeros(1), train_sec)
+        self._report(policy, total, np.concatenate(ages) if ages else np.zeros(0), train_sec)
         learner._count_bad_updates(policy, total, published)
 
     def _report(self, policy, result: TrainResult, ages: np.ndarray, train_sec: float) -> None:
-        """The chunk's Training message and the buffer's ReplayStatus."""
+        """The chunk's Training message and the buffer's ReplayStatus; `ages` [samples] the policy lag of the
+        transitions trained on (none: no lag figures)."""
         learner, books = self.learner, self.books
+        ages = ages if len(ages) else np.zeros(1)  # the figures below need a value; lag_count says there was none
+        count = len(ages) if result.samples else 0
         self.books, self.last_report = (0, 0), time.monotonic()
         learner.ctx.send(
             Training(
@@ -166,7 +174,7 @@ class ReplayFeed:
                 samples=result.samples,
                 dropped_lag=0,
                 not_trainable=books[0],
-                lag_count=len(ages),
+                lag_count=count,
                 lag_min=float(ages.min()),
                 lag_mean=float(ages.mean()),
                 lag_max=float(ages.max()),
