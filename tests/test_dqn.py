@@ -138,6 +138,21 @@ def test_the_target_network_is_copied_every_period(tmp_path):
         assert not torch.allclose(dqn.model.q_values(probe), copied_q)
 
 
+def test_the_target_follows_replaced_weights_and_never_takes_non_finite_ones(tmp_path):
+    """A restarted learner's last published weights replace the online ones: the target network restarts from
+    them (not from the random ones built at start). A copy due while the weights hold a NaN is not made."""
+    plan = dqn_plan(tmp_path, "--target_update_period", "1", "--target_tau", "1")
+    dqn = make_dqn(plan)
+    dqn.params.copy_(torch.randn_like(dqn.params))  # what _recover does with the last published weights
+    dqn.weights_replaced()
+    assert torch.equal(dqn.target_params, dqn.params)
+    before = dqn.target_params.clone()
+    dqn.optimizer.optimizer.param_groups[0]["lr"] = float("inf")  # the step leaves non-finite weights
+    dqn.update(replay_batch(plan.spec, seed=5))
+    assert not torch.isfinite(dqn.params).all()
+    assert torch.equal(dqn.target_params, before)
+
+
 def test_a_polyak_step_moves_the_target_half_way(tmp_path):
     plan = dqn_plan(tmp_path, "--target_update_period", "3", "--target_tau", "0.5", "--learning_rate", "0.01")
     dqn = make_dqn(plan)

@@ -363,3 +363,18 @@ def test_nothing_trains_before_learning_starts():
     assert limiter.can_train()
     limiter.trained(32)
     assert not limiter.can_train() and limiter.replay_ratio() == 32.0
+
+
+def test_a_refilled_buffer_is_rebased_on_this_runs_ratio():
+    """--save_replay, resumed with another --replay_ratio: the limiter starts balanced at the new ratio (no
+    backlog of training with sampling stopped, no stretch of inserts without training)."""
+    counters = np.zeros(4, np.int64)
+    counters[REPLAY_INSERTED], counters[REPLAY_SAMPLED] = 10_000, 10_000  # trained at ratio 1 before
+    limiter = RateLimiter(counters, replay_ratio=8.0, learning_starts=1_000, batch_size=32)
+    limiter.rebase()
+    assert limiter.sampled == 72_000 and not limiter.can_train()
+    limiter.inserted_steps(4)
+    assert limiter.can_train() and limiter.allowance() == 32
+    counters[REPLAY_INSERTED] = 500  # still before --learning_starts: nothing counts as trained
+    limiter.rebase()
+    assert limiter.sampled == 0

@@ -97,3 +97,7 @@ class Algorithm(Protocol):
 
     def copy_from(self, other: Algorithm) -> None:
         """PBT's exploit: `other`'s weights and optimizer state (this one's learning rate kept)."""
+
+    def weights_replaced(self) -> None:
+        """`params` were overwritten from outside (a restarted learner's last published weights): state derived
+        from the weights (DQN's target network) follows them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sf_engine.algo.base import TrainResult
+from sf_engine.algo.base import TrainResult, all_finite
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import QLearning
 from sf_engine.algo.value_targets import double_q_targets
@@ -70,8 +70,8 @@ class DQN(QLearning):
         if figures is None:
             return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
         self.num_updates += 1
-        if self.num_updates % self.qcfg.target_update_period == 0:
-            self.target_params.lerp_(self.params, self.qcfg.target_tau)
+        if self.num_updates % self.qcfg.target_update_period == 0 and all_finite(self.params):
+            self.target_params.lerp_(self.params, self.qcfg.target_tau)  # never toward a non-finite weight
         losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
         return TrainResult(len(td_abs), losses, 1, 0), td_abs
 
@@ -85,6 +85,10 @@ class DQN(QLearning):
 
     def train(self, batch, keep) -> TrainResult:
         raise TypeError("DQN trains from the replay buffer (update), not on trajectory slots")
+
+    def weights_replaced(self) -> None:
+        """The target network restarts from the weights now in force (not from the ones built at start)."""
+        self.target_params.copy_(self.params)
 
     def state(self) -> dict:
         return super().state() | {"target": self.target.state_dict(), "num_updates": self.num_updates}

@@ -121,6 +121,9 @@ class PPO:
         self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
         self._set_all_learning_rates(lr)
 
+    def weights_replaced(self) -> None:
+        """Nothing derives from the weights."""
+
     def load(self, state: dict, source: str) -> None:
         """Weights and optimizer state from a checkpoint's state of this policy."""
         self.model.load_state_dict(state["model"])

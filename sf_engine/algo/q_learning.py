@@ -64,6 +64,9 @@ class QLearning:
         self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
         self._set_learning_rate(lr)
 
+    def weights_replaced(self) -> None:
+        """Nothing derives from the weights (DQN's target network does: DQN.weights_replaced)."""
+
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 

@@ -168,7 +168,8 @@ class LearnerConfig:
     max_policy_lag: int = _f(
         100,
         "Drop samples more than this many policy versions older than the learner "
-        "(they are counted in train/samples_dropped_lag).",
+        "(they are counted in train/samples_dropped_lag); not with a replay buffer (--algo dqn), whose "
+        "transitions are meant to be reused long after they were acted (their age is reported instead).",
     )
     max_bad_updates: int = _f(
         100,

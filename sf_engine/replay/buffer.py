@@ -130,7 +130,7 @@ class ReplayBuffer:
     def save(self, path: str) -> None:
         """Every array of the buffer into `path` (.npz, uncompressed), atomically: a temporary file, fsync,
         rename. Raises OSError (a full disk, say); the previous file then stays."""
-        temporary = f"{path}.tmp{os.getpid()}"
+        temporary = f"{path}.{os.getpid()}.tmp"  # a killed writer's is removed as a checkpoint's (*.tmp)
         try:
             with open(temporary, "wb") as f:
                 np.savez(f, **self.arrays)

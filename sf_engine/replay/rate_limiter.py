@@ -51,6 +51,12 @@ class RateLimiter:
     def trained(self, samples: int) -> None:
         self.counters[REPLAY_SAMPLED] += samples
 
+    def rebase(self) -> None:
+        """A refilled buffer (--save_replay) under this run's --replay_ratio and --learning_starts: its books as if
+        it had been trained at this ratio, so that a changed ratio neither trains a backlog with sampling stopped
+        nor inserts a long stretch with no training."""
+        self.counters[REPLAY_SAMPLED] = max(0, round(self.ratio * (self.inserted - self.learning_starts)))
+
     def replay_ratio(self) -> float | None:
         """Samples trained per env step inserted since learning started (None before)."""
         steps = self.inserted - self.learning_starts

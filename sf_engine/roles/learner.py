@@ -152,6 +152,7 @@ class Learner:
             if published is not None and (path is None or published[0] > learner.version):
                 learner.version, flat = published
                 learner.params.copy_(torch.from_numpy(flat))
+                learner.algorithm.weights_replaced()
                 self.newer_than_checkpoint = True
                 optimizer = f"the optimizer state of {name}" if name else "a new optimizer state (no checkpoint yet)"
                 parts.append(

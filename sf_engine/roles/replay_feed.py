@@ -144,7 +144,8 @@ class ReplayFeed:
         while self.limiter.can_train() and time.perf_counter() < deadline and not learner.ctx.stopping:
             sample = self.buffer.sample(self.cfg.learner.batch_size, beta)
             result, td_abs = policy.algorithm.update(self._batch(sample))
-            self.buffer.update_priorities(sample.indices, td_abs.cpu().numpy())
+            if result.updates:  # a skipped update's TD errors say nothing of its transitions
+                self.buffer.update_priorities(sample.indices, td_abs.cpu().numpy())
             self.limiter.trained(len(sample.indices))
             ages.append(policy.version - sample.policy_version)
             total.samples += result.samples
@@ -222,5 +223,6 @@ class ReplayFeed:
             return
         try:
             logging.info(self.buffer.load(path))
+            self.limiter.rebase()
         except Exception as exc:  # a torn or foreign file: start empty rather than fail the run
             logging.warning("replay buffer %s not loaded (%s): it refills from the envs", path, exc)
