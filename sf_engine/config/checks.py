@@ -56,6 +56,10 @@ def _check_counts(cfg: Config) -> None:
         "--rnn_size": model.rnn_size,
         "--recurrence": lrn.recurrence,
         "--num_policies": cfg.policies.num_policies,
+        "--replay_size": cfg.replay.replay_size,
+        "--n_step": cfg.replay.n_step,
+        "--target_update_period": cfg.q.target_update_period,
+        "--epsilon_decay_env_steps": cfg.q.epsilon_decay_env_steps,
     }
     for group in (cfg.env, s, model, lrn, run, cfg.policies, cfg.replay, cfg.q):
         for fld in dataclasses.fields(group):
@@ -78,6 +82,8 @@ def _check_learner_values(cfg: Config) -> None:
         "--learning_rate": lrn.learning_rate,
         "--adam_eps": lrn.adam_eps,
         "--status_every_sec": run.status_every_sec,
+        "--replay_ratio": cfg.replay.replay_ratio,
+        "--huber_delta": cfg.q.huber_delta,
     }.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
@@ -85,6 +91,8 @@ def _check_learner_values(cfg: Config) -> None:
         "--value_loss_coeff": lrn.value_loss_coeff,
         "--entropy_coeff": lrn.entropy_coeff,
         "--max_grad_norm": lrn.max_grad_norm,
+        "--learning_starts": cfg.replay.learning_starts,
+        "--per_alpha": cfg.replay.per_alpha,
     }.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")
@@ -116,9 +124,17 @@ def _check_rollout(cfg: Config) -> None:
 
 
 def _check_run(cfg: Config) -> None:
-    """Discounts, budgets, timeouts and the experiment's name."""
+    """Discounts and other values within [0, 1], budgets, timeouts and the experiment's name."""
     lrn, run = cfg.learner, cfg.run
-    for flag, value in {"--gamma": lrn.gamma, "--gae_lambda": lrn.gae_lambda}.items():
+    unit = {
+        "--gamma": lrn.gamma,
+        "--gae_lambda": lrn.gae_lambda,
+        "--per_beta": cfg.replay.per_beta,
+        "--epsilon_start": cfg.q.epsilon_start,
+        "--epsilon_end": cfg.q.epsilon_end,
+        "--q_lambda": cfg.q.q_lambda,
+    }
+    for flag, value in unit.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
     if run.stop_at_eval_return is not None and not run.eval_every_sec:
@@ -176,33 +192,9 @@ def check_resolved(cfg: Config) -> None:
 
 def _check_value_based(cfg: Config) -> None:
     """The replay and q groups' values, and what --algo dqn / pqn do not do yet."""
-    r, q, algo = cfg.replay, cfg.q, cfg.learner.algo
-    for flag, value in {
-        "--replay_size": r.replay_size,
-        "--n_step": r.n_step,
-        "--target_update_period": q.target_update_period,
-        "--epsilon_decay_env_steps": q.epsilon_decay_env_steps,
-    }.items():
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1 (got {value})")
-    if r.replay_ratio <= 0:
-        raise ConfigError(f"--replay_ratio must be positive (got {r.replay_ratio}): samples trained per env step")
-    for flag, value in {"--learning_starts": r.learning_starts, "--per_alpha": r.per_alpha}.items():
-        if value < 0:
-            raise ConfigError(f"{flag} must be >= 0 (got {value})")
-    unit = {
-        "--per_beta": r.per_beta,
-        "--epsilon_start": q.epsilon_start,
-        "--epsilon_end": q.epsilon_end,
-        "--q_lambda": q.q_lambda,
-    }
-    for flag, value in unit.items():
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    r, q, algo = cfg.replay, cfg.q, cfg.learner.algo  # counts, rates and [0, 1] values: with the others above
     if not 0.0 < q.target_tau <= 1.0:
         raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
-    if q.huber_delta <= 0:
-        raise ConfigError(f"--huber_delta must be positive (got {q.huber_delta})")
     if q.apex_alpha < 0:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
