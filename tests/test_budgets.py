@@ -83,7 +83,7 @@ def test_learning_rate_decays_over_the_budgets_that_apply():
 def test_ppo_linear_schedule_under_a_time_budget_alone():
     import torch
 
-    from sf_engine.algo.base import TrainingHooks
+    from sf_engine.algo.base import TrainingHooks, schedule_learning_rate
     from sf_engine.algo.ppo import PPO
     from sf_engine.envs import probe_env_spec
     from sf_engine.model.shape import resolve_model_config
@@ -93,7 +93,7 @@ def test_ppo_linear_schedule_under_a_time_budget_alone():
     cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
     hooks = TrainingHooks(env_steps=lambda: 10**9, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 50.0)
     ppo = PPO(cfg, spec, torch.device("cpu"), hooks)  # half of this run's time is spent
-    ppo._scheduled_learning_rate()
+    schedule_learning_rate(ppo.optimizer, ppo.cfg, ppo.lcfg, hooks)  # as PPO's training does
     assert ppo.learning_rate == pytest.approx(cfg.learner.learning_rate / 2, rel=0.01)
 
 

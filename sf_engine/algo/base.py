@@ -65,6 +65,20 @@ def all_finite(values: Tensor) -> bool:
     return bool(torch.isfinite(torch.dot(flat, flat))) or bool(torch.isfinite(flat).all())
 
 
+def set_learning_rate(optimizer, lr: float) -> None:
+    """`lr` in every parameter group of `optimizer` (a torch optimizer or FlatAdam)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def schedule_learning_rate(optimizer, cfg, lcfg, hooks: TrainingHooks) -> None:
+    """--lr_schedule linear: `lcfg`'s learning rate decayed to 0 over the run's budgets (the larger part used of
+    those that apply), set in `optimizer`; 'constant' leaves it as it is."""
+    if lcfg.lr_schedule == "linear":
+        used = cfg.run.budget_used(hooks.env_steps(), hooks.elapsed_sec())
+        set_learning_rate(optimizer, lcfg.learning_rate * (1.0 - used))
+
+
 class Algorithm(Protocol):
     """One policy's learning algorithm, hosted by the learner role."""
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.algo.batch import TrajectoryBatch
 from sf_engine.algo.ppo_loss import (
     DiscretePPOLoss,
@@ -112,14 +112,14 @@ class PPO:
         """This member's own learning rate, entropy coefficient, gamma and clip ratio (PBT)."""
         self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
         self.coefficients = self._coefficients()
-        self._set_all_learning_rates(self.lcfg.learning_rate)
+        set_learning_rate(self.optimizer, self.lcfg.learning_rate)
 
     def copy_from(self, other: PPO) -> None:
         """PBT's exploit: `other`'s weights (normalizer statistics included) and optimizer state."""
         self.params.copy_(other.params)
         lr = self.learning_rate
         self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
-        self._set_all_learning_rates(lr)
+        set_learning_rate(self.optimizer, lr)
 
     def weights_replaced(self) -> None:
         """Nothing derives from the weights."""
@@ -128,7 +128,7 @@ class PPO:
         """Weights and optimizer state from a checkpoint's state of this policy."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._set_all_learning_rates(self.lcfg.learning_rate)  # this run's --learning_rate, not the saved one
+        set_learning_rate(self.optimizer, self.lcfg.learning_rate)  # this run's --learning_rate, not the saved one
         if self.cfg.policies.pbt and "hyperparameters" in state:  # a PBT member's own, as the population left them
             self.set_hyperparameters(state["hyperparameters"])
 
@@ -242,15 +242,6 @@ class PPO:
     def _coefficients(self) -> LossCoefficients:
         return LossCoefficients(self.lcfg.ppo_clip_ratio, self.lcfg.value_loss_coeff, self.lcfg.entropy_coeff)
 
-    def _set_all_learning_rates(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
-    def _scheduled_learning_rate(self) -> None:
-        if self.lcfg.lr_schedule == "linear":
-            fraction_left = 1.0 - self.cfg.run.budget_used(self.hooks.env_steps(), self.hooks.elapsed_sec())
-            self._set_all_learning_rates(self.lcfg.learning_rate * fraction_left)
-
     def _ppo_epochs(self, samples: Samples) -> TrainResult:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""
 
@@ -348,7 +339,7 @@ class PPO:
         into the optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped). A
         step whose loss stats or gradient norm are not finite is not taken (counted: `skipped_updates`)."""
         lcfg = self.lcfg
-        self._scheduled_learning_rate()
+        schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
         totals = torch.zeros(len(LOSS_STATS))
         num_updates = skipped = 0
         minibatches = self._minibatches(num_units, unit)

@@ -9,7 +9,7 @@ import copy
 import torch
 
 from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, all_finite
+from sf_engine.algo.base import TrainingHooks, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.model.kernels import FlatAdam, flatten_state
 from sf_engine.model.q_network import QNetwork
 
@@ -28,15 +28,8 @@ class QLearning:
     def learning_rate(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def _set_learning_rate(self, lr: float) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-
     def scheduled_learning_rate(self) -> None:
-        """--lr_schedule linear: the rate decays to 0 over the run's budgets (as PPO's)."""
-        if self.lcfg.lr_schedule == "linear":
-            used = self.cfg.run.budget_used(self.hooks.env_steps(), self.hooks.elapsed_sec())
-            self._set_learning_rate(self.lcfg.learning_rate * (1.0 - used))
+        schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
 
     def optimizer_step(self, gradients) -> torch.Tensor | None:
         """gradients() puts a minibatch's loss gradients into the optimizer's gradient and returns the loss
@@ -56,13 +49,13 @@ class QLearning:
 
     def set_hyperparameters(self, hyper: dict) -> None:
         self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
-        self._set_learning_rate(self.lcfg.learning_rate)
+        set_learning_rate(self.optimizer, self.lcfg.learning_rate)
 
     def copy_from(self, other: QLearning) -> None:
         self.params.copy_(other.params)
         lr = self.learning_rate
         self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
-        self._set_learning_rate(lr)
+        set_learning_rate(self.optimizer, lr)
 
     def weights_replaced(self) -> None:
         """Nothing derives from the weights (DQN's target network does: DQN.weights_replaced)."""
@@ -74,4 +67,4 @@ class QLearning:
         """Weights and optimizer state from a checkpoint's state of this policy (this run's learning rate)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self._set_learning_rate(self.lcfg.learning_rate)
+        set_learning_rate(self.optimizer, self.lcfg.learning_rate)
