@@ -122,7 +122,7 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
 
     import psutil
 
-    from sf_engine.run.experiment import _identity, _remove_leftovers
+    from sf_engine.run.experiment import _identity, _remove_leftovers, started_sec
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -131,11 +131,11 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
             "role": "rollout_worker",
             "index": 0,
             "pid": child.pid,
-            "create_time": process.create_time(),
+            "started_sec": started_sec(process),
             "cmdline": process.cmdline(),
         }
         me = psutil.Process()
-        runner = {"role": "runner", "index": 0, "pid": me.pid, "create_time": me.create_time(), "cmdline": me.cmdline()}
+        runner = {"role": "runner", "index": 0, "pid": me.pid, "started_sec": started_sec(me), "cmdline": me.cmdline()}
         exp, shm = tmp_path / "exp", tmp_path / "shm"
         exp.mkdir(), shm.mkdir()
         segment = shm / "sf_engine_exp_0123456789abcdef"

@@ -83,7 +83,7 @@ class Experiment:
                         "role": role,
                         "index": index,
                         "pid": pid,
-                        "create_time": process.create_time(),
+                        "started_sec": started_sec(process),
                         "cmdline": process.cmdline(),
                     }
                 )
@@ -183,11 +183,21 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
     return done
 
 
+def started_sec(process) -> float:
+    """Seconds from the machine's boot to the start of `process` (a psutil.Process): its start in clock ticks,
+    which setting the clock does not move (psutil's create_time adds the kernel's boot time, which follows the
+    clock in whole seconds, so a process's create_time can jump by one between two reads)."""
+    try:
+        return process.create_time(monotonic=True)
+    except TypeError:  # psutil before 7.1: the boot time read just now taken off again
+        return round(process.create_time() - psutil.boot_time(), 2)
+
+
 def _alive(row: dict) -> bool:
     """Whether the process of a processes.json row still runs: pid, start time and command line match."""
     try:
         process = psutil.Process(row["pid"])
-        return abs(process.create_time() - row["create_time"]) < 1e-3 and process.cmdline() == row.get("cmdline")
+        return abs(started_sec(process) - row["started_sec"]) < 1e-3 and process.cmdline() == row.get("cmdline")
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 
