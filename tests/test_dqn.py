@@ -66,7 +66,7 @@ def test_direct_gradient_update_matches_autograd(tmp_path, monkeypatch):
     backward (QNetwork.q_loss_gradients), one through torch's ops and autograd (q_values, torch's Huber loss
     weighted by the importance weights): the same gradient, weights after the step, loss statistics and TD
     errors."""
-    plan = dqn_plan(tmp_path)
+    plan = dqn_plan(tmp_path, "--layer_norm", "false")  # one plain MLP stack: what the compiled path runs
     direct, reference = make_dqn(plan), make_dqn(plan)
     assert torch.equal(direct.params, reference.params)
     batch = replay_batch(plan.spec)

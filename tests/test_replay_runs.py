@@ -167,7 +167,7 @@ def test_a_resumed_run_refills_or_reloads_its_replay_buffer(tmp_path, shm_dir, s
         (["--double_q", "yes please"], ["--double_q", "true or false"]),
         (["--dueling", "x"], ["--dueling", "true or false"]),
         (["--layer_norm", "x"], ["--layer_norm", "true or false"]),
-        (["--algo", "sac"], ["--algo", "invalid choice"]),
+        (["--algo", "a2c"], ["--algo", "invalid choice"]),
         (["--batch_size", "512", "--replay_size", "100"], ["--batch_size", "--replay_size"]),
         (["--replay_size", "64", "--batch_size", "32"], ["--replay_size", "one trajectory slot"]),
         (["--stop_at_eval_return", "475"], ["--stop_at_eval_return", "--eval_every_sec"]),

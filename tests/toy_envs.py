@@ -260,3 +260,40 @@ class InfRewardAfterEnv(NaNAfterEnv):
 
     def _reward(self) -> float:
         return np.inf if self.steps >= self.NAN_AFTER else 1.0
+
+
+class UnboundedActionEnv(gym.Env):
+    """Two unbounded float actions (a Box from -inf to inf), 3 float observations, 20-step episodes."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.zeros(3, np.float32), -float(np.square(action).sum()), self.steps >= 20, False, {}
+
+
+class RecallEnv(gym.Env):
+    """A memory task: the first observation shows a cue (+1 or -1), the next DELAY ones show 0, then the agent is
+    rewarded 1 for the action that matches the cue (0 for -1, 1 for +1) and the episode ends; every other step's
+    reward is 0 whatever the action. Without memory the last action is a coin flip (mean return 0.5)."""
+
+    DELAY = 2
+    observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps, self.cue = 0, int(self.np_random.integers(0, 2))
+        return np.array([2.0 * self.cue - 1.0], np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps <= self.DELAY:
+            return np.zeros(1, np.float32), 0.0, False, False, {}
+        return np.zeros(1, np.float32), float(int(action) == self.cue), True, False, {}

@@ -80,8 +80,9 @@ class TrajectoryBatch:
 @dataclass
 class ReplayBatch:
     """A minibatch sampled from the replay buffer, on the learner's device (B = batch): obs / next_obs key ->
-    [B, *shape] in the stored dtype, actions [B] int64, returns [B] (the n-step discounted rewards), discounts
-    [B] (gamma ** n, 0 after a terminated step), weights [B] (importance weights of prioritized replay, else 1)."""
+    [B, *shape] in the stored dtype, actions [B] int64 (discrete) or [B, A] float32 (Box), returns [B] (the n-step
+    discounted rewards), discounts [B] (gamma ** n, 0 after a terminated step), weights [B] (importance weights of
+    prioritized replay, else 1)."""
 
     obs: dict
     actions: Tensor
@@ -89,3 +90,25 @@ class ReplayBatch:
     discounts: Tensor
     next_obs: dict
     weights: Tensor
+
+
+@dataclass
+class SequenceBatch:
+    """A batch of B sequences sampled from the replay buffer (--algo r2d2), on the learner's device, time-major.
+    The window's W rows: obs key -> [W, B, *shape] in the stored dtype, episode_start [W, B] bool (the state is
+    zeroed before those rows), initial_state [B, H] (the state row 0 was acted from); its first `burn_in` rows
+    only warm up the state. The L steps trained, from row burn_in on: actions [L, B] int64, returns [L, B] (the
+    n-step discounted rewards), steps [L, B] int64 (n: the next observation is window row burn_in + i + n),
+    discounts [L, B] (gamma ** n, 0 after a terminated step), trainable [L, B] bool; weights [B] (importance weights
+    of prioritized replay, else 1)."""
+
+    obs: dict
+    episode_start: Tensor
+    initial_state: Tensor
+    actions: Tensor
+    returns: Tensor
+    steps: Tensor
+    discounts: Tensor
+    trainable: Tensor
+    weights: Tensor
+    burn_in: int

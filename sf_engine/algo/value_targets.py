@@ -1,6 +1,6 @@
 """Value-based targets as pure functions: n-step transitions for a replay buffer (the DQN family), PQN's
-Q(lambda) returns over trajectories, and (double) DQN targets. No process plumbing here; runs in the
-learner.
+Q(lambda) returns over trajectories, (double) DQN targets and R2D2's sequence priorities. No process plumbing
+here; runs in the learner.
 
 Shapes: T = rollout, N = trajectories (a slot's rows side by side), B = sampled transitions, A = actions.
 The slot conventions of sf_engine.algo.targets hold: obs row t is the observation the action of step t
@@ -98,3 +98,11 @@ def double_q_targets(returns, discounts, next_q_online, next_q_target, next_lega
     else:
         next_value = next_q_target.masked_fill(~legal, -torch.inf).amax(dim=1)
     return returns + discounts * next_value
+
+
+def sequence_priorities(td_abs: torch.Tensor, trainable: torch.Tensor, eta: float) -> torch.Tensor:
+    """R2D2's sequence priorities [B]: eta * max + (1 - eta) * mean of |TD error| over each sequence's trainable
+    steps. td_abs [L, B] (|TD error| of each step), trainable [L, B] bool (a sequence without one gets 0)."""
+    td_abs = torch.where(trainable, td_abs, torch.zeros_like(td_abs))
+    mean = td_abs.sum(dim=0) / trainable.sum(dim=0).clamp(min=1)
+    return eta * td_abs.amax(dim=0) + (1.0 - eta) * mean

@@ -58,10 +58,11 @@ def _check_counts(cfg: Config) -> None:
         "--num_policies": cfg.policies.num_policies,
         "--replay_size": cfg.replay.replay_size,
         "--n_step": cfg.replay.n_step,
+        "--replay_sequence_length": cfg.replay.replay_sequence_length,
         "--target_update_period": cfg.q.target_update_period,
         "--epsilon_decay_env_steps": cfg.q.epsilon_decay_env_steps,
     }
-    for group in (cfg.env, s, model, lrn, run, cfg.policies, cfg.replay, cfg.q):
+    for group in (cfg.env, s, model, lrn, run, cfg.policies, cfg.replay, cfg.q, cfg.sac):
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -93,6 +94,7 @@ def _check_learner_values(cfg: Config) -> None:
         "--max_grad_norm": lrn.max_grad_norm,
         "--learning_starts": cfg.replay.learning_starts,
         "--per_alpha": cfg.replay.per_alpha,
+        "--burn_in": cfg.replay.burn_in,
     }.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")
@@ -133,6 +135,7 @@ def _check_run(cfg: Config) -> None:
         "--epsilon_start": cfg.q.epsilon_start,
         "--epsilon_end": cfg.q.epsilon_end,
         "--q_lambda": cfg.q.q_lambda,
+        "--priority_eta": cfg.replay.priority_eta,
     }
     for flag, value in unit.items():
         if not 0.0 <= value <= 1.0:
@@ -183,6 +186,7 @@ def check_resolved(cfg: Config) -> None:
             f"--replay_size ({cfg.replay.replay_size}) must hold at least one trajectory slot, --rollout x envs per "
             f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
+    _check_sequences(cfg)
     if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
         raise ConfigError(
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
@@ -191,7 +195,7 @@ def check_resolved(cfg: Config) -> None:
 
 
 def _check_value_based(cfg: Config) -> None:
-    """The replay and q groups' values, and what --algo dqn / pqn do not do yet."""
+    """The replay, q and sac groups' values, and what --algo dqn / pqn / sac do not do yet."""
     r, q, algo = cfg.replay, cfg.q, cfg.learner.algo  # counts, rates and [0, 1] values: with the others above
     if not 0.0 < q.target_tau <= 1.0:
         raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
@@ -199,36 +203,74 @@ def _check_value_based(cfg: Config) -> None:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
         raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
-    if algo in ("dqn", "pqn"):
+    if cfg.sac.alpha <= 0 or not math.isfinite(cfg.sac.alpha):
+        raise ConfigError(f"--alpha must be a positive number (got {cfg.sac.alpha}): SAC's starting temperature")
+    if algo != "ppo":
         _check_value_based_scope(cfg)
 
 
 def _check_value_based_scope(cfg: Config) -> None:
-    """What --algo dqn and --algo pqn do not do (yet): one line each, naming the way out."""
+    """What --algo dqn, pqn and sac do not do (yet): one line each, naming the way out."""
     algo, p = cfg.learner.algo, cfg.policies
-    if cfg.model.rnn != "none":
-        raise ConfigError(
-            f"--rnn {cfg.model.rnn} with --algo {algo}: recurrent Q-networks (R2D2) are not built yet; "
-            f"use --rnn none or --algo ppo"
+    if algo == "r2d2":
+        _check_r2d2(cfg)
+    elif cfg.model.rnn != "none":
+        way_out = (
+            "a recurrent Q-network is R2D2's: use --algo r2d2 or --rnn none"
+            if cfg.acts_on_q
+            else "a recurrent SAC is not built yet; use --rnn none or --algo ppo"
         )
+        raise ConfigError(f"--rnn {cfg.model.rnn} with --algo {algo}: {way_out}")
     if p.num_policies > 1 or p.pbt or p.pool_every_versions:
         raise ConfigError(
             f"--algo {algo} trains one policy: drop --num_policies, --pbt and --pool_every_versions, or use --algo ppo"
         )
-    if cfg.model.normalize_input or cfg.model.normalize_returns:
-        raise ConfigError(f"--normalize_input / --normalize_returns are PPO's: drop them with --algo {algo}")
+    if cfg.model.normalize_returns or (cfg.model.normalize_input and algo != "sac"):
+        flags = "--normalize_returns is" if algo == "sac" else "--normalize_input / --normalize_returns are"
+        raise ConfigError(f"{flags} PPO's: drop it with --algo {algo}")
     if cfg.learner.with_vtrace:
         raise ConfigError(f"--with_vtrace is PPO's: drop it with --algo {algo}")
+    if cfg.q.value_rescale and algo != "r2d2":
+        raise ConfigError(f"--value_rescale is --algo r2d2's: drop it with --algo {algo}")
+
+
+def _check_r2d2(cfg: Config) -> None:
+    """--algo r2d2's recurrent core: one per Q-network."""
+    if cfg.model.rnn == "none":
+        raise ConfigError("--algo r2d2 needs a recurrent core: give --rnn gru or --rnn lstm (or use --algo dqn)")
+    if cfg.model.actor_critic == "separate":
+        raise ConfigError("--actor_critic separate is PPO's: drop it with --algo r2d2 (a Q-network has one core)")
+
+
+def _check_sequences(cfg: Config) -> None:
+    """--algo r2d2: a trajectory slot's column holds a burn-in and at least one sequence."""
+    r, rollout = cfg.replay, cfg.sampler.rollout
+    if cfg.learner.algo == "r2d2" and rollout < r.burn_in + r.replay_sequence_length:
+        raise ConfigError(
+            f"--rollout ({rollout}) must be at least --burn_in + --replay_sequence_length "
+            f"({r.burn_in} + {r.replay_sequence_length}) with --algo r2d2: raise --rollout or lower the others"
+        )
 
 
 def check_env_for_algo(cfg: Config, spec) -> None:
-    """The env against --algo: the value-based family needs one agent and a Discrete action space."""
+    """The env against --algo: the value-based family needs one agent and a Discrete action space; SAC one agent,
+    a Box action space and vector observations."""
     algo = cfg.learner.algo
-    if not cfg.acts_on_q:
+    if algo == "ppo":
         return
-    if spec.action.kind != "discrete":
+    kind = "continuous" if algo == "sac" else "discrete"
+    if spec.action.kind != kind:
+        space = "a Box" if algo == "sac" else "a Discrete"
+        other = "--algo ppo" if algo == "sac" else "--algo sac or ppo"
         raise ConfigError(
-            f"--algo {algo} needs a Discrete action space; {cfg.env.env} has a {spec.action.kind} one: use --algo ppo"
+            f"--algo {algo} needs {space} action space; {cfg.env.env} has a {spec.action.kind} one: use {other}"
+        )
+    if algo == "sac" and spec.has_image:
+        raise ConfigError(f"--algo sac takes vector observations; {cfg.env.env} has images: use --algo ppo")
+    if algo == "sac" and not all(map(math.isfinite, spec.action.low + spec.action.high)):
+        raise ConfigError(
+            f"--algo sac squashes its actions into the env's bounds; {cfg.env.env} has unbounded Box actions: "
+            f"give its action space finite low and high or use --algo ppo"
         )
     if spec.num_agents > 1 or spec.turn_based:
         raise ConfigError(

@@ -14,7 +14,7 @@ from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.fields import int_or_auto
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
-from sf_engine.config.value import Q_ALGORITHMS, REPLAY_ALGORITHMS, QConfig, ReplayConfig
+from sf_engine.config.value import Q_ALGORITHMS, REPLAY_ALGORITHMS, QConfig, ReplayConfig, SACConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
 DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run given neither
@@ -22,7 +22,13 @@ DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run 
 
 # --algo: each learning algorithm's class ("module:Class" under sf_engine.algo, built by the learner role;
 # see sf_engine.algo.base). Adding an algorithm: its module, its config group, and its line here.
-ALGORITHMS = {"ppo": "sf_engine.algo.ppo:PPO", "dqn": "sf_engine.algo.dqn:DQN", "pqn": "sf_engine.algo.pqn:PQN"}
+ALGORITHMS = {
+    "ppo": "sf_engine.algo.ppo:PPO",
+    "dqn": "sf_engine.algo.dqn:DQN",
+    "pqn": "sf_engine.algo.pqn:PQN",
+    "sac": "sf_engine.algo.sac:SAC",
+    "r2d2": "sf_engine.algo.r2d2:R2D2",
+}
 
 
 class ConfigError(ValueError):
@@ -131,7 +137,10 @@ class LearnerConfig:
         "Learning algorithm of the learner: 'ppo' (PPO's clipped objective on GAE targets, or on V-trace's with "
         "--with_vtrace); 'dqn' (the DQN family on a shared-memory replay buffer: double Q, dueling heads, n-step "
         "returns, prioritized replay, Ape-X exploration; see the replay and q groups); 'pqn' (PQN: Q(lambda) "
-        "targets on each batch of trajectory slots, layer norm, no replay and no target network).",
+        "targets on each batch of trajectory slots, layer norm, no replay and no target network); 'r2d2' (R2D2: the "
+        "DQN family with a recurrent core (--rnn) on replayed sequences after a burn-in, value rescaling); 'sac' (soft "
+        "actor-critic for Box action spaces on the replay buffer: a squashed Gaussian actor, twin critics, the "
+        "entropy temperature tuned; see the sac group).",
         choices=tuple(ALGORITHMS),
     )
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
@@ -318,6 +327,7 @@ GROUPS = {
     "remote": RemoteConfig,
     "replay": ReplayConfig,
     "q": QConfig,
+    "sac": SACConfig,
 }
 
 
@@ -333,6 +343,7 @@ class Config:
     remote: RemoteConfig = field(default_factory=RemoteConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     q: QConfig = field(default_factory=QConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
 
     @property
     def uses_replay(self) -> bool:

@@ -1,5 +1,6 @@
-"""The `replay` and `q` groups of the configuration: the replay buffer and its rate limiter (--algo dqn), and the
-value-based family's network, targets and exploration (--algo dqn and --algo pqn). sf_engine.config.groups
+"""The `replay`, `q` and `sac` groups of the configuration: the replay buffer and its rate limiter (--algo dqn and
+sac), the value-based family's network, targets and exploration (--algo dqn and --algo pqn), and SAC's entropy
+temperature. sf_engine.config.groups
 imports them into its GROUPS; the command line and config.json read them like every group."""
 
 from __future__ import annotations
@@ -8,15 +9,15 @@ from dataclasses import dataclass
 
 from sf_engine.config.fields import flag_field as _f
 
-REPLAY_ALGORITHMS = frozenset({"dqn"})  # learn from a replay buffer (sf_engine.replay) rather than from slots
-Q_ALGORITHMS = frozenset({"dqn", "pqn"})  # act epsilon-greedy on Q-values (sf_engine.model.q_network)
+REPLAY_ALGORITHMS = frozenset({"dqn", "sac", "r2d2"})  # learn from a replay buffer (sf_engine.replay), not from slots
+Q_ALGORITHMS = frozenset({"dqn", "pqn", "r2d2"})  # act epsilon-greedy on Q-values (sf_engine.model.q_network)
 
 
 @dataclass(frozen=True)
 class ReplayConfig:
     replay_size: int = _f(
         100_000,
-        "Transitions the replay buffer holds (--algo dqn): allocated in shared memory at start, checked against "
+        "Transitions the replay buffer holds (--algo dqn, sac): allocated in shared memory at start, checked against "
         "the machine's memory; the oldest give way to the newest.",
     )
     replay_ratio: float = _f(
@@ -50,6 +51,23 @@ class ReplayConfig:
         "resumed run refills from it; without it a resumed run refills from scratch (--learning_starts env "
         "steps before it trains again).",
     )
+    replay_sequence_length: int = _f(
+        80,
+        "--algo r2d2: steps of each replayed sequence (R2D2's 80); a trajectory slot's env column holds sequences "
+        "starting at rows --burn_in, --burn_in + L/2, ... (overlapping by half) that end within the slot: --rollout "
+        "must be at least --burn_in + L.",
+    )
+    burn_in: int = _f(
+        40,
+        "--algo r2d2: steps before each sequence that only warm up the recurrent state from the one stored when "
+        "they were acted (R2D2's 40), without gradient. The first --burn_in steps of each trajectory slot serve "
+        "only as burn-in: a fraction burn_in / rollout of the env steps is never a training step.",
+    )
+    priority_eta: float = _f(
+        0.9,
+        "--algo r2d2 with --prioritized: a sequence's priority mixes its TD errors, eta x max + (1 - eta) x mean "
+        "(R2D2's 0.9).",
+    )
 
 
 @dataclass(frozen=True)
@@ -65,14 +83,17 @@ class QConfig:
     )
     huber_delta: float = _f(
         1.0,
-        "--algo dqn: the Huber loss is quadratic for TD errors below this and linear above (its gradient clipped "
+        "--algo dqn, r2d2: the Huber loss is quadratic for TD errors below this and linear above (its gradient clipped "
         "at it): 1 where rewards are clipped (Atari); a large one is the squared error.",
     )
     target_update_period: int = _f(
         500,
-        "--algo dqn: learner updates between target-network updates (a copy, or a Polyak step with --target_tau < 1).",
+        "--algo dqn, sac: learner updates between target-network updates (a copy, or a Polyak step with --target_tau "
+        "< 1; SAC's target critics).",
     )
-    target_tau: float = _f(1.0, "--algo dqn: the target network moves this far to the online one at each update.")
+    target_tau: float = _f(
+        1.0, "--algo dqn, sac: the target network moves this far to the online one at each target update."
+    )
     epsilon_start: float = _f(
         0.4,
         "Epsilon-greedy exploration: the base epsilon at the start, decayed linearly to --epsilon_end over "
@@ -86,3 +107,25 @@ class QConfig:
         "rows explore and some exploit (Ape-X: base 0.4, alpha 7); 0: every row at the base epsilon.",
     )
     q_lambda: float = _f(0.65, "--algo pqn: the lambda of its Q(lambda) targets over each trajectory slot.")
+    value_rescale: bool = _f(
+        False,
+        "--algo r2d2 (on by default there): learn h(Q) with R2D2's value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) "
+        "+ 0.001 x, the targets h(R + gamma^n h^-1(Q')), so that large returns keep a small scale.",
+    )
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    alpha: float = _f(
+        1.0,
+        "--algo sac: the entropy temperature (the weight of the policy's entropy in its objective) at the start; "
+        "tuned from there toward --target_entropy with --tune_alpha, else fixed.",
+    )
+    tune_alpha: bool = _f(
+        True, "--algo sac: tune the temperature by gradient steps so that the policy's entropy nears its target."
+    )
+    target_entropy: float = _f(
+        -1.0,
+        "--algo sac: the entropy the temperature is tuned toward, per action dimension (SAC's -1: a target of "
+        "-dims in all).",
+    )

@@ -19,7 +19,7 @@ import warnings
 import torch
 from torch import nn
 
-from sf_engine.model.q_network import QNetwork
+from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.play.enjoy import experiment_parser
 from sf_engine.play.loading import EnjoyError, load_policy, resolve_checkpoint
 
@@ -39,8 +39,8 @@ def _core_step(core, x: torch.Tensor, state: torch.Tensor):
 
 
 class GreedyPolicy(nn.Module):
-    """An ActorCritic or a QNetwork as a function of plain tensors: (obs entries..., [state]) -> (action, value,
-    [new state])."""
+    """An acting model (an ActorCritic, a QNetwork or SAC's actor) as a function of plain tensors: (obs entries...,
+    [state]) -> (action, value, [new state])."""
 
     def __init__(self, model, spec):
         super().__init__()
@@ -52,9 +52,10 @@ class GreedyPolicy(nn.Module):
 
     def forward(self, *inputs):
         model = self.model
-        if isinstance(model, QNetwork):  # the greedy action and its Q-value
-            q, value = model(dict(zip(self.keys, inputs)))
-            return model.distribution.mode(q) + self.start[0], value
+        if not isinstance(model, ActorCritic):  # a QNetwork (its greedy action and value) or SAC's actor
+            obs = dict(zip(self.keys, inputs))
+            action, value, *state = model.greedy(obs, inputs[-1], _core_step) if model.recurrent else model.greedy(obs)
+            return (action + self.start[0] if self.action.kind == "discrete" else action, value, *state)
         features, critic_features = model._features(dict(zip(self.keys, inputs)))
         out, critic_out, new_state = features, critic_features, None
         if model.recurrent:
@@ -127,7 +128,7 @@ def export_torchscript(policy: GreedyPolicy, path: str) -> None:
 
 
 def export(model, spec, out_dir: str, formats: str = "both") -> list:
-    """Write the greedy policy of `model` (an ActorCritic or a QNetwork on the CPU) to `out_dir`; returns the paths."""
+    """Write the greedy policy of `model` (an acting model on the CPU) to `out_dir`; returns the paths."""
     policy = GreedyPolicy(model.cpu().eval(), spec).eval()
     info = describe(model, spec)
     os.makedirs(out_dir, exist_ok=True)

@@ -8,6 +8,9 @@ bootstrap row included); transition (column c, step t) is obs row t, its action,
 discount (sf_engine.algo.value_targets.n_step_transitions: no window crosses an episode's end or a reset), and
 the next observation, row t + steps. Transitions that may not be trained on (reset steps, skipped steps) are
 never sampled. Shapes: B = batch; flat transition index = column x T + t.
+
+With --algo r2d2 the buffer also keeps each row's recurrent state and episode start, and samples sequences
+(sample_sequences; sf_engine.replay.sequences): its priorities then sit at the sequences' start leaves, 0 elsewhere.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 from sf_engine.algo.value_targets import n_step_transitions
 from sf_engine.replay.layout import REPLAY_FILLED, REPLAY_NEXT
+from sf_engine.replay.sequences import SequenceSample, SequenceShape, cut_sequences, sequences_trainable
 from sf_engine.replay.sum_tree import SumTree, importance_weights
 
 PRIORITY_EPS = 1e-6  # added to |TD error| so that no transition's priority falls to 0
@@ -42,8 +46,18 @@ class ReplaySample:
 
 
 class ReplayBuffer:
-    def __init__(self, arrays: dict, gamma: float, n_step: int, prioritized: bool, per_alpha: float, seed: int):
-        """`arrays`: name -> the shared array (SharedBuffers.replay)."""
+    def __init__(
+        self,
+        arrays: dict,
+        gamma: float,
+        n_step: int,
+        prioritized: bool,
+        per_alpha: float,
+        seed: int,
+        sequences: SequenceShape | None = None,
+    ):
+        """`arrays`: name -> the shared array (SharedBuffers.replay); `sequences`: R2D2's (sample_sequences),
+        None: transitions (sample)."""
         self.arrays, self.gamma, self.n_step = arrays, gamma, n_step
         self.obs = {name.removeprefix("obs."): array for name, array in arrays.items() if name.startswith("obs.")}
         self.counters = arrays["counters"]
@@ -52,15 +66,20 @@ class ReplayBuffer:
         self.per_alpha = per_alpha
         self.tree = SumTree(self.capacity, arrays["priorities"]) if prioritized else None
         self.rng = np.random.default_rng(seed)
+        self.sequences = sequences
+        self.starts = sequences.starts(self.rollout) if sequences else None  # [K] rows where sequences start
 
     @property
     def size(self) -> int:
         """Transitions stored (trainable or not)."""
         return int(self.counters[REPLAY_FILLED]) * self.rollout
 
-    def insert(self, obs: dict, actions, rewards, terminated, truncated, valid, policy_version) -> int:
-        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]. Returns the
-        env steps it held (T x E). The E columns written next are overwritten (the oldest data)."""
+    def insert(
+        self, obs: dict, actions, rewards, terminated, truncated, valid, policy_version, rnn_states=None, starts=None
+    ) -> int:
+        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]; with sequences
+        also rnn_states [T+1, E, H] and (episode) starts [T+1, E]. Returns the env steps it held (T x E). The E
+        columns written next are overwritten (the oldest data)."""
         steps, envs = rewards.shape
         columns = (int(self.counters[REPLAY_NEXT]) + np.arange(envs)) % self.columns
         for key, rows in obs.items():
@@ -73,10 +92,13 @@ class ReplayBuffer:
         a["discounts"][columns] = targets.discounts.T
         a["trainable"][columns] = targets.trainable.T
         a["policy_version"][columns] = policy_version.T
-        if self.tree is not None:  # new transitions at the running maximum priority, the untrainable at 0
+        if self.sequences is not None:
+            a["rnn_states"][columns] = rnn_states.swapaxes(0, 1)
+            a["episode_start"][columns] = starts.T
+        if self.tree is not None:  # new transitions (sequences) at the running maximum priority, the untrainable at 0
             leaves = (columns[:, None] * self.rollout + np.arange(self.rollout)).reshape(-1)
             highest = self.tree.max_priority() or 1.0
-            self.tree.update(leaves, np.where(targets.trainable.T.reshape(-1), highest, 0.0))
+            self.tree.update(leaves, np.where(self._trainable_leaves(targets.trainable.T).reshape(-1), highest, 0.0))
         self.counters[REPLAY_NEXT] = (columns[-1] + 1) % self.columns
         self.counters[REPLAY_FILLED] = min(self.columns, int(self.counters[REPLAY_FILLED]) + envs)
         return steps * envs
@@ -103,16 +125,49 @@ class ReplayBuffer:
             indices=indices,
         )
 
+    def sample_sequences(self, batch: int, beta: float) -> SequenceSample:
+        """R2D2: `batch` sequences holding a trainable step (sf_engine.replay.sequences), in proportion to priority
+        with --prioritized (and importance weights ** `beta`), else uniformly."""
+        if self.tree is not None:
+            indices = self.tree.sample(batch, self.rng)
+            stored = int(self.counters[REPLAY_FILLED]) * len(self.starts)
+            weights = importance_weights(self.tree.priorities(indices), self.tree.total(), stored, beta)
+        else:
+            indices, weights = self._uniform(batch), np.ones(batch)
+        return cut_sequences(self.arrays, self.obs, indices, weights, self.sequences)
+
+    def _trainable_leaves(self, trainable: np.ndarray) -> np.ndarray:
+        """bool [C', T] of columns' transitions `trainable` [C', T]: the leaves that may be sampled, the trainable
+        transitions, or with sequences the starts of the sequences that hold one."""
+        if self.sequences is None:
+            return trainable
+        leaves = np.zeros_like(trainable)
+        leaves[:, self.starts] = sequences_trainable(trainable, self.starts, self.sequences.length)
+        return leaves
+
     def _uniform(self, batch: int) -> np.ndarray:
-        """`batch` flat indices drawn uniformly among the trainable transitions stored (rejection: the
-        untrainable are a few per cent)."""
-        trainable = self.arrays["trainable"].reshape(-1)
-        indices = self.rng.integers(0, self.size, batch)
+        """`batch` flat indices drawn uniformly among the trainable transitions (sequence starts) stored
+        (rejection: the untrainable are a few per cent)."""
+        trainable = self.arrays["trainable"]
+
+        def draw(count: int) -> np.ndarray:
+            if self.sequences is None:
+                return self.rng.integers(0, self.size, count)
+            columns = self.rng.integers(0, int(self.counters[REPLAY_FILLED]), count)
+            return columns * self.rollout + self.starts[self.rng.integers(0, len(self.starts), count)]
+
+        def ok(indices: np.ndarray) -> np.ndarray:
+            if self.sequences is None:
+                return trainable.reshape(-1)[indices]
+            rows = indices[:, None] + np.arange(self.sequences.length)  # within the column: start + L <= T
+            return trainable.reshape(-1)[rows].any(axis=1)
+
+        indices = draw(batch)
         for _ in range(1000):
-            bad = ~trainable[indices]
+            bad = ~ok(indices)
             if not bad.any():
                 return indices
-            indices[bad] = self.rng.integers(0, self.size, int(bad.sum()))
+            indices[bad] = draw(int(bad.sum()))
         raise RuntimeError("the replay buffer holds (almost) no trainable transition")
 
     def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:

@@ -8,7 +8,10 @@ T steps and its T + 1 observation rows, so each observation is stored once and a
   replay.returns [C, T] float32 (the n-step discounted rewards), replay.steps [C, T] int16 (n: the next
   observation is row t + n), replay.discounts [C, T] float32 (gamma ** n, 0 after a terminated step),
   replay.trainable [C, T] bool, replay.policy_version [C, T] int64 (the version that acted);
-  replay.priorities [tree_size(C x T)] float64 with --prioritized (sf_engine.replay.sum_tree);
+  replay.priorities [tree_size(C x T)] float64 with --prioritized (sf_engine.replay.sum_tree; with --algo r2d2
+  a sequence's priority sits at its start's leaf, sf_engine.replay.sequences);
+  --algo r2d2 (sequences): replay.rnn_states [C, T+1, H] float32 (the recurrent state each row was acted from,
+  as the slot holds it) and replay.episode_start [C, T+1] bool (the state is zeroed before that row);
   replay.counters [4] int64: REPLAY_NEXT (the column written next), REPLAY_FILLED (columns holding data),
   REPLAY_INSERTED (env steps inserted, all runs of the experiment), REPLAY_SAMPLED (transitions trained on).
 """
@@ -26,9 +29,9 @@ def replay_columns(replay_size: int, rollout: int) -> int:
     return -(-replay_size // rollout)
 
 
-def replay_layout(cfg, spec) -> dict:
+def replay_layout(cfg, spec, state: int = 0) -> dict:
     """name -> (shape, dtype) of the replay buffer's arrays (names start with REPLAY_PREFIX); {} when the run's
-    algorithm learns on the slots as they come."""
+    algorithm learns on the slots as they come. `state`: floats of recurrent state per env (the slots')."""
     if not cfg.uses_replay:
         return {}
     rollout = cfg.sampler.rollout
@@ -46,6 +49,9 @@ def replay_layout(cfg, spec) -> dict:
         f"{REPLAY_PREFIX}policy_version": (steps, "int64"),
         f"{REPLAY_PREFIX}counters": ((4,), "int64"),
     }
+    if cfg.learner.algo == "r2d2":  # sequences replayed from the state they were acted from
+        layout[f"{REPLAY_PREFIX}rnn_states"] = ((columns, rollout + 1, state), "float32")
+        layout[f"{REPLAY_PREFIX}episode_start"] = ((columns, rollout + 1), "bool")
     if cfg.replay.prioritized:
         layout[f"{REPLAY_PREFIX}priorities"] = ((tree_size(columns * rollout),), "float64")
     return layout

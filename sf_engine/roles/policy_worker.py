@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from sf_engine.model.kernels import flatten_state
-from sf_engine.model.q_network import base_epsilon, build_policy, epsilon_exponents
+from sf_engine.model.policy import build_policy
+from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Inference

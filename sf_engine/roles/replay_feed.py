@@ -1,5 +1,5 @@
-"""The learner's loop with a replay buffer (--algo dqn): full trajectory slots copied into the buffer and freed,
-minibatches sampled out and trained on, the replay ratio held by the rate limiter, the new weights published.
+"""The learner's loop with a replay buffer (--algo dqn, r2d2, sac): full trajectory slots copied into the buffer and
+freed, minibatches sampled out and trained on, the replay ratio held by the rate limiter, the new weights published.
 
 Runs in the learner process (or the runner in serial mode), as the step of sf_engine.roles.learner.Learner when
 its algorithm learns from replay (one policy). Each step either takes full slots (when the ratio allows no
@@ -8,6 +8,8 @@ then one publication of the weights. In async mode a slot is freed as soon as it
 waits only when the learner holds the next full slots back to keep the ratio (learning is the slower side: the
 rollout workers' wait for a free slot says how long). In sync mode the learner takes one slot of every split,
 trains what they allow, publishes, and only then frees them: every sample is acted by the newest policy.
+An algorithm that says `sequences` (--algo r2d2) is fed sequences of --replay_sequence_length steps
+(sf_engine.replay.sequences) instead of transitions; the rate limiter counts a sequence as its L steps.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import numpy as np
 import torch
 
 from sf_engine.algo.base import TrainResult
-from sf_engine.algo.batch import ReplayBatch
+from sf_engine.algo.batch import ReplayBatch, SequenceBatch
 from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
 from sf_engine.replay.rate_limiter import RateLimiter
+from sf_engine.replay.sequences import SequenceSample, SequenceShape
 from sf_engine.stats.messages import ReplayStatus, Training
 from sf_engine.stats.stages import LearnerStage
 
@@ -37,6 +40,9 @@ class ReplayFeed:
         """`learner`: the Learner this feed steps for (its pool, timer, policy, context)."""
         cfg = learner.cfg
         self.learner, self.cfg, self.rcfg = learner, cfg, cfg.replay
+        r = self.rcfg
+        sequences = SequenceShape(r.burn_in, r.replay_sequence_length, r.n_step)
+        self.sequences = sequences if getattr(learner.policies[0].algorithm, "sequences", False) else None
         self.buffer = ReplayBuffer(
             learner.buffers.replay,
             cfg.learner.gamma,
@@ -44,11 +50,14 @@ class ReplayFeed:
             self.rcfg.prioritized,
             self.rcfg.per_alpha,
             seed=cfg.env.seed + REPLAY_SEED_OFFSET + learner.ctx.generation,
+            sequences=self.sequences,
         )
+        self.steps_per_sample = self.sequences.length if self.sequences else 1  # what the limiter counts
         self.limiter = RateLimiter(
-            self.buffer.counters, self.rcfg.replay_ratio, self.rcfg.learning_starts, cfg.learner.batch_size
+            self.buffer.counters, r.replay_ratio, r.learning_starts, cfg.learner.batch_size * self.steps_per_sample
         )
         self.sync = cfg.run.mode == "sync"
+        self.discrete = learner.ctx.plan.spec.action.kind == "discrete"  # else Box actions [B, A] float32 (SAC)
         self.held: list = []  # sync mode: the round's slots, inserted, freed after its training
         self.learner_waited_sec = 0.0  # waiting for full slots while the ratio allowed no training
         self.inserted_since_report = 0  # trainable env steps inserted since the last Training message
@@ -101,6 +110,7 @@ class ReplayFeed:
             b.truncated[slot],
             valid,
             b.policy_version[slot],
+            *((b.rnn_states[slot], b.episode_start[slot]) if self.sequences else ()),
         )
         b.take_rows([slot])  # inserted: out of the books of steps not trained yet
         skipped = int(non_finite.sum())
@@ -109,15 +119,31 @@ class ReplayFeed:
         self.inserted_since_report += trainable
         self.books = (self.books[0] + valid.size - trainable - skipped, self.books[1] + skipped)
 
-    def _batch(self, sample: ReplaySample) -> ReplayBatch:
+    def _batch(self, sample: ReplaySample | SequenceSample) -> ReplayBatch | SequenceBatch:
         device = self.learner.device
 
         def tensor(array):
             return torch.from_numpy(array).to(device, non_blocking=True)
 
+        if self.sequences:
+            return SequenceBatch(
+                obs={key: tensor(value) for key, value in sample.obs.items()},
+                episode_start=tensor(sample.episode_start),
+                initial_state=tensor(sample.initial_state),
+                actions=tensor(sample.actions.astype(np.int64, copy=False)).reshape(sample.returns.shape),
+                returns=tensor(sample.returns),
+                steps=tensor(sample.steps),
+                discounts=tensor(sample.discounts),
+                trainable=tensor(sample.trainable),
+                weights=tensor(sample.weights),
+                burn_in=self.sequences.burn_in,
+            )
+
         return ReplayBatch(
             obs={key: tensor(value) for key, value in sample.obs.items()},
-            actions=tensor(sample.actions.astype(np.int64, copy=False)).reshape(-1),
+            actions=tensor(sample.actions.astype(np.int64, copy=False)).reshape(-1)
+            if self.discrete
+            else tensor(sample.actions),
             returns=tensor(sample.returns),
             discounts=tensor(sample.discounts),
             next_obs={key: tensor(value) for key, value in sample.next_obs.items()},
@@ -142,12 +168,13 @@ class ReplayFeed:
         deadline = time.perf_counter() + CHUNK_SEC
         started = time.perf_counter()
         while self.limiter.can_train() and time.perf_counter() < deadline and not learner.ctx.stopping:
-            sample = self.buffer.sample(self.cfg.learner.batch_size, beta)
+            draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample
+            sample = draw(self.cfg.learner.batch_size, beta)
             result, td_abs = policy.algorithm.update(self._batch(sample))
             if result.updates:  # a skipped update's TD errors say nothing of its transitions
                 self.buffer.update_priorities(sample.indices, td_abs.cpu().numpy())
-            self.limiter.trained(len(sample.indices))
-            ages.append(policy.version - sample.policy_version)
+            self.limiter.trained(len(sample.indices) * self.steps_per_sample)
+            ages.append(policy.version - sample.policy_version.reshape(-1))
             total.samples += result.samples
             total.updates += result.updates
             total.skipped_updates += result.skipped_updates

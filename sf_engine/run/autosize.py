@@ -110,7 +110,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
 
     from sf_engine.model.actor_critic import obs_tensors
     from sf_engine.model.kernels import FlatAdam, flatten_state
-    from sf_engine.model.q_network import build_policy
+    from sf_engine.model.policy import build_policy
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
         reps = -(-rows // len(next(iter(obs.values()))))

@@ -87,7 +87,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     remote = cfg.remote.num_remote_samplers
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
-    layout |= replay_layout(cfg, spec)  # --algo dqn: the replay buffer (sf_engine.replay.layout)
+    layout |= replay_layout(cfg, spec, state)  # --algo dqn: the replay buffer (sf_engine.replay.layout)
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),

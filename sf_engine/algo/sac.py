@@ -1,0 +1,183 @@
+"""Soft actor-critic (--algo sac; Haarnoja et al. 2018, with the automatic temperature of their second paper) on the
+replay buffer: a tanh-squashed Gaussian actor (the published, acting model), twin critics and their
+Polyak-averaged targets (--target_tau every --target_update_period updates), the entropy temperature tuned
+toward --target_entropy per action dimension (--tune_alpha) or fixed (--alpha). Each update: the critics on
+the n-step soft targets (weighted by prioritized replay's importance weights), then the actor, then the
+temperature, each with its own Adam at --learning_rate. Runs in the learner process; the replay feed
+(sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one step on one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from sf_engine.algo import pbt
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo.batch import ReplayBatch
+from sf_engine.model.kernels import FlatAdam, flatten_state
+from sf_engine.model.sac_networks import SACActor, TwinCritic
+
+LOSS_STATS = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")  # then grad_norm
+
+
+class SAC:
+    """One policy's SAC (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
+
+    replay = True
+
+    def __init__(self, cfg, spec, device, hooks: TrainingHooks):
+        self.cfg, self.lcfg, self.scfg, self.qcfg, self.device, self.hooks = (
+            cfg,
+            cfg.learner,
+            cfg.sac,
+            cfg.q,
+            device,
+            hooks,
+        )
+        self.model = SACActor(spec, cfg.model).to(device)
+        self.params = flatten_state(self.model)
+        self.critic = TwinCritic(self.model.in_size, self.model.distribution.size, cfg.model).to(device)
+        self.critic_params = flatten_state(self.critic)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.target_params = flatten_state(self.target)
+        self.target_params.copy_(self.critic_params)
+        lr, eps = self.lcfg.learning_rate, self.lcfg.adam_eps
+        self.optimizer = FlatAdam(self.model, self.params, lr=lr, eps=eps)  # the actor's
+        self.critic_optimizer = FlatAdam(self.critic, self.critic_params, lr=lr, eps=eps)
+        self.log_alpha = torch.tensor(math.log(self.scfg.alpha), device=device, requires_grad=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, eps=eps)
+        self.target_entropy = self.scfg.target_entropy * self.model.distribution.size
+        self.num_updates = 0
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_learning_rate(self, lr: float) -> None:
+        for optimizer in (self.optimizer, self.critic_optimizer, self.alpha_optimizer):
+            set_learning_rate(optimizer, lr)
+
+    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
+        """One step of the critics, the actor and the temperature on `batch`: (its TrainResult, |TD error| [B]
+        for the priorities, the mean of the two critics'). A step whose loss or gradient is not finite is skipped
+        whole (TrainResult.skipped_updates 1, TD errors 0)."""
+        if self.num_updates % 64 == 0:
+            schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
+            self._set_learning_rate(self.learning_rate)
+        actor = self.model
+        # --normalize_input: the statistics take batch / replay ratio rows of each minibatch (one row per env step
+        # inserted, as if each step were seen once), not every row of every minibatch
+        seen = max(1, round(len(batch.returns) / self.cfg.replay.replay_ratio))
+        actor.update_normalizer({key: value[:seen] for key, value in batch.obs.items()})
+        x, next_x = actor.inputs(batch.obs), actor.inputs(batch.next_obs)
+        alpha = self.log_alpha.detach().exp()
+        actions = actor.distribution.unscale(batch.actions)
+        targets = self._targets(next_x, batch, alpha)
+
+        # the critics: 0.5 x the squared errors of both, weighted
+        self.critic_optimizer.zero_grad()
+        q1, q2 = self.critic(x, actions)
+        error1, error2 = q1 - targets, q2 - targets
+        critic_loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        critic_loss.backward()
+        critic_norm = self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+
+        # the actor: maximize min(Q1, Q2) + the entropy bonus, through the critics (their weights held)
+        self.optimizer.zero_grad()
+        self.critic.requires_grad_(False)
+        squashed, log_probs = actor.distribution.rsample(actor.params_of(x))
+        q_new = torch.minimum(*self.critic(x, squashed))
+        actor_loss = (alpha * log_probs - q_new).mean()
+        actor_loss.backward()
+        self.critic.requires_grad_(True)
+        actor_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+
+        log_probs = log_probs.detach()
+        td_abs = 0.5 * (error1.detach().abs() + error2.detach().abs())
+        stats = torch.stack(
+            [critic_loss.detach(), actor_loss.detach(), alpha, -log_probs.mean(), q1.detach().mean(), td_abs.mean()]
+        )
+        figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack([critic_norm, actor_norm])).reshape(1)])
+        figures = figures.cpu()
+        if not all_finite(figures):
+            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+        self.critic_optimizer.step()
+        self.optimizer.step()
+        if self.scfg.tune_alpha:  # toward the target entropy: alpha grows while the entropy is below it
+            self.alpha_optimizer.zero_grad()
+            alpha_loss = -(self.log_alpha * (log_probs + self.target_entropy).mean())
+            alpha_loss.backward()
+            self.alpha_optimizer.step()
+        self.num_updates += 1
+        if self.num_updates % self.qcfg.target_update_period == 0 and all_finite(self.critic_params):
+            self.target_params.lerp_(self.critic_params, self.qcfg.target_tau)
+        losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
+        return TrainResult(len(td_abs), losses, 1, 0), td_abs
+
+    @torch.no_grad()
+    def _targets(self, next_x: torch.Tensor, batch: ReplayBatch, alpha: torch.Tensor) -> torch.Tensor:
+        """[B] the n-step soft targets: returns + discount x (min of the target critics - alpha x log pi) at an
+        action the actor samples for the next observation."""
+        next_actions, next_log_probs = self.model.distribution.rsample(self.model.params_of(next_x))
+        next_q = torch.minimum(*self.target(next_x, next_actions)) - alpha * next_log_probs
+        return batch.returns + batch.discounts * next_q
+
+    def train(self, batch, keep) -> TrainResult:
+        raise TypeError("SAC trains from the replay buffer (update), not on trajectory slots")
+
+    def hyperparameters(self) -> dict:
+        return pbt.hyperparameters(self.lcfg)
+
+    def set_hyperparameters(self, hyper: dict) -> None:
+        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        self._set_learning_rate(self.lcfg.learning_rate)
+
+    def copy_from(self, other: SAC) -> None:
+        lr = self.learning_rate
+        for mine, theirs in ((self.params, other.params), (self.critic_params, other.critic_params)):
+            mine.copy_(theirs)
+        self.target_params.copy_(other.target_params)
+        with torch.no_grad():
+            self.log_alpha.copy_(other.log_alpha)
+        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")
+        self._set_learning_rate(lr)
+
+    def weights_replaced(self) -> None:
+        """The actor's weights were overwritten from outside: the critics and their targets are the learner's
+        own (from its checkpoint) and stay."""
+
+    def _optimizer_states(self) -> dict:
+        return {
+            "actor": self.optimizer.state_dict(),
+            "critic": self.critic_optimizer.state_dict(),
+            "alpha": self.alpha_optimizer.state_dict(),
+        }
+
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target": self.target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "optimizers": self._optimizer_states(),
+            "num_updates": self.num_updates,
+        }
+
+    def load(self, state: dict, source: str) -> None:
+        """Weights, critics, temperature and optimizer states from a checkpoint's state of this policy (this run's
+        learning rate)."""
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+            self.critic.load_state_dict(state["critic"])
+            self.target.load_state_dict(state["target"])
+            with torch.no_grad():
+                self.log_alpha.copy_(state["log_alpha"])
+            self.num_updates = int(state.get("num_updates", 0))
+        optimizers = state["optimizers"]
+        self.optimizer.load_state_dict(optimizers["actor"])
+        self.critic_optimizer.load_state_dict(optimizers["critic"])
+        self.alpha_optimizer.load_state_dict(optimizers["alpha"])
+        self._set_learning_rate(self.lcfg.learning_rate)

@@ -1,0 +1,162 @@
+"""SAC's networks (--algo sac): the squashed Gaussian actor, the acting model, and the twin critics the learner
+trains beside it (Haarnoja et al. 2018).
+
+The actor runs in the policy worker (sampling), the learner (training), the evaluator, enjoy.py and export (its
+mean, squashed: greedy). It offers what the acting side asks of any model (sf_engine.model.policy.build_policy):
+forward / outputs -> (distribution parameters [B, 2A]: the Gaussian's means, then its log-stds; values [B], 0:
+SAC's actor has no value), sample, distribution.mode, no recurrent core. Actions are in the env's bounds: tanh of
+the Gaussian sample, scaled from [-1, 1] to [low, high] (the critics see them scaled back to [-1, 1]).
+Observations: one or more vector keys (key -> [B, *shape]), flattened and, with --normalize_input, normalized by
+the actor's running statistics, which the critics share.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from sf_engine.envs.spec import ACTION_MASK_KEY
+from sf_engine.model.actor_critic import RunningMeanStd
+from sf_engine.model.cnn import init_layer
+from sf_engine.model.kernels import mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log-std is clamped here (Stable-Baselines3's bounds)
+
+
+def vector_size(spec) -> int:
+    """Values per observation over the vector keys (the action mask is not an input)."""
+    return sum(int(math.prod(shape)) for key, shape, _ in spec.obs if key != ACTION_MASK_KEY)
+
+
+class MLPStack(nn.Module):
+    """Linear layers of `hidden_size` units with `activation` after each but the last (its output), as torch ops:
+    for SAC's 256-unit layers at batch 256 torch's own matrix products are faster than the compiled MLP kernels
+    (perf/sac_updates.py: 108 against 92 updates/s on one thread, 192 against 124 on two, where the kernels run
+    on one)."""
+
+    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str, out_size: int, gain: float):
+        super().__init__()
+        sizes = [in_size] + [hidden_size] * layers
+        hidden = [init_layer(nn.Linear(a, b), math.sqrt(2)) for a, b in zip(sizes, sizes[1:])]
+        self.layers = nn.ModuleList(hidden + [init_layer(nn.Linear(sizes[-1], out_size), gain)])
+        self.activations = (activation,) * layers + ("identity",)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mlp(x, list(self.layers), self.activations, kernels=False)
+
+
+class SquashedGaussian:
+    """The actor's distribution over parameters [B, 2A] (means, log-stds): a = tanh(mean + std * noise), scaled
+    to the env's bounds. `mode` is the greedy action: the squashed mean."""
+
+    kind = "continuous"
+
+    def __init__(self, action_spec):
+        self.size = action_spec.shape[0]
+        self.num_params = 2 * self.size
+        low = torch.tensor(action_spec.low, dtype=torch.float32)
+        high = torch.tensor(action_spec.high, dtype=torch.float32)
+        self.center, self.half_range = (high + low) / 2, (high - low) / 2
+
+    def scale(self, squashed: torch.Tensor) -> torch.Tensor:
+        """[-1, 1] -> the env's [low, high]."""
+        return squashed * self.half_range.to(squashed.device) + self.center.to(squashed.device)
+
+    def unscale(self, actions: torch.Tensor) -> torch.Tensor:
+        """The env's [low, high] -> [-1, 1] (what the critics see)."""
+        return (actions - self.center.to(actions.device)) / self.half_range.to(actions.device)
+
+    def split(self, params: torch.Tensor):
+        mean, log_std = params.split(self.size, dim=-1)
+        return mean, log_std
+
+    def rsample(self, params: torch.Tensor):
+        """(squashed actions [B, A] in [-1, 1], their log-probabilities [B]), differentiable in `params` (the
+        reparameterization trick; the tanh's change of variables in its stable form)."""
+        mean, log_std = self.split(params)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        gaussian = (-0.5 * noise.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        correction = (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)  # log(1 - tanh(u)^2)
+        return torch.tanh(u), gaussian - correction
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return self.scale(torch.tanh(self.split(params)[0]))
+
+
+class SACActor(nn.Module):
+    """The acting model of --algo sac: MLP -> (means, log-stds) of a tanh-squashed Gaussian per action dimension."""
+
+    recurrent = False
+    state_size = 0
+
+    def __init__(self, spec, mcfg, bf16: bool = False):
+        """`mcfg`: a resolved ModelConfig (hidden_size, mlp_layers, activation, normalize_input)."""
+        super().__init__()
+        if spec.action.kind != "continuous":
+            raise ValueError("SAC's actor needs a Box action space")
+        self.keys = [key for key, _, _ in spec.obs if key != ACTION_MASK_KEY]
+        self.in_size = vector_size(spec)
+        self.normalizer = RunningMeanStd((self.in_size,)) if mcfg.normalize_input else None
+        self.distribution = SquashedGaussian(spec.action)
+        self.net = MLPStack(
+            self.in_size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, self.distribution.num_params, 0.01
+        )
+
+    def initial_state(self, batch: int, device="cpu"):
+        return None
+
+    def refresh_bf16_acting(self) -> None:
+        """Nothing to prepare: SAC's small MLPs run in float32."""
+
+    def inputs(self, obs: dict) -> torch.Tensor:
+        """[B, in_size] float32: the vector keys flattened side by side, normalized with --normalize_input."""
+        parts = [obs[key].reshape(obs[key].shape[0], -1).float() for key in self.keys]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return self.normalizer.normalize(x) if self.normalizer is not None else x
+
+    def params_of(self, x: torch.Tensor) -> torch.Tensor:
+        """Distribution parameters [B, 2A] of inputs `x` (log-stds clamped)."""
+        mean, log_std = self.distribution.split(self.net(x))
+        return torch.cat([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-1)
+
+    def forward(self, obs: dict, state=None):
+        params = self.params_of(self.inputs(obs))
+        return params, params.new_zeros(params.shape[0])
+
+    def outputs(self, obs: dict, state=None):
+        return (*self(obs), None)
+
+    def sample(self, obs: dict, state=None):
+        """Acting: (actions [B, A] in the env's bounds, their log-probabilities [B], zeros [B], None)."""
+        params, values = self(obs)
+        squashed, log_probs = self.distribution.rsample(params)
+        return self.distribution.scale(squashed), log_probs, values, None
+
+    def greedy(self, obs: dict):
+        """(the squashed mean in the env's bounds [B, A], zeros [B]): export's function."""
+        params, values = self(obs)
+        return self.distribution.mode(params), values
+
+    @torch.no_grad()
+    def update_normalizer(self, obs: dict) -> None:
+        if self.normalizer is not None:
+            parts = [obs[key].reshape(obs[key].shape[0], -1).float() for key in self.keys]
+            self.normalizer.update(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+
+
+class TwinCritic(nn.Module):
+    """Two Q-networks Q1, Q2 over (inputs, action in [-1, 1]): the learner's, never published."""
+
+    def __init__(self, in_size: int, action_size: int, mcfg):
+        super().__init__()
+        size = in_size + action_size
+        self.q1 = MLPStack(size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, 1, 1.0)
+        self.q2 = MLPStack(size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, 1, 1.0)
+
+    def forward(self, x: torch.Tensor, squashed: torch.Tensor):
+        """(Q1 [B], Q2 [B]) of inputs `x` [B, in_size] and actions `squashed` [B, A] in [-1, 1]."""
+        xa = torch.cat([x, squashed], dim=1)
+        return self.q1(xa).squeeze(1), self.q2(xa).squeeze(1)
