@@ -130,8 +130,16 @@ def actor_params(actor, x: torch.Tensor) -> torch.Tensor:
 
 
 def twin(critic, x: torch.Tensor, actions: torch.Tensor):
+    """Q1 and Q2, each its own MLP (critic i's layers: weights[k][i] [in, out], biases[k][i] [1, out])."""
     xa = torch.cat([x, actions], dim=1)
-    return plain_mlp(critic.q1, xa).squeeze(1), plain_mlp(critic.q2, xa).squeeze(1)
+    out = []
+    for i in range(2):
+        h = xa
+        for k, (weight, bias) in enumerate(zip(critic.weights, critic.biases)):
+            h = h @ weight[i] + bias[i]
+            h = torch.relu(h) if k < len(critic.weights) - 1 else h
+        out.append(h.squeeze(1))
+    return tuple(out)
 
 
 def reference_step(sac: SAC, batch: ReplayBatch, seed: int) -> dict:
