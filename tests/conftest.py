@@ -64,6 +64,19 @@ def files_of(path) -> dict:
     }
 
 
+def enjoy_episodes(capsys, *args) -> list:
+    """enjoy.py in this process on two episodes: the printed (return, length) of each."""
+    import re
+
+    from sf_engine.play import enjoy
+
+    assert enjoy.main(["--num_episodes", "2"] + list(args)) == 0
+    out = capsys.readouterr().out
+    episodes = re.findall(r"^episode \d+: return (-?[0-9.]+), length (\d+)$", out, re.M)
+    assert len(episodes) == 2, out
+    return episodes
+
+
 def read_json(path):
     with open(path) as f:
         return json.load(f)

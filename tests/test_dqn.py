@@ -4,12 +4,11 @@ serial run on a masked env that never takes one, and enjoy.py and export of DQN 
 the argmax of the Q-values)."""
 
 import os
-import re
 
 import numpy as np
 import pytest
 import torch
-from conftest import read_json
+from conftest import enjoy_episodes, read_json
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import ReplayBatch
@@ -225,17 +224,6 @@ def test_a_serial_dqn_run_on_a_masked_env_never_takes_an_illegal_action(tmp_path
     assert summary["episode_extra_stats"]["illegal"] == 0.0 and summary["learner_version"] > 10, summary
     assert summary["episode_return_mean"] > 8.0, summary
     assert os.listdir(shm_dir) == []
-
-
-def enjoy_episodes(capsys, *args) -> list:
-    """enjoy.py in this process on two episodes: the printed (return, length) of each."""
-    from sf_engine.play import enjoy
-
-    assert enjoy.main(["--num_episodes", "2"] + list(args)) == 0
-    out = capsys.readouterr().out
-    episodes = re.findall(r"^episode \d+: return ([0-9.]+), length (\d+)$", out, re.M)
-    assert len(episodes) == 2, out
-    return episodes
 
 
 @pytest.mark.e2e

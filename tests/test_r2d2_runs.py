@@ -4,12 +4,11 @@ reloads the saved replay buffer with its stored states; a sampler node's slots e
 enjoy.py and export of its recurrent Q-network act greedily, the state fed back."""
 
 import os
-import re
 
 import numpy as np
 import pytest
 import torch
-from conftest import files_of, read_json, run_train, train_error
+from conftest import enjoy_episodes, files_of, read_json, run_train, train_error
 
 TESTS_ON_PATH = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}  # toy_envs:RecallEnv
 RECALL = ["--env", "toy_envs:RecallEnv", "--num_workers", "1", "--num_envs_per_worker", "8", "--seed", "1"]
@@ -116,16 +115,6 @@ def test_a_sampler_nodes_slots_enter_the_replay_buffer_with_their_states(tmp_pat
     finally:
         node.close()
         head.close()
-
-
-def enjoy_episodes(capsys, *args) -> list:
-    from sf_engine.play import enjoy
-
-    assert enjoy.main(["--num_episodes", "2"] + list(args)) == 0
-    out = capsys.readouterr().out
-    episodes = re.findall(r"^episode \d+: return ([0-9.]+), length (\d+)$", out, re.M)
-    assert len(episodes) == 2, out
-    return episodes
 
 
 @pytest.mark.e2e

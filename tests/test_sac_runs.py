@@ -3,12 +3,11 @@ from its checkpoint with its saved replay buffer, and its checkpoint plays greed
 a policy whose action is the actor's squashed mean, within the env's bounds."""
 
 import os
-import re
 
 import numpy as np
 import pytest
 import torch
-from conftest import read_json, run_train
+from conftest import enjoy_episodes, read_json, run_train
 
 PENDULUM = ["--algo", "sac", "--env", "Pendulum-v1", "--num_workers", "1", "--hidden_size", "64", "--seed", "1"]
 
@@ -31,17 +30,6 @@ def test_sac_learns_pendulum_in_serial_mode(tmp_path, shm_dir):
     assert summary["algo"] == "sac" and summary["updates_skipped_non_finite"] == 0
     assert summary["eval_return_best"] > -400, summary["eval_return_best"]
     assert os.listdir(shm_dir) == []
-
-
-def enjoy_returns(capsys, *args) -> list:
-    """enjoy.py in this process on two episodes: the printed (return, length) of each."""
-    from sf_engine.play import enjoy
-
-    assert enjoy.main(["--num_episodes", "2"] + list(args)) == 0
-    out = capsys.readouterr().out
-    episodes = re.findall(r"^episode \d+: return (-?[0-9.]+), length (\d+)$", out, re.M)
-    assert len(episodes) == 2, out
-    return episodes
 
 
 @pytest.mark.e2e
@@ -101,9 +89,9 @@ def test_enjoy_and_export_of_a_sac_checkpoint_act_on_the_squashed_mean(tmp_path,
     flags = ["--mode", "serial", "--train_for_env_steps", "2000", "--learning_starts", "500", "--replay_ratio", "16"]
     assert run(build_plan(PENDULUM + where + flags + ["--shm_dir", shm_dir])) == 0
     capsys.readouterr()
-    greedy = enjoy_returns(capsys, *where, "--deterministic")
-    assert greedy == enjoy_returns(capsys, *where, "--deterministic") and {e[1] for e in greedy} == {"200"}
-    assert enjoy_returns(capsys, *where) != greedy  # without --deterministic the actor samples
+    greedy = enjoy_episodes(capsys, *where, "--deterministic")
+    assert greedy == enjoy_episodes(capsys, *where, "--deterministic") and {e[1] for e in greedy} == {"200"}
+    assert enjoy_episodes(capsys, *where) != greedy  # without --deterministic the actor samples
 
     assert export_main(where) == 0
     cfg, spec, exp_dir = load_experiment(str(tmp_path), "sac")
