@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sf_engine.algo.base import TrainResult, all_finite
+from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import ReplayBatch
-from sf_engine.algo.q_learning import QLearning
+from sf_engine.algo.q_learning import QLearning, follow_online
 from sf_engine.algo.value_targets import double_q_targets
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.kernels import flatten_state
@@ -69,11 +69,14 @@ class DQN(QLearning):
         figures = self.optimizer_step(gradients)
         if figures is None:
             return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+        return self.step_taken(figures, len(td_abs)), td_abs
+
+    def step_taken(self, figures: torch.Tensor, samples: int) -> TrainResult:
+        """After an optimizer step on `samples` samples: the update counted, the target network following the
+        online one, the TrainResult of its loss statistics `figures` (LOSS_STATS, then grad_norm)."""
         self.num_updates += 1
-        if self.num_updates % self.qcfg.target_update_period == 0 and all_finite(self.params):
-            self.target_params.lerp_(self.params, self.qcfg.target_tau)  # never toward a non-finite weight
-        losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
-        return TrainResult(len(td_abs), losses, 1, 0), td_abs
+        follow_online(self.target_params, self.params, self.num_updates, self.qcfg)
+        return TrainResult(samples, dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist())), 1, 0)
 
     @torch.no_grad()
     def _targets(self, batch: ReplayBatch) -> torch.Tensor:

@@ -14,6 +14,13 @@ from sf_engine.model.kernels import FlatAdam, flatten_state
 from sf_engine.model.q_network import QNetwork
 
 
+def follow_online(target: torch.Tensor, online: torch.Tensor, num_updates: int, qcfg) -> None:
+    """A target network's flat weights after update `num_updates` of the online ones: every
+    --target_update_period updates a copy, or a Polyak step of --target_tau; never toward a non-finite weight."""
+    if num_updates % qcfg.target_update_period == 0 and all_finite(online):
+        target.lerp_(online, qcfg.target_tau)
+
+
 class QLearning:
     """A Q-network and its optimizer, built from the resolved Config `cfg`, the EnvSpec, the learner's device
     and the hooks of the process that hosts it."""

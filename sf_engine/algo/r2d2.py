@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sf_engine.algo.base import TrainResult, all_finite
+from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import SequenceBatch
-from sf_engine.algo.dqn import DQN, LOSS_STATS
+from sf_engine.algo.dqn import DQN
 from sf_engine.algo.value_targets import double_q_targets, sequence_priorities
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.q_network import QNetwork, inverse_value_rescale, value_rescale
@@ -70,11 +70,7 @@ class R2D2(DQN):
         figures = self.optimizer_step(gradients)
         if figures is None:
             return TrainResult(0, {}, 0, 1), torch.zeros_like(priorities)
-        self.num_updates += 1
-        if self.num_updates % self.qcfg.target_update_period == 0 and all_finite(self.params):
-            self.target_params.lerp_(self.params, self.qcfg.target_tau)  # never toward a non-finite weight
-        losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
-        return TrainResult(length * sequences, losses, 1, 0), priorities
+        return self.step_taken(figures, length * sequences), priorities
 
     def _unroll(self, net: QNetwork, batch: SequenceBatch) -> torch.Tensor:
         """Q-values [W - burn_in, B, A] of `net` over the window's rows after the burn-in, from the stored state;

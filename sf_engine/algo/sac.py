@@ -17,6 +17,7 @@ import torch
 from sf_engine.algo import pbt
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.algo.batch import ReplayBatch
+from sf_engine.algo.q_learning import follow_online
 from sf_engine.model.kernels import FlatAdam, flatten_state
 from sf_engine.model.sac_networks import SACActor, TwinCritic
 
@@ -112,8 +113,7 @@ class SAC:
             alpha_loss.backward()
             self.alpha_optimizer.step()
         self.num_updates += 1
-        if self.num_updates % self.qcfg.target_update_period == 0 and all_finite(self.critic_params):
-            self.target_params.lerp_(self.critic_params, self.qcfg.target_tau)
+        follow_online(self.target_params, self.critic_params, self.num_updates, self.qcfg)
         losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
         return TrainResult(len(td_abs), losses, 1, 0), td_abs
 

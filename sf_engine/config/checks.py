@@ -85,6 +85,7 @@ def _check_learner_values(cfg: Config) -> None:
         "--status_every_sec": run.status_every_sec,
         "--replay_ratio": cfg.replay.replay_ratio,
         "--huber_delta": cfg.q.huber_delta,
+        "--alpha": cfg.sac.alpha,
     }.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
@@ -203,14 +204,12 @@ def _check_value_based(cfg: Config) -> None:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
         raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
-    if cfg.sac.alpha <= 0 or not math.isfinite(cfg.sac.alpha):
-        raise ConfigError(f"--alpha must be a positive number (got {cfg.sac.alpha}): SAC's starting temperature")
     if algo != "ppo":
         _check_value_based_scope(cfg)
 
 
 def _check_value_based_scope(cfg: Config) -> None:
-    """What --algo dqn, pqn and sac do not do (yet): one line each, naming the way out."""
+    """What --algo dqn, pqn, r2d2 and sac do not do (yet): one line each, naming the way out."""
     algo, p = cfg.learner.algo, cfg.policies
     if algo == "r2d2":
         _check_r2d2(cfg)

@@ -1,7 +1,7 @@
-"""The `replay`, `q` and `sac` groups of the configuration: the replay buffer and its rate limiter (--algo dqn and
-sac), the value-based family's network, targets and exploration (--algo dqn and --algo pqn), and SAC's entropy
-temperature. sf_engine.config.groups
-imports them into its GROUPS; the command line and config.json read them like every group."""
+"""The `replay`, `q` and `sac` groups of the configuration: the replay buffer and its rate limiter (--algo dqn, r2d2
+and sac), the value-based family's network, targets and exploration (--algo dqn, pqn and r2d2), and SAC's entropy
+temperature. sf_engine.config.groups imports them into its GROUPS; the command line and config.json read them like
+every group."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ Q_ALGORITHMS = frozenset({"dqn", "pqn", "r2d2"})  # act epsilon-greedy on Q-valu
 class ReplayConfig:
     replay_size: int = _f(
         100_000,
-        "Transitions the replay buffer holds (--algo dqn, sac): allocated in shared memory at start, checked against "
-        "the machine's memory; the oldest give way to the newest.",
+        "Transitions the replay buffer holds (--algo dqn, r2d2, sac): allocated in shared memory at start, checked "
+        "against the machine's memory; the oldest give way to the newest.",
     )
     replay_ratio: float = _f(
         8.0,
@@ -89,11 +89,11 @@ class QConfig:
     )
     target_update_period: int = _f(
         500,
-        "--algo dqn, sac: learner updates between target-network updates (a copy, or a Polyak step with --target_tau "
-        "< 1; SAC's target critics).",
+        "--algo dqn, r2d2, sac: learner updates between target-network updates (a copy, or a Polyak step with "
+        "--target_tau < 1; SAC's target critics).",
     )
     target_tau: float = _f(
-        1.0, "--algo dqn, sac: the target network moves this far to the online one at each target update."
+        1.0, "--algo dqn, r2d2, sac: the target network moves this far to the online one at each target update."
     )
     epsilon_start: float = _f(
         0.4,

@@ -111,10 +111,14 @@ class SACActor(nn.Module):
     def refresh_bf16_acting(self) -> None:
         """Nothing to prepare: SAC's small MLPs run in float32."""
 
-    def inputs(self, obs: dict) -> torch.Tensor:
-        """[B, in_size] float32: the vector keys flattened side by side, normalized with --normalize_input."""
+    def _flat(self, obs: dict) -> torch.Tensor:
+        """[B, in_size] float32: the vector keys flattened side by side."""
         parts = [obs[key].reshape(obs[key].shape[0], -1).float() for key in self.keys]
-        x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def inputs(self, obs: dict) -> torch.Tensor:
+        """[B, in_size] float32: the flattened observations, normalized with --normalize_input."""
+        x = self._flat(obs)
         return self.normalizer.normalize(x) if self.normalizer is not None else x
 
     def params_of(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,8 +147,7 @@ class SACActor(nn.Module):
     @torch.no_grad()
     def update_normalizer(self, obs: dict) -> None:
         if self.normalizer is not None:
-            parts = [obs[key].reshape(obs[key].shape[0], -1).float() for key in self.keys]
-            self.normalizer.update(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+            self.normalizer.update(self._flat(obs))
 
 
 class TwinCritic(nn.Module):
