@@ -58,7 +58,7 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int) -> ReplayBuffer:
     return buffer
 
 
-class _Feed:
+class _Learner:
     """What ReplayFeed._batch needs of its learner: the device."""
 
     device = torch.device("cpu")
@@ -66,8 +66,8 @@ class _Feed:
 
 def step_times(algo, buffer: ReplayBuffer, batch: int, seconds: float) -> list:
     """Microseconds of each learner step over `seconds` (after a warm-up)."""
-    feed = ReplayFeed.__new__(ReplayFeed)
-    feed.learner = _Feed()
+    feed = ReplayFeed.__new__(ReplayFeed)  # what _batch reads of a feed: transitions of discrete actions
+    feed.learner, feed.sequences, feed.discrete = _Learner(), None, True
     times = []
     deadline = time.perf_counter() + seconds + 0.5
     while time.perf_counter() < deadline:

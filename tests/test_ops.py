@@ -222,6 +222,60 @@ def test_an_optimizer_state_saved_per_tensor_resumes_in_the_flat_one():
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
+
+def test_flat_adam_without_the_fused_kernel_takes_the_same_steps():
+    """Where torch has no fused Adam for the device, FlatAdam's own arithmetic: torch's Adam steps."""
+    net, reference = _net(), _net()
+    optimizer = FlatAdam(net, flatten_state(net), lr=1e-2, eps=1e-5)
+    optimizer.param_groups[0]["fused"] = False
+    torch_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2, eps=1e-5)
+    for seed in range(5):
+        for opt, model in ((optimizer, net), (torch_optimizer, reference)):
+            opt.zero_grad()
+            _loss(model, seed).backward()
+            opt.step()
+    for mine, theirs in zip(net.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_flat_adam_state_is_torch_adams():
+    """FlatAdam's state_dict loads into torch's Adam over one flat parameter and back (checkpoints of
+    either), and both then take the same step."""
+    net = _net()
+    optimizer = FlatAdam(net, flatten_state(net), lr=1e-2, eps=1e-5)
+    for seed in range(3):
+        optimizer.zero_grad()
+        _loss(net, seed).backward()
+        optimizer.step()
+    flat = torch.nn.Parameter(optimizer.param.detach().clone())
+    torch_optimizer = torch.optim.Adam([flat], lr=1e-3, eps=1e-5)
+    torch_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert torch_optimizer.param_groups[0]["lr"] == 1e-2  # the saved step size, as a resume takes it
+    copied = copy.deepcopy(net)
+    resumed = FlatAdam(copied, flatten_state(copied), lr=1e-3, eps=1e-5)
+    resumed.load_state_dict(torch_optimizer.state_dict())
+    optimizer.zero_grad()
+    _loss(net, 3).backward()
+    flat.grad = optimizer.grad.clone()
+    resumed.grad.copy_(optimizer.grad)
+    torch_optimizer.step()
+    resumed.step()
+    torch.testing.assert_close(resumed.param.detach(), flat.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_training_imports_no_torch_dynamo():
+    """Building FlatAdam and stepping it leaves torch._dynamo unimported (about 0.75 s of every process that
+    trains, the main one's auto sizing included, when a torch optimizer is built)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {repo!r}); import torch; from torch import nn; "
+        "from sf_engine.model.kernels import FlatAdam, flatten_state; net = nn.Linear(3, 2); "
+        "opt = FlatAdam(net, flatten_state(net), lr=1e-3, eps=1e-5); net(torch.ones(4, 3)).sum().backward(); "
+        "opt.step(); opt.load_state_dict(opt.state_dict()); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
 _REFAULTS = """
 import resource, sys, torch
 sys.path.insert(0, {repo!r})

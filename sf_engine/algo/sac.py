@@ -13,6 +13,7 @@ import copy
 import math
 
 import torch
+from torch import nn
 
 from sf_engine.algo import pbt
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
@@ -48,8 +49,9 @@ class SAC:
         lr, eps = self.lcfg.learning_rate, self.lcfg.adam_eps
         self.optimizer = FlatAdam(self.model, self.params, lr=lr, eps=eps)  # the actor's
         self.critic_optimizer = FlatAdam(self.critic, self.critic_params, lr=lr, eps=eps)
-        self.log_alpha = torch.tensor(math.log(self.scfg.alpha), device=device, requires_grad=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, eps=eps)
+        temperature = _Temperature(self.scfg.alpha).to(device)
+        self.alpha_optimizer = FlatAdam(temperature, flatten_state(temperature), lr=lr, eps=eps)
+        self.log_alpha = temperature.log_alpha  # a view into the optimizer's flat vector
         self.target_entropy = self.scfg.target_entropy * self.model.distribution.size
         self.num_updates = 0
 
@@ -181,3 +183,11 @@ class SAC:
         self.critic_optimizer.load_state_dict(optimizers["critic"])
         self.alpha_optimizer.load_state_dict(optimizers["alpha"])
         self._set_learning_rate(self.lcfg.learning_rate)
+
+
+class _Temperature(nn.Module):
+    """SAC's entropy temperature as log(alpha), one parameter (trained by its own FlatAdam)."""
+
+    def __init__(self, alpha: float):
+        super().__init__()
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(alpha)))

@@ -270,7 +270,9 @@ def flatten_state(model):
 class FlatAdam:
     """Adam over the parameters of `model`, which must be views into the flat vector `flat` in the
     order of model.parameters(), first (flatten_state lays them out so). zero_grad,
-    clip_grad_norm and step each touch one flat tensor."""
+    clip_grad_norm and step each touch one flat tensor. Its state and state_dict are torch.optim.Adam's
+    (one parameter group of one tensor), kept here: building a torch optimizer imports torch._dynamo,
+    about 0.75 s of every process that trains (the learner's, and the main one's auto sizing)."""
 
     def __init__(self, model: nn.Module, flat: torch.Tensor, lr: float, eps: float):
         self._model_params = params = list(model.parameters())
@@ -284,12 +286,8 @@ class FlatAdam:
             p.grad = view_like(self.grad[offset : offset + p.numel()], p)  # autograd accumulates into it
             offset += p.numel()
         self.param.grad = self.grad
-        fused = flat.device.type in ("cpu", "cuda")
-        self.optimizer = torch.optim.Adam([self.param], lr=lr, eps=eps, fused=fused)
-
-    @property
-    def param_groups(self) -> list:
-        return self.optimizer.param_groups  # load_state_dict replaces the list
+        self.param_groups = [_adam_group(lr, eps, fused=flat.device.type in ("cpu", "cuda"))]
+        self.state: dict = {}  # step (float32 scalar on the parameter's device), exp_avg, exp_avg_sq
 
     def zero_grad(self) -> None:
         self.grad.zero_()
@@ -302,49 +300,72 @@ class FlatAdam:
             self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
         return norm
 
+    @torch.no_grad()
     def step(self) -> None:
-        """torch's fused Adam kernel on the flat vector, called directly where torch has it (Optimizer.step's
-        own Python around the same kernel costs about 25 us per call, 2% of a CartPole minibatch); the
-        state lives in the torch optimizer, so state_dict and load_state_dict are torch's."""
-        group = self.optimizer.param_groups[0]
-        if not hasattr(torch, "_fused_adam_") or group["amsgrad"] or group["maximize"] or group["weight_decay"]:
-            self.optimizer.step()
-            return
-        state = self.optimizer.state[self.param]
-        if not state:  # as torch's Adam initializes it (a float32 step on the parameter's device for fused)
+        """One Adam step: torch's fused Adam kernel on the flat vector where torch has it for the device (without
+        Optimizer.step's own Python, about 25 us per call: 2% of a CartPole minibatch), else its arithmetic."""
+        group, state = self.param_groups[0], self.state
+        if not state:  # as torch's Adam initializes it
             state["step"] = torch.zeros((), dtype=torch.float32, device=self.param.device)
             state["exp_avg"] = torch.zeros_like(self.param, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(self.param, memory_format=torch.preserve_format)
         state["step"] += 1
-        beta1, beta2 = group["betas"]
-        with torch.no_grad():
+        (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        if group["fused"] and hasattr(torch, "_fused_adam_"):
             torch._fused_adam_(
-                [self.param],
-                [self.grad],
-                [state["exp_avg"]],
-                [state["exp_avg_sq"]],
-                [],
-                [state["step"]],
-                amsgrad=False,
-                lr=group["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                weight_decay=0.0,
-                eps=group["eps"],
-                maximize=False,
-            )
+                [self.param], [self.grad], [exp_avg], [exp_avg_sq], [], [state["step"]], amsgrad=False,
+                lr=lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, maximize=False,
+            )  # fmt: skip
+            return
+        step = float(state["step"])
+        exp_avg.lerp_(self.grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
+        denominator = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+        self.param.addcdiv_(exp_avg, denominator, value=-lr / (1 - beta1**step))
 
     def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
+        """torch.optim.Adam's layout: {"state": {0: ...}, "param_groups": [group with "params": [0]]}."""
+        return {"state": {0: dict(self.state)} if self.state else {}, "param_groups": [dict(self.param_groups[0])]}
 
     def load_state_dict(self, state: dict) -> None:
-        """A flat optimizer state, or one saved per parameter tensor (older checkpoints): merged."""
+        """A flat optimizer state, or one saved per parameter tensor (older checkpoints): merged. The step sizes
+        (lr, betas, eps) are the saved ones, as torch's load_state_dict takes them."""
+        saved_group = state["param_groups"][0]
+        if saved_group.get("amsgrad") or saved_group.get("maximize") or saved_group.get("weight_decay"):
+            raise ValueError("FlatAdam: the saved optimizer state uses amsgrad, maximize or weight decay")
         per_tensor = state.get("state", {})
-        if len(state.get("param_groups", [{}])[0].get("params", [])) > 1 and per_tensor:
+        if len(saved_group.get("params", [])) > 1 and per_tensor:
             merged = {}
             for key in ("exp_avg", "exp_avg_sq"):
                 merged[key] = torch.cat([flat_layout(per_tensor[i][key], p) for i, p in enumerate(self._model_params)])
-            merged["step"] = torch.as_tensor(per_tensor[0]["step"], dtype=torch.float32).clone()
-            group = {**state["param_groups"][0], "params": [0]}
-            state = {"state": {0: merged}, "param_groups": [group]}
-        self.optimizer.load_state_dict(state)
+            merged["step"] = per_tensor[0]["step"]
+            per_tensor = {0: merged}
+        self.param_groups[0] |= {key: saved_group[key] for key in ("lr", "betas", "eps") if key in saved_group}
+        self.state = {}
+        if per_tensor:
+            saved = per_tensor[0] if 0 in per_tensor else next(iter(per_tensor.values()))
+            device, dtype = self.param.device, self.param.dtype
+            self.state = {
+                "step": torch.as_tensor(saved["step"], dtype=torch.float32).clone().to(device),
+                "exp_avg": saved["exp_avg"].to(device, dtype).clone().reshape(self.param.shape),
+                "exp_avg_sq": saved["exp_avg_sq"].to(device, dtype).clone().reshape(self.param.shape),
+            }
+
+
+def _adam_group(lr: float, eps: float, fused: bool) -> dict:
+    """torch.optim.Adam's parameter group of one tensor (its defaults but lr and eps)."""
+    return {
+        "lr": lr,
+        "betas": (0.9, 0.999),
+        "eps": eps,
+        "weight_decay": 0.0,
+        "amsgrad": False,
+        "maximize": False,
+        "foreach": None,
+        "capturable": False,
+        "differentiable": False,
+        "fused": fused,
+        "decoupled_weight_decay": False,
+        "params": [0],
+    }

@@ -42,8 +42,7 @@ MONITOR_EVERY_SEC = 0.25
 
 
 def start_forkserver(env: str, env_backend: str):
-    """Start the forkserver now so its preloading (torch, envpool) overlaps building the plan.
-    torch._dynamo is what torch.optim imports on first use: preloaded once here, not in every child."""
+    """Start the forkserver now so its preloading (torch, envpool) overlaps building the plan."""
     mp_context = multiprocessing.get_context("forkserver")
     modules = ["envpool"] if may_use_envpool(env, env_backend) else []
     mp_context.set_forkserver_preload(
@@ -51,7 +50,6 @@ def start_forkserver(env: str, env_backend: str):
         + [
             "gymnasium",
             "torch",
-            "torch._dynamo",
             "sf_engine.roles.rollout_worker",
             "sf_engine.roles.policy_worker",
             "sf_engine.roles.learner",
