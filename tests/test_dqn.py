@@ -146,7 +146,7 @@ def test_the_target_follows_replaced_weights_and_never_takes_non_finite_ones(tmp
     dqn.weights_replaced()
     assert torch.equal(dqn.target_params, dqn.params)
     before = dqn.target_params.clone()
-    dqn.optimizer.optimizer.param_groups[0]["lr"] = float("inf")  # the step leaves non-finite weights
+    dqn.optimizer.param_groups[0]["lr"] = float("inf")  # the step leaves non-finite weights
     dqn.update(replay_batch(plan.spec, seed=5))
     assert not torch.isfinite(dqn.params).all()
     assert torch.equal(dqn.target_params, before)
