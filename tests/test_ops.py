@@ -222,7 +222,6 @@ def test_an_optimizer_state_saved_per_tensor_resumes_in_the_flat_one():
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
 
 
-
 def test_flat_adam_without_the_fused_kernel_takes_the_same_steps():
     """Where torch has no fused Adam for the device, FlatAdam's own arithmetic: torch's Adam steps."""
     net, reference = _net(), _net()
@@ -275,6 +274,7 @@ def test_training_imports_no_torch_dynamo():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
 
 _REFAULTS = """
 import resource, sys, torch
