@@ -64,6 +64,16 @@ def files_of(path) -> dict:
     }
 
 
+def assert_refused_untouched(args, train_dir, capsys, words) -> None:
+    """train.py with `args` fails in one line holding every one of `words`, and leaves `train_dir` (given a file
+    to keep) as it was."""
+    (train_dir / "keep").write_text("x")
+    before = files_of(train_dir)
+    error = train_error(args, train_dir, capsys)
+    assert all(word in error for word in words), error
+    assert files_of(train_dir) == before
+
+
 def enjoy_episodes(capsys, *args) -> list:
     """enjoy.py in this process on two episodes: the printed (return, length) of each."""
     import re
