@@ -137,14 +137,16 @@ ALGO_DEFAULTS = {
         "num_batches_per_epoch": 4,
     },
     # Stable-Baselines3's (and RL Zoo's MuJoCo) SAC: 256 x 2 ReLU, Adam 3e-4, batch 256, targets moved by 0.005
-    # each update; but one update per 4 env steps (a replay ratio of 64, SB3's is 256: one per env step). The
-    # learner binds on two cores, and more env steps per update learn more from the same updates: HalfCheetah-v5
-    # after 15 minutes 7,079 at 64, 6,545 at 128, 6,264 and 5,484 at 256 (docs/sac.md#figures)
+    # each update; but one update per 4 env steps (a replay ratio of 64, SB3's is 256: one per env step) and
+    # CleanRL's 1e-3 for the critics and the temperature. The learner binds on two cores, and more env steps per
+    # update learn more from the same updates: HalfCheetah-v5 after 15 minutes 7,079 at 64, 6,545 at 128, 6,264
+    # and 5,484 at 256, 5,866 at 32; 7,526 at 64 with the critics at 1e-3 (docs/sac.md#figures)
     ("sac", None): _VALUE_BASED
     | {
         "hidden_size": 256,
         "activation": "relu",
         "learning_rate": 3e-4,
+        "critic_learning_rate": 1e-3,
         "adam_eps": 1e-8,
         "max_grad_norm": 0.0,
         "batch_size": 256,

@@ -221,6 +221,25 @@ def test_one_update_matches_a_plain_torch_sac_step(tmp_path, monkeypatch, compil
         assert result.losses[name] == pytest.approx(value.item(), rel=1e-4, abs=1e-5), name
 
 
+def test_the_critics_and_the_temperature_step_at_the_critic_learning_rate(tmp_path):
+    """--critic_learning_rate 0.003 beside --learning_rate 0.001: Adam's first step is 0.003 per weight for the
+    critics and the temperature, 0.001 for the actor; a linear schedule decays both alike."""
+    sac = make_sac(sac_plan(tmp_path, "--learning_rate", "0.001", "--critic_learning_rate", "0.003"))
+    log_alpha, critic_params, actor_params = (
+        sac.log_alpha.item(),
+        sac.critic_optimizer.param.detach().clone(),
+        sac.optimizer.param.detach().clone(),
+    )
+    sac.update(sac_batch())
+    for optimizer, before, lr in ((sac.critic_optimizer, critic_params, 3e-3), (sac.optimizer, actor_params, 1e-3)):
+        step = lr * optimizer.grad / (optimizer.grad.abs() + 1e-8)  # Adam's first step
+        torch.testing.assert_close(optimizer.param.detach(), before - step, rtol=1e-5, atol=1e-7)
+    assert abs(sac.log_alpha.item() - log_alpha) == pytest.approx(3e-3, rel=1e-3)
+    sac._set_learning_rate(5e-4)  # what --lr_schedule linear sets halfway
+    lrs = [opt.param_groups[0]["lr"] for opt in (sac.optimizer, sac.critic_optimizer, sac.alpha_optimizer)]
+    assert lrs == pytest.approx([5e-4, 1.5e-3, 1.5e-3])
+
+
 @pytest.mark.parametrize("period", [1, 2])
 def test_the_target_critics_take_a_polyak_step_every_period(tmp_path, period):
     """--target_tau 0.005: every --target_update_period-th update the targets move 0.005 of the way to the
@@ -304,6 +323,7 @@ def test_a_loaded_state_acts_and_updates_identically(tmp_path):
         (["--alpha", "nan"], ["--alpha"]),
         (["--target_entropy", "nan"], ["--target_entropy", "finite"]),
         (["--target_tau", "0"], ["--target_tau", "(0, 1]"]),
+        (["--critic_learning_rate", "-0.001"], ["--critic_learning_rate", ">= 0"]),
         (["--tune_alpha", "maybe"], ["--tune_alpha", "true or false"]),
         (["--env", "CartPole-v1"], ["--algo sac", "Box", "--algo ppo"]),
         (["--env", "toy_envs:UnboundedActionEnv"], ["--algo sac", "bounds", "--algo ppo"]),

@@ -3,8 +3,9 @@ replay buffer: a tanh-squashed Gaussian actor (the published, acting model), twi
 Polyak-averaged targets (--target_tau every --target_update_period updates), the entropy temperature tuned
 toward --target_entropy per action dimension (--tune_alpha) or fixed (--alpha). Each update: the critics on
 the n-step soft targets (weighted by prioritized replay's importance weights), then the actor, then the
-temperature, each with its own Adam at --learning_rate. Runs in the learner process; the replay feed
-(sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one step on one.
+temperature, each with its own Adam (the actor's at --learning_rate, the others' at --critic_learning_rate).
+Runs in the learner process; the replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update`
+takes one step on one.
 """
 
 from __future__ import annotations
@@ -54,14 +55,19 @@ class SAC:
         self.log_alpha = temperature.log_alpha  # a view into the optimizer's flat vector
         self.target_entropy = self.scfg.target_entropy * self.model.distribution.size
         self.num_updates = 0
+        self._set_learning_rate(lr)
 
     @property
     def learning_rate(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
     def _set_learning_rate(self, lr: float) -> None:
-        for optimizer in (self.optimizer, self.critic_optimizer, self.alpha_optimizer):
-            set_learning_rate(optimizer, lr)
+        """`lr` for the actor; the critics and the temperature take --critic_learning_rate in the same proportion
+        to --learning_rate (the same rate when it is 0)."""
+        critic_lr = self.scfg.critic_learning_rate
+        set_learning_rate(self.optimizer, lr)
+        for optimizer in (self.critic_optimizer, self.alpha_optimizer):
+            set_learning_rate(optimizer, lr * critic_lr / self.lcfg.learning_rate if critic_lr > 0 else lr)
 
     def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
         """One step of the critics, the actor and the temperature on `batch`: (its TrainResult, |TD error| [B]

@@ -96,6 +96,7 @@ def _check_learner_values(cfg: Config) -> None:
         "--learning_starts": cfg.replay.learning_starts,
         "--per_alpha": cfg.replay.per_alpha,
         "--burn_in": cfg.replay.burn_in,
+        "--critic_learning_rate": cfg.sac.critic_learning_rate,
     }.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")

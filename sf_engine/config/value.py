@@ -130,3 +130,8 @@ class SACConfig:
         "--algo sac: the entropy the temperature is tuned toward, per action dimension (SAC's -1: a target of "
         "-dims in all).",
     )
+    critic_learning_rate: float = _f(
+        0.0,
+        "--algo sac: Adam's learning rate of the critics and the temperature (CleanRL's q_lr); 0: --learning_rate, "
+        "as in Stable-Baselines3. The actor keeps --learning_rate; --lr_schedule decays both alike.",
+    )
