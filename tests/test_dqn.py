@@ -60,12 +60,13 @@ def replay_batch(spec, rows: int = 300, seed: int = 0) -> ReplayBatch:
 
 
 @needs_kernels
-def test_direct_gradient_update_matches_autograd(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layer_norm", ["false", "true"])
+def test_direct_gradient_update_matches_autograd(tmp_path, monkeypatch, layer_norm):
     """Two DQNs from the same seed take one update on the same batch, one through the compiled forward and
-    backward (QNetwork.q_loss_gradients), one through torch's ops and autograd (q_values, torch's Huber loss
-    weighted by the importance weights): the same gradient, weights after the step, loss statistics and TD
-    errors."""
-    plan = dqn_plan(tmp_path, "--layer_norm", "false")  # one plain MLP stack: what the compiled path runs
+    backward (QNetwork.q_loss_gradients, the layer norms' included), one through torch's ops and autograd
+    (q_values, torch's Huber loss weighted by the importance weights): the same gradient, weights after the
+    step, loss statistics and TD errors."""
+    plan = dqn_plan(tmp_path, "--layer_norm", layer_norm)  # one MLP stack: what the compiled path runs
     direct, reference = make_dqn(plan), make_dqn(plan)
     assert torch.equal(direct.params, reference.params)
     batch = replay_batch(plan.spec)
@@ -94,16 +95,16 @@ def test_direct_gradient_update_matches_autograd(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "flags",
-    [["--dueling", "true"], ["--layer_norm", "true"], ["--dueling", "true", "--layer_norm", "true"]],
-    ids=["dueling", "layer_norm", "both"],
+    [["--dueling", "true"], ["--dueling", "true", "--layer_norm", "true"]],
+    ids=["dueling", "dueling_layer_norm"],
 )
-def test_dueling_and_layer_norm_networks_train_through_autograd(tmp_path, flags):
-    """One update of a network the compiled stack does not cover runs through autograd and moves the weights
-    (with --dueling, both streams')."""
+def test_dueling_networks_train_through_autograd(tmp_path, flags):
+    """One update of a network the compiled stack does not cover (two heads) runs through autograd and moves
+    the weights, both streams'."""
     plan = dqn_plan(tmp_path, *flags)
     dqn = make_dqn(plan)
     batch = replay_batch(plan.spec)
-    assert (dqn.model.value_head is not None) == ("--dueling" in flags)
+    assert dqn.model.value_head is not None
     assert not dqn.model.direct_gradients(batch.obs)  # no single compiled stack: the autograd path
     before = dqn.params.clone()
     result, td_abs = dqn.update(batch)
@@ -111,8 +112,7 @@ def test_dueling_and_layer_norm_networks_train_through_autograd(tmp_path, flags)
     assert all(np.isfinite(value) for value in result.losses.values()) and result.losses["grad_norm"] > 0
     assert td_abs.shape == (300,) and torch.isfinite(td_abs).all() and td_abs.sum() > 0
     assert not torch.equal(dqn.params, before)
-    if "--dueling" in flags:  # both streams learn
-        assert dqn.model.value_head.weight.grad.abs().sum() > 0 and dqn.model.q_head.weight.grad.abs().sum() > 0
+    assert dqn.model.value_head.weight.grad.abs().sum() > 0 and dqn.model.q_head.weight.grad.abs().sum() > 0
 
 
 def test_the_target_network_is_copied_every_period(tmp_path):

@@ -30,17 +30,24 @@ def test_the_compiled_kernels_are_built_where_setup_py_builds_them():
 @needs_kernels
 @pytest.mark.parametrize("batch", [1, 127, 128, 1000])
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
-def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activation):
-    """Whole batches of rows (128 at a time in the kernel) and remainders; hidden layers, then a head
-    without activation; the gradient of the input too."""
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["plain", "layer_norm"])
+def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activation, layer_norm):
+    """Whole batches of rows (128 at a time in the kernel) and remainders; hidden layers (with a layer norm
+    before the activation, its weights away from 1 and 0), then a head without activation or norm; the
+    gradient of the input too, and of the norms' weights."""
     torch.manual_seed(batch)
     linears = [nn.Linear(5, 64), nn.Linear(64, 32), nn.Linear(32, 3)]
     activations = (activation, activation, "identity")
-    params = [p for linear in linears for p in linear.parameters()]
+    norms = [nn.LayerNorm(64), nn.LayerNorm(32), None] if layer_norm else None
+    for norm in norms or []:
+        if norm is not None:
+            nn.init.normal_(norm.weight, 1.0, 0.5), nn.init.normal_(norm.bias, 0.0, 0.5)
+    modules = linears + [norm for norm in norms or [] if norm is not None]
+    params = [p for module in modules for p in module.parameters()]
     x = (torch.randn(batch, 5) * 2).requires_grad_()
-    compiled = kernels.mlp(x, linears, activations, kernels=True)
+    compiled = kernels.mlp(x, linears, activations, kernels=True, norms=norms)
     assert type(compiled.grad_fn).__name__ == "_CompiledMLPBackward"  # the kernels ran
-    reference = kernels.mlp(x, linears, activations, kernels=False)
+    reference = kernels.mlp(x, linears, activations, kernels=False, norms=norms)
     torch.testing.assert_close(compiled, reference)
     grad = torch.randn_like(compiled)
     for got, expected in zip(
@@ -48,7 +55,7 @@ def test_compiled_mlp_matches_torch_ops_in_values_and_gradients(batch, activatio
     ):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     with torch.inference_mode():  # as the policy worker acts: the forward only, nothing kept
-        torch.testing.assert_close(kernels.mlp(x.detach(), linears, activations), reference.detach())
+        torch.testing.assert_close(kernels.mlp(x.detach(), linears, activations, norms=norms), reference.detach())
 
 
 def test_actor_critic_stacks_match_its_modules():

@@ -1,7 +1,7 @@
 // CPU float32 kernels of acting with and training a small network, each one call where torch runs an
 // op (and an autograd node) per layer and per step of the maths; sf_engine/ops.py loads them:
 // - mlp_forward / mlp_backward (or mlp_backward_into the optimizer's gradients): a whole MLP (linear
-//   layers, each followed by tanh, ReLU or nothing);
+//   layers, each followed by tanh, ReLU or nothing, and optionally a layer norm before that);
 // - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients.
 //
 // Why: on a small MLP (CartPole's 64 x 64) each op is a few us of dispatch and a fresh tensor the
@@ -20,10 +20,13 @@
 // - tanh, exp, expm1, log: glibc's vector versions (libmvec, within 4 ulp) when setup.py finds them
 //   (SF_VECTOR_TANH), every pass built for AVX-512, AVX2 and SSE and picked at load time
 //   (target_clones); else the scalar functions.
-// - Shapes: x [B, I] (made contiguous), weight l [O_l, I_l] as nn.Linear keeps it, bias l [O_l].
-//   The forward returns every layer's output ([B, O_l], the last is the MLP's), which the backward
-//   needs; the backward returns the gradient of x (or an empty tensor), then of each weight, then of
-//   each bias. Every op checks shapes, dtypes and devices: the loops read raw memory.
+// - Shapes: x [B, I] (made contiguous), weight l [O_l, I_l] as nn.Linear keeps it, bias l [O_l]; a
+//   layer norm's weight and bias [O_l] (nn.LayerNorm's), or empty tensors for a layer without one.
+//   The forward returns each layer's normalized pre-activation ([B, O_l]) and reciprocal standard
+//   deviation ([B]) (empty without a norm), then every layer's output ([B, O_l], the last is the
+//   MLP's): what the backward needs. The backward returns the gradient of x (or an empty tensor), then
+//   of each weight, of each bias, of each norm weight and of each norm bias. Every op checks shapes,
+//   dtypes and devices: the loops read raw memory.
 #include <ATen/ATen.h>
 #include <ATen/native/CPUBlas.h>
 #include <torch/library.h>
@@ -183,13 +186,81 @@ Tensor image_affine(Tensor x, Tensor scale, Tensor shift, double lo, double hi, 
 }
 
 bool vector_tanh() { return SF_VECTORIZED; }
+// y [rows, n] = act(layer_norm(y + bias) * gamma + beta) per row (nn.LayerNorm's biased variance), keeping
+// the normalized rows in xhat [rows, n] and 1 / std in rstd [rows] when they are given.
+SF_CLONES void bias_norm_activation(i64 rows, i64 n, float* __restrict__ y, const float* __restrict__ bias,
+                                    const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
+                                    i64 act, float* __restrict__ xhat, float* __restrict__ rstd) {
+  for (i64 r = 0; r < rows; ++r) {
+    float* y_r = y + r * n;
+    float sum = 0.0f;
+    for (i64 j = 0; j < n; ++j) {
+      y_r[j] += bias[j];
+      sum += y_r[j];
+    }
+    const float mean = sum / n;
+    float squares = 0.0f;
+    for (i64 j = 0; j < n; ++j) squares += (y_r[j] - mean) * (y_r[j] - mean);
+    const float inv = 1.0f / std::sqrt(squares / n + eps);
+    for (i64 j = 0; j < n; ++j) y_r[j] = (y_r[j] - mean) * inv;
+    if (xhat != nullptr) {
+      std::memcpy(xhat + r * n, y_r, n * sizeof(float));
+      rstd[r] = inv;
+    }
+    if (act == TANH) {
+      for (i64 j = 0; j < n; ++j) y_r[j] = tanhf(y_r[j] * gamma[j] + beta[j]);
+    } else if (act == RELU) {
+      for (i64 j = 0; j < n; ++j) y_r[j] = std::max(y_r[j] * gamma[j] + beta[j], 0.0f);
+    } else {
+      for (i64 j = 0; j < n; ++j) y_r[j] = y_r[j] * gamma[j] + beta[j];
+    }
+  }
+}
+
+// The backward of bias_norm_activation: g [rows, n] (the gradient of its output y) becomes the gradient of
+// its input (before the bias); the norm's weight and bias gradients are added into grad_gamma, grad_beta.
+SF_CLONES void norm_activation_grad(i64 rows, i64 n, float* __restrict__ g, const float* __restrict__ y,
+                                    const float* __restrict__ xhat, const float* __restrict__ rstd,
+                                    const float* __restrict__ gamma, float* __restrict__ grad_gamma,
+                                    float* __restrict__ grad_beta, i64 act) {
+  for (i64 r = 0; r < rows; ++r) {
+    float* g_r = g + r * n;
+    const float* y_r = y + r * n;
+    const float* xhat_r = xhat + r * n;
+    if (act == TANH) {
+      for (i64 j = 0; j < n; ++j) g_r[j] *= 1.0f - y_r[j] * y_r[j];
+    } else if (act == RELU) {
+      for (i64 j = 0; j < n; ++j) g_r[j] = y_r[j] > 0.0f ? g_r[j] : 0.0f;
+    }
+    float mean_g = 0.0f, mean_gx = 0.0f;
+    for (i64 j = 0; j < n; ++j) {
+      grad_gamma[j] += g_r[j] * xhat_r[j];
+      grad_beta[j] += g_r[j];
+      g_r[j] *= gamma[j];  // the gradient of the normalized row
+      mean_g += g_r[j];
+      mean_gx += g_r[j] * xhat_r[j];
+    }
+    mean_g /= n;
+    mean_gx /= n;
+    for (i64 j = 0; j < n; ++j) g_r[j] = rstd[r] * (g_r[j] - mean_g - xhat_r[j] * mean_gx);
+  }
+}
 
 // Bumped with every change of the ops' signatures or outputs: ops.py loads only this one.
-int64_t version() { return 3; }
+int64_t version() { return 4; }
 
-void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<int64_t>& activations) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mlp: x must be [B, I] CPU float32");
+// Whether layer l has a layer norm: norm weights are given and l's is not empty.
+bool has_norm(const std::vector<Tensor>& norm_weights, size_t l) {
+  return !norm_weights.empty() && norm_weights[l].numel() > 0;
+}
+
+void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<int64_t>& activations,
+                  const std::vector<Tensor>& norm_weights) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "mlp: x must be [B, I] CPU float32");
   TORCH_CHECK(!weights.empty() && weights.size() == activations.size(), "mlp: one weight and activation per layer");
+  TORCH_CHECK(norm_weights.empty() || norm_weights.size() == weights.size(),
+              "mlp: no norm weights, or one per layer (empty for a layer without a norm)");
   i64 in = x.size(1);
   for (size_t l = 0; l < weights.size(); ++l) {
     const Tensor& w = weights[l];
@@ -197,24 +268,46 @@ void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std
                     w.device().is_cpu(), "mlp: weight ", l, " must be a contiguous CPU float32 [O, ", in, "]");
     TORCH_CHECK(activations[l] >= IDENTITY && activations[l] <= RELU, "mlp: unknown activation ", activations[l]);
     in = w.size(0);
+    if (has_norm(norm_weights, l))
+      TORCH_CHECK(norm_weights[l].dim() == 1 && norm_weights[l].size(0) == in && norm_weights[l].is_contiguous() &&
+                      norm_weights[l].scalar_type() == at::kFloat && norm_weights[l].device().is_cpu(),
+                  "mlp: norm weight ", l, " must be a contiguous CPU float32 [", in, "]");
   }
 }
 
-// Every layer's output (keep_all) or only the last one.
+void check_vectors(const std::vector<Tensor>& vectors, const std::vector<Tensor>& weights, bool norms,
+                   const char* what) {
+  for (size_t l = 0; l < vectors.size(); ++l) {
+    if (norms && !(vectors[l].numel() > 0)) continue;
+    TORCH_CHECK(vectors[l].dim() == 1 && vectors[l].size(0) == weights[l].size(0) && vectors[l].is_contiguous() &&
+                    vectors[l].scalar_type() == at::kFloat && vectors[l].device().is_cpu(),
+                "mlp: ", what, " ", l, " must be a contiguous CPU float32 [", weights[l].size(0), "]");
+  }
+}
+
+// With keep_all: each layer's normalized pre-activation [B, O] and 1 / std [B] (empty tensors without a norm),
+// then every layer's output (the last is the MLP's); else the MLP's output only.
 std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vector<Tensor> biases,
-                                std::vector<int64_t> activations, bool keep_all) {
-  check_layers(x, weights, activations);
+                                std::vector<int64_t> activations, std::vector<Tensor> norm_weights,
+                                std::vector<Tensor> norm_biases, double eps, bool keep_all) {
+  check_layers(x, weights, activations, norm_weights);
   TORCH_CHECK(biases.size() == weights.size(), "mlp: one bias per layer");
-  for (size_t l = 0; l < biases.size(); ++l)
-    TORCH_CHECK(biases[l].dim() == 1 && biases[l].size(0) == weights[l].size(0) && biases[l].is_contiguous() &&
-                    biases[l].scalar_type() == at::kFloat && biases[l].device().is_cpu(),
-                "mlp: bias ", l, " must be a contiguous CPU float32 [", weights[l].size(0), "]");
+  TORCH_CHECK(norm_biases.size() == norm_weights.size(), "mlp: one norm bias per norm weight");
+  check_vectors(biases, weights, false, "bias");
+  for (size_t l = 0; l < norm_biases.size(); ++l)
+    TORCH_CHECK(norm_biases[l].numel() == norm_weights[l].numel(), "mlp: norm bias ", l, " must match its weight");
+  check_vectors(norm_biases, weights, true, "norm bias");
   x = x.contiguous();
   const i64 batch = x.size(0), layers = weights.size();
-  std::vector<Tensor> weights_t, outputs;
+  std::vector<Tensor> weights_t, outputs, normed, rstds;
   for (const Tensor& w : weights) weights_t.push_back(w.t().contiguous());  // [I, O]: b of c = a b
-  for (i64 l = 0; l < layers; ++l)
-    if (keep_all || l == layers - 1) outputs.push_back(at::empty({batch, weights[l].size(0)}, x.options()));
+  for (i64 l = 0; l < layers; ++l) {
+    const i64 n = weights[l].size(0);
+    if (keep_all || l == layers - 1) outputs.push_back(at::empty({batch, n}, x.options()));
+    const bool saved = keep_all && has_norm(norm_weights, l);
+    normed.push_back(saved ? at::empty({batch, n}, x.options()) : at::empty({0}, x.options()));
+    rstds.push_back(saved ? at::empty({batch}, x.options()) : at::empty({0}, x.options()));
+  }
   i64 widest = 0;
   for (const Tensor& w : weights) widest = std::max(widest, w.size(0));
   std::vector<float> scratch(keep_all ? 0 : 2 * ROWS * widest);  // the hidden rows, when not kept
@@ -227,21 +320,41 @@ std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vect
       float* out = (keep_all || l == layers - 1) ? outputs[keep_all ? l : 0].data_ptr<float>() + r0 * n
                                                  : scratch.data() + (l % 2) * ROWS * widest;
       matmul(rows, n, in_size, in, in_size, weights_t[l].data_ptr<float>(), n, false, out, n);
-      bias_activation(rows, n, out, biases[l].data_ptr<float>(), activations[l]);
+      if (has_norm(norm_weights, l)) {
+        const bool saved = normed[l].numel() > 0;
+        bias_norm_activation(rows, n, out, biases[l].data_ptr<float>(), norm_weights[l].data_ptr<float>(),
+                             norm_biases[l].data_ptr<float>(), float(eps), activations[l],
+                             saved ? normed[l].data_ptr<float>() + r0 * n : nullptr,
+                             saved ? rstds[l].data_ptr<float>() + r0 : nullptr);
+      } else {
+        bias_activation(rows, n, out, biases[l].data_ptr<float>(), activations[l]);
+      }
       in = out;
       in_size = n;
     }
   }
-  return outputs;
+  if (!keep_all) return outputs;
+  std::vector<Tensor> all(normed);
+  all.insert(all.end(), rstds.begin(), rstds.end());
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  return all;
 }
 
-// The backward of mlp_forward: the parameter gradients added into grad_weights / grad_biases (shaped as
-// the weights and biases, contiguous), the gradient of x written into grad_x when it is defined.
-void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Tensor>& outputs,
-                   const std::vector<Tensor>& weights, const std::vector<int64_t>& activations, Tensor& grad_x,
-                   std::vector<Tensor>& grad_weights, std::vector<Tensor>& grad_biases) {
+// The backward of mlp_forward(keep_all) from what it returned (`saved`): the parameter gradients added into
+// grad_weights / grad_biases / grad_norm_weights / grad_norm_biases (shaped as the parameters, contiguous;
+// the norm lists empty without norms), the gradient of x written into grad_x when it is defined.
+void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Tensor>& saved,
+                   const std::vector<Tensor>& weights, const std::vector<int64_t>& activations,
+                   const std::vector<Tensor>& norm_weights, Tensor& grad_x, std::vector<Tensor>& grad_weights,
+                   std::vector<Tensor>& grad_biases, std::vector<Tensor>& grad_norm_weights,
+                   std::vector<Tensor>& grad_norm_biases) {
   const i64 batch = x.size(0), layers = weights.size();
-  TORCH_CHECK((i64)outputs.size() == layers, "mlp_backward: one output per layer");
+  TORCH_CHECK((i64)saved.size() == 3 * layers, "mlp_backward: the forward's 3 tensors per layer");
+  const std::vector<Tensor> normed(saved.begin(), saved.begin() + layers);
+  const std::vector<Tensor> rstds(saved.begin() + layers, saved.begin() + 2 * layers);
+  const std::vector<Tensor> outputs(saved.begin() + 2 * layers, saved.end());
+  TORCH_CHECK(grad_norm_weights.size() == norm_weights.size() && grad_norm_biases.size() == norm_weights.size(),
+              "mlp_backward: one norm gradient per norm weight");
   for (i64 l = 0; l < layers; ++l) {
     TORCH_CHECK(outputs[l].is_contiguous() && outputs[l].size(0) == batch && outputs[l].size(1) == weights[l].size(0),
                 "mlp_backward: output ", l, " must be a contiguous [B, O]");
@@ -250,6 +363,13 @@ void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Te
                     grad_biases[l].size(0) == weights[l].size(0) && grad_biases[l].is_contiguous() &&
                     grad_biases[l].scalar_type() == at::kFloat,
                 "mlp_backward: the gradients of layer ", l, " must be contiguous float32, shaped as its parameters");
+    if (has_norm(norm_weights, l))
+      TORCH_CHECK(normed[l].sizes() == outputs[l].sizes() && normed[l].is_contiguous() && rstds[l].dim() == 1 &&
+                      rstds[l].size(0) == batch && grad_norm_weights[l].sizes() == norm_weights[l].sizes() &&
+                      grad_norm_biases[l].sizes() == norm_weights[l].sizes() && grad_norm_weights[l].is_contiguous() &&
+                      grad_norm_biases[l].is_contiguous() && grad_norm_weights[l].scalar_type() == at::kFloat &&
+                      grad_norm_biases[l].scalar_type() == at::kFloat,
+                  "mlp_backward: the norm of layer ", l, " needs its saved rows and gradients shaped as its weight");
   }
   TORCH_CHECK(grad_out.sizes() == outputs.back().sizes() && grad_out.scalar_type() == at::kFloat,
               "mlp_backward: grad_out must be float32, shaped as the output");
@@ -263,8 +383,16 @@ void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Te
     std::copy(g_out.data_ptr<float>() + r0 * n, g_out.data_ptr<float>() + (r0 + rows) * n, g.begin());
     for (i64 l = layers - 1; l >= 0; --l) {  // g: the gradient of layer l's output, rows r0..
       const i64 in_size = weights[l].size(1);
-      activation_grad(rows, n, g.data(), outputs[l].data_ptr<float>() + r0 * n, grad_biases[l].data_ptr<float>(),
-                      g_t.data(), activations[l]);
+      const float* y = outputs[l].data_ptr<float>() + r0 * n;
+      if (has_norm(norm_weights, l)) {
+        norm_activation_grad(rows, n, g.data(), y, normed[l].data_ptr<float>() + r0 * n,
+                             rstds[l].data_ptr<float>() + r0, norm_weights[l].data_ptr<float>(),
+                             grad_norm_weights[l].data_ptr<float>(), grad_norm_biases[l].data_ptr<float>(),
+                             activations[l]);
+        activation_grad(rows, n, g.data(), y, grad_biases[l].data_ptr<float>(), g_t.data(), IDENTITY);
+      } else {
+        activation_grad(rows, n, g.data(), y, grad_biases[l].data_ptr<float>(), g_t.data(), activations[l]);
+      }
       const float* layer_in = (l > 0 ? outputs[l - 1].data_ptr<float>() : x_c.data_ptr<float>()) + r0 * in_size;
       matmul(n, in_size, rows, g_t.data(), rows, layer_in, in_size, true, grad_weights[l].data_ptr<float>(), in_size);
       if (l > 0) {
@@ -279,33 +407,42 @@ void backward_into(const Tensor& grad_out, const Tensor& x, const std::vector<Te
   }
 }
 
-// Returns the gradient of x (or an empty tensor), then of each weight, then of each bias.
-std::vector<Tensor> mlp_backward(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
-                                 std::vector<int64_t> activations, bool need_grad_x) {
-  check_layers(x, weights, activations);
-  std::vector<Tensor> grad_weights, grad_biases;
+// Returns the gradient of x (or an empty tensor), then of each weight, each bias, each norm weight and each
+// norm bias (empty tensors for layers without a norm; none without norm weights).
+std::vector<Tensor> mlp_backward(Tensor grad_out, Tensor x, std::vector<Tensor> saved, std::vector<Tensor> weights,
+                                 std::vector<int64_t> activations, std::vector<Tensor> norm_weights,
+                                 bool need_grad_x) {
+  check_layers(x, weights, activations, norm_weights);
+  std::vector<Tensor> grad_weights, grad_biases, grad_norm_weights, grad_norm_biases;
   for (const Tensor& w : weights) {
     grad_weights.push_back(at::zeros_like(w));
     grad_biases.push_back(at::zeros({w.size(0)}, w.options()));
   }
+  for (const Tensor& w : norm_weights) {
+    grad_norm_weights.push_back(at::zeros_like(w));
+    grad_norm_biases.push_back(at::zeros_like(w));
+  }
   Tensor grad_x = need_grad_x ? at::empty_like(x) : Tensor();
-  backward_into(grad_out, x, outputs, weights, activations, grad_x, grad_weights, grad_biases);
+  backward_into(grad_out, x, saved, weights, activations, norm_weights, grad_x, grad_weights, grad_biases,
+                grad_norm_weights, grad_norm_biases);
   std::vector<Tensor> grads{need_grad_x ? grad_x : at::empty({0}, x.options())};
-  grads.insert(grads.end(), grad_weights.begin(), grad_weights.end());
-  grads.insert(grads.end(), grad_biases.begin(), grad_biases.end());
+  for (const auto* list : {&grad_weights, &grad_biases, &grad_norm_weights, &grad_norm_biases})
+    grads.insert(grads.end(), list->begin(), list->end());
   return grads;
 }
 
 // The same backward, its parameter gradients added into the given tensors (the optimizer's gradient
 // views: no autograd node, no temporary gradients); x gets none.
-void mlp_backward_into(Tensor grad_out, Tensor x, std::vector<Tensor> outputs, std::vector<Tensor> weights,
-                       std::vector<int64_t> activations, std::vector<Tensor> grad_weights,
-                       std::vector<Tensor> grad_biases) {
-  check_layers(x, weights, activations);
+void mlp_backward_into(Tensor grad_out, Tensor x, std::vector<Tensor> saved, std::vector<Tensor> weights,
+                       std::vector<int64_t> activations, std::vector<Tensor> norm_weights,
+                       std::vector<Tensor> grad_weights, std::vector<Tensor> grad_biases,
+                       std::vector<Tensor> grad_norm_weights, std::vector<Tensor> grad_norm_biases) {
+  check_layers(x, weights, activations, norm_weights);
   TORCH_CHECK(grad_weights.size() == weights.size() && grad_biases.size() == weights.size(),
               "mlp_backward_into: one weight gradient and one bias gradient per layer");
   Tensor no_grad_x;
-  backward_into(grad_out, x, outputs, weights, activations, no_grad_x, grad_weights, grad_biases);
+  backward_into(grad_out, x, saved, weights, activations, norm_weights, no_grad_x, grad_weights, grad_biases,
+                grad_norm_weights, grad_norm_biases);
 }
 
 // The clipped PPO loss of categorical actions, per row: passes over the rows (vectorized across rows,
@@ -418,11 +555,13 @@ TORCH_LIBRARY(sf_engine_cpu, m) {
   m.def("version() -> int", version);
   m.def("elu_(Tensor(a!) x) -> Tensor(a!)");
   m.def("image_affine(Tensor x, Tensor scale, Tensor shift, float lo, float hi, bool bf16) -> Tensor");
-  m.def("mlp_forward(Tensor x, Tensor[] weights, Tensor[] biases, int[] activations, bool keep_all) -> Tensor[]");
-  m.def("mlp_backward(Tensor grad_out, Tensor x, Tensor[] outputs, Tensor[] weights, int[] activations, "
-        "bool need_grad_x) -> Tensor[]");
-  m.def("mlp_backward_into(Tensor grad_out, Tensor x, Tensor[] outputs, Tensor[] weights, int[] activations, "
-        "Tensor(a!)[] grad_weights, Tensor(b!)[] grad_biases) -> ()");
+  m.def("mlp_forward(Tensor x, Tensor[] weights, Tensor[] biases, int[] activations, Tensor[] norm_weights, "
+        "Tensor[] norm_biases, float eps, bool keep_all) -> Tensor[]");
+  m.def("mlp_backward(Tensor grad_out, Tensor x, Tensor[] saved, Tensor[] weights, int[] activations, "
+        "Tensor[] norm_weights, bool need_grad_x) -> Tensor[]");
+  m.def("mlp_backward_into(Tensor grad_out, Tensor x, Tensor[] saved, Tensor[] weights, int[] activations, "
+        "Tensor[] norm_weights, Tensor(a!)[] grad_weights, Tensor(b!)[] grad_biases, "
+        "Tensor(c!)[] grad_norm_weights, Tensor(d!)[] grad_norm_biases) -> ()");
   m.def("ppo_discrete_loss(Tensor logits, Tensor values, Tensor actions, Tensor old_log_probs, Tensor advantages, "
         "Tensor returns, float clip_ratio, float value_loss_coeff, float entropy_coeff) -> Tensor[]");
 }

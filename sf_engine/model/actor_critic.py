@@ -70,13 +70,13 @@ class MLP(nn.Module):
             modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), *norm, _ACTIVATIONS[activation]()]
             size = hidden_size
         self.net = nn.Sequential(*modules)
-        self.layer_norm = layer_norm
         self.linears = [module for module in modules if isinstance(module, nn.Linear)]
+        self.norms = [module for module in modules if isinstance(module, nn.LayerNorm)] or [None] * layers
         self.activations = (activation,) * layers
         self.out_size = size
 
     def forward(self, x):
-        return self.net(x) if self.layer_norm else mlp(x, self.linears, self.activations)
+        return mlp(x, self.linears, self.activations, norms=self.norms)
 
 
 def _channels_first(shape: tuple) -> bool:
@@ -115,7 +115,7 @@ class Encoder(nn.Module):
     @property
     def single_mlp(self):
         """(key, MLP) when the encoder is one MLP over one vector observation, else None."""
-        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP) and not self.nets[self.keys[0]].layer_norm:
+        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP):
             return self.keys[0], self.nets[self.keys[0]]
         return None
 

@@ -1,6 +1,7 @@
 """CPU costs of acting with and training a small network, cut (perf/learner_step.py measures them):
 
-- `mlp`: an MLP (linear layers, each followed by tanh, ReLU or nothing) as one compiled forward and
+- `mlp`: an MLP (linear layers, each followed by tanh, ReLU or nothing, optionally a layer norm
+  before that: the value-based family's) as one compiled forward and
   one compiled backward (sf_engine/csrc/cpu_kernels.cpp, built by setup.py) on CPU float32, instead of
   an op and an autograd node per layer and activation; elsewhere (CUDA, other dtypes, autocast,
   tracing for export, torch.compile, or without the build) the same layers as torch ops.
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _NUMPY_DTYPES = (torch.float32, torch.float64)
-_KERNELS_VERSION = 3  # cpu_kernels.cpp's version(): a build of another version is not used
+_KERNELS_VERSION = 4  # cpu_kernels.cpp's version(): a build of another version is not used
 ACTIVATIONS = ("identity", "tanh", "relu")  # the kernels' activation codes are these indices
 
 
@@ -51,23 +52,33 @@ KERNELS = _load_kernels()
 
 
 class _CompiledMLP(torch.autograd.Function):
-    """The MLP as one autograd node: the forward keeps every layer's output, which the backward reads."""
+    """The MLP as one autograd node: the forward keeps every layer's output (and each layer norm's normalized
+    rows and 1 / std), which the backward reads."""
 
     @staticmethod
-    def forward(ctx, x, activations, *params):
-        num_layers = len(params) // 2
-        weights, biases = list(params[:num_layers]), list(params[num_layers:])
-        outputs = KERNELS.mlp_forward(x, weights, biases, activations, True)
-        ctx.save_for_backward(x, *outputs, *weights)
+    def forward(ctx, x, activations, num_layers, eps, *params):
+        weights, biases, norm_weights, norm_biases = _split(params, num_layers)
+        saved = KERNELS.mlp_forward(x, weights, biases, activations, norm_weights, norm_biases, eps, True)
+        ctx.save_for_backward(x, *saved, *weights, *norm_weights)
         ctx.num_layers, ctx.activations = num_layers, activations
-        return outputs[-1]
+        return saved[-1]
 
     @staticmethod
     def backward(ctx, grad):
-        saved, num_layers = ctx.saved_tensors, ctx.num_layers
-        x, outputs, weights = saved[0], list(saved[1 : 1 + num_layers]), list(saved[1 + num_layers :])
-        grads = KERNELS.mlp_backward(grad, x, outputs, weights, ctx.activations, ctx.needs_input_grad[0])
-        return (grads[0] if ctx.needs_input_grad[0] else None, None, *grads[1:])
+        tensors, num_layers = ctx.saved_tensors, ctx.num_layers
+        x, saved = tensors[0], list(tensors[1 : 1 + 3 * num_layers])
+        weights = list(tensors[1 + 3 * num_layers : 1 + 4 * num_layers])
+        norm_weights = list(tensors[1 + 4 * num_layers :])
+        grads = KERNELS.mlp_backward(grad, x, saved, weights, ctx.activations, norm_weights, ctx.needs_input_grad[0])
+        return (grads[0] if ctx.needs_input_grad[0] else None, None, None, None, *grads[1:])
+
+
+def _split(params: tuple, num_layers: int) -> tuple:
+    """(weights, biases, norm weights, norm biases) of the flat parameters _layers lays out (the norm lists
+    empty without norms)."""
+    weights, biases = list(params[:num_layers]), list(params[num_layers : 2 * num_layers])
+    norms = list(params[2 * num_layers :])
+    return weights, biases, norms[: len(norms) // 2], norms[len(norms) // 2 :]
 
 
 def use_kernels(x: torch.Tensor) -> bool:
@@ -84,39 +95,64 @@ def use_kernels(x: torch.Tensor) -> bool:
     )
 
 
-def _layers(linears: list, activations: tuple) -> tuple:
-    return (
-        [linear.weight for linear in linears],
-        [linear.bias for linear in linears],
-        [ACTIVATIONS.index(name) for name in activations],
+_NO_NORM = torch.empty(0)  # the kernels' "no layer norm here"
+
+
+def _layers(linears: list, activations: tuple, norms) -> tuple:
+    """The kernels' arguments: weights, biases, activation codes, norm weights and biases (one per layer, empty
+    where a layer has none; no entries when `norms` is None), the norms' epsilon."""
+    codes = [ACTIVATIONS.index(name) for name in activations]
+    if norms is None or all(norm is None for norm in norms):
+        norm_weights, norm_biases, eps = [], [], 1e-5
+    else:
+        norm_weights = [norm.weight if norm is not None else _NO_NORM for norm in norms]
+        norm_biases = [norm.bias if norm is not None else _NO_NORM for norm in norms]
+        eps = next(norm.eps for norm in norms if norm is not None)
+    weights, biases = [linear.weight for linear in linears], [linear.bias for linear in linears]
+    return weights, biases, codes, norm_weights, norm_biases, eps
+
+
+def mlp_outputs(x: torch.Tensor, linears: list, activations: tuple, norms=None) -> list:
+    """What the compiled forward of mlp(x) keeps (each layer norm's normalized rows and 1 / std, then every
+    layer's output: the last is the MLP's), without autograd: what mlp_backward_into needs."""
+    weights, biases, codes, norm_weights, norm_biases, eps = _layers(linears, activations, norms)
+    return KERNELS.mlp_forward(x, weights, biases, codes, norm_weights, norm_biases, eps, True)
+
+
+def mlp_backward_into(
+    grad: torch.Tensor, x: torch.Tensor, outputs: list, linears: list, activations: tuple, norms=None
+) -> None:
+    """The backward of mlp_outputs(x) for the gradient `grad` of its output: each parameter's gradient
+    added into its .grad (the optimizer's flat gradient: no autograd node, no temporary gradients)."""
+    weights, biases, codes, norm_weights, norm_biases, _ = _layers(linears, activations, norms)
+    KERNELS.mlp_backward_into(
+        grad,
+        x,
+        outputs,
+        weights,
+        codes,
+        norm_weights,
+        [w.grad for w in weights],
+        [b.grad for b in biases],
+        [w.grad if w.numel() else _NO_NORM for w in norm_weights],
+        [b.grad if b.numel() else _NO_NORM for b in norm_biases],
     )
 
 
-def mlp_outputs(x: torch.Tensor, linears: list, activations: tuple) -> list:
-    """Every layer's output of mlp(x) (the last is the MLP's), by the compiled kernels, without autograd:
-    what mlp_backward_into needs."""
-    return KERNELS.mlp_forward(x, *_layers(linears, activations), True)
-
-
-def mlp_backward_into(grad: torch.Tensor, x: torch.Tensor, outputs: list, linears: list, activations: tuple) -> None:
-    """The backward of mlp_outputs(x) for the gradient `grad` of its output: each parameter's gradient
-    added into its .grad (the optimizer's flat gradient: no autograd node, no temporary gradients)."""
-    weights, biases, codes = _layers(linears, activations)
-    KERNELS.mlp_backward_into(grad, x, outputs, weights, codes, [w.grad for w in weights], [b.grad for b in biases])
-
-
-def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None) -> torch.Tensor:
-    """x [B, I] through each nn.Linear of `linears` followed by its activation (a name of ACTIVATIONS).
+def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None, norms=None) -> torch.Tensor:
+    """x [B, I] through each nn.Linear of `linears`, then its nn.LayerNorm in `norms` (None: none at all; an
+    entry None: none after that layer), then its activation (a name of ACTIVATIONS).
     `kernels` forces the compiled kernels (True) or torch ops (False); None: the kernels where they run."""
     if kernels if kernels is not None else use_kernels(x):
-        weights = [linear.weight.contiguous() for linear in linears]
-        biases = [linear.bias.contiguous() for linear in linears]
-        codes = [ACTIVATIONS.index(name) for name in activations]
-        if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights + biases)):
-            return _CompiledMLP.apply(x, codes, *weights, *biases)
-        return KERNELS.mlp_forward(x, weights, biases, codes, False)[0]
-    for linear, name in zip(linears, activations):
+        weights, biases, codes, norm_weights, norm_biases, eps = _layers(linears, activations, norms)
+        params = [p.contiguous() for p in weights + biases + norm_weights + norm_biases]
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params)):
+            return _CompiledMLP.apply(x, codes, len(linears), eps, *params)
+        weights, biases, norm_weights, norm_biases = _split(params, len(linears))
+        return KERNELS.mlp_forward(x, weights, biases, codes, norm_weights, norm_biases, eps, False)[0]
+    for linear, name, norm in zip(linears, activations, norms or (None,) * len(linears)):
         x = F.linear(x, linear.weight, linear.bias)
+        x = norm(x) if norm is not None else x
         x = tanh(x) if name == "tanh" else torch.relu(x) if name == "relu" else x
     return x
 

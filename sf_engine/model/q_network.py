@@ -60,12 +60,14 @@ class QNetwork(nn.Module):
         self.rescaled = qcfg.value_rescale
         self.q_head = init_layer(nn.Linear(size, actions), 1.0)  # the advantage stream with --dueling
         self.value_head = init_layer(nn.Linear(size, 1), 1.0) if qcfg.dueling else None
-        # one MLP over one vector observation (CartPole's), no dueling: encoder and head run as one compiled
-        # MLP on the CPU (kernels.mlp), and training may skip autograd (q_loss_gradients); else None
+        # one MLP over one vector observation (CartPole's), no dueling: encoder (its layer norms included) and
+        # head run as one compiled MLP on the CPU (kernels.mlp), and training may skip autograd
+        # (q_loss_gradients); else None
         single = self.encoder.single_mlp
         self._stack = None
         if single is not None and self.value_head is None and not bf16 and self.core is None:
-            self._stack = (single[0], single[1].linears + [self.q_head], single[1].activations + ("identity",))
+            key, net = single
+            self._stack = (key, net.linears + [self.q_head], net.activations + ("identity",), net.norms + [None])
 
     @property
     def recurrent(self) -> bool:
@@ -96,8 +98,8 @@ class QNetwork(nn.Module):
     def q_values(self, obs: dict) -> torch.Tensor:
         """Q-values [B, A] of every action, illegal ones included (float32); a model without a core."""
         if self._stack is not None:
-            key, linears, activations = self._stack
-            return mlp(self.encoder.prepare(key, obs[key]), linears, activations)
+            key, linears, activations, norms = self._stack
+            return mlp(self.encoder.prepare(key, obs[key]), linears, activations, norms=norms)
         return self._heads(self._features(obs))
 
     def q_step(self, obs: dict, state: torch.Tensor, core_step=None):
@@ -140,11 +142,11 @@ class QNetwork(nn.Module):
         compiled forward, loss_and_grad(Q-values [B, A]) -> (stats, d loss / d Q-values [B, A]), and the
         compiled backward adding into each parameter's .grad (autograd's gradients: tests/test_dqn.py).
         Returns the stats."""
-        key, linears, activations = self._stack
+        key, linears, activations, norms = self._stack
         x = self.encoder.prepare(key, obs[key])
-        outputs = kernels.mlp_outputs(x, linears, activations)
+        outputs = kernels.mlp_outputs(x, linears, activations, norms)
         stats, grad = loss_and_grad(outputs[-1])
-        kernels.mlp_backward_into(grad, x, outputs, linears, activations)
+        kernels.mlp_backward_into(grad, x, outputs, linears, activations, norms)
         return stats
 
     def legal(self, q: torch.Tensor, obs: dict) -> torch.Tensor:
