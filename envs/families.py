@@ -140,7 +140,8 @@ ALGO_DEFAULTS = {
     # each update; but one update per 4 env steps (a replay ratio of 64, SB3's is 256: one per env step) and
     # CleanRL's 1e-3 for the critics and the temperature. The learner binds on two cores, and more env steps per
     # update learn more from the same updates: HalfCheetah-v5 after 15 minutes 7,079 at 64, 6,545 at 128, 6,264
-    # and 5,484 at 256, 5,866 at 32; 7,526 at 64 with the critics at 1e-3 (docs/sac.md#figures)
+    # and 5,484 at 256, 5,866 at 32; at 64 with the critics at 1e-3: 9,587 and 8,637, against SB3's 4,463 and
+    # 4,435 in the same runs (docs/sac.md#figures)
     ("sac", None): _VALUE_BASED
     | {
         "hidden_size": 256,
