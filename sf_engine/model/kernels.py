@@ -125,18 +125,9 @@ def mlp_backward_into(
     """The backward of mlp_outputs(x) for the gradient `grad` of its output: each parameter's gradient
     added into its .grad (the optimizer's flat gradient: no autograd node, no temporary gradients)."""
     weights, biases, codes, norm_weights, norm_biases, _ = _layers(linears, activations, norms)
-    KERNELS.mlp_backward_into(
-        grad,
-        x,
-        outputs,
-        weights,
-        codes,
-        norm_weights,
-        [w.grad for w in weights],
-        [b.grad for b in biases],
-        [w.grad if w.numel() else _NO_NORM for w in norm_weights],
-        [b.grad if b.numel() else _NO_NORM for b in norm_biases],
-    )
+    grads = [[p.grad for p in group] for group in (weights, biases)]
+    grads += [[p.grad if p.numel() else _NO_NORM for p in group] for group in (norm_weights, norm_biases)]
+    KERNELS.mlp_backward_into(grad, x, outputs, weights, codes, norm_weights, *grads)
 
 
 def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None, norms=None) -> torch.Tensor:
