@@ -71,12 +71,17 @@ class MLP(nn.Module):
             size = hidden_size
         self.net = nn.Sequential(*modules)
         self.linears = [module for module in modules if isinstance(module, nn.Linear)]
-        self.norms = [module for module in modules if isinstance(module, nn.LayerNorm)] or [None] * layers
+        self.norms = [module for module in modules if isinstance(module, nn.LayerNorm)] or None
         self.activations = (activation,) * layers
         self.out_size = size
 
     def forward(self, x):
         return mlp(x, self.linears, self.activations, norms=self.norms)
+
+    def with_head(self, head: nn.Linear) -> tuple:
+        """(linears, activations, norms) of this MLP, then `head` (no activation or norm): one kernels.mlp stack."""
+        norms = None if self.norms is None else self.norms + [None]
+        return self.linears + [head], self.activations + ("identity",), norms
 
 
 def _channels_first(shape: tuple) -> bool:
@@ -208,7 +213,7 @@ class ActorCritic(nn.Module):
         self._stacks = None
         if not self.recurrent and self.critic_encoder is not None and self.actor_encoder.single_mlp:
             self._stacks = tuple(
-                (encoder, encoder.single_mlp[1].linears + [head], encoder.single_mlp[1].activations + ("identity",))
+                (encoder, *encoder.single_mlp[1].with_head(head))
                 for encoder, head in ((self.actor_encoder, self.policy_head), (self.critic_encoder, self.value_head))
             )
 
@@ -278,8 +283,7 @@ class ActorCritic(nn.Module):
         (`state`: [B, state_size], already zeroed where an episode starts)."""
         if self._stacks is not None and not self.bf16:
             params, values = (
-                mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations)
-                for encoder, linears, activations in self._stacks
+                mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), *stack) for encoder, *stack in self._stacks
             )
             return self.legal(params, obs), values.squeeze(-1)
         acting = self._acting_bf16()
@@ -337,23 +341,19 @@ class ActorCritic(nn.Module):
         forward (compiled), loss_and_grads(logits [B, n], normalized values [B]) -> (stats, d loss / d
         logits, d loss / d values), and both stacks' backward adding into each parameter's .grad. The
         gradients of autograd through forward() and the same loss (tests/test_ops.py). Returns stats."""
-        inputs = [encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]) for encoder, _, _ in self._stacks]
-        outputs = [
-            kernels.mlp_outputs(x, linears, activations) for x, (_, linears, activations) in zip(inputs, self._stacks)
-        ]
+        inputs = [encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]) for encoder, *_ in self._stacks]
+        outputs = [kernels.mlp_outputs(x, *stack) for x, (_, *stack) in zip(inputs, self._stacks)]
         stats, grad_logits, grad_values = loss_and_grads(outputs[0][-1], outputs[1][-1].squeeze(-1))
-        for x, out, grad, (_, linears, activations) in zip(
-            inputs, outputs, (grad_logits, grad_values.unsqueeze(1)), self._stacks
-        ):
-            kernels.mlp_backward_into(grad, x, out, linears, activations)
+        for x, out, grad, (_, *stack) in zip(inputs, outputs, (grad_logits, grad_values.unsqueeze(1)), self._stacks):
+            kernels.mlp_backward_into(grad, x, out, *stack)
         return stats
 
     def values(self, obs: dict) -> torch.Tensor:
         """Feed-forward models only (a recurrent model's values come from forward with a state, or
         forward_sequence)."""
         if self._stacks is not None and not self.bf16:
-            encoder, linears, activations = self._stacks[1]
-            return mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), linears, activations).squeeze(-1)
+            encoder, *stack = self._stacks[1]
+            return mlp(encoder.prepare(encoder.keys[0], obs[encoder.keys[0]]), *stack).squeeze(-1)
         encoder = self.critic_encoder or self.actor_encoder
         return self.value_head(encoder(obs)).squeeze(-1)
 

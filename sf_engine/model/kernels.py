@@ -102,12 +102,12 @@ def _layers(linears: list, activations: tuple, norms) -> tuple:
     """The kernels' arguments: weights, biases, activation codes, norm weights and biases (one per layer, empty
     where a layer has none; no entries when `norms` is None), the norms' epsilon."""
     codes = [ACTIVATIONS.index(name) for name in activations]
-    if norms is None or all(norm is None for norm in norms):
+    if norms is None:
         norm_weights, norm_biases, eps = [], [], 1e-5
     else:
         norm_weights = [norm.weight if norm is not None else _NO_NORM for norm in norms]
         norm_biases = [norm.bias if norm is not None else _NO_NORM for norm in norms]
-        eps = next(norm.eps for norm in norms if norm is not None)
+        eps = next((norm.eps for norm in norms if norm is not None), 1e-5)
     weights, biases = [linear.weight for linear in linears], [linear.bias for linear in linears]
     return weights, biases, codes, norm_weights, norm_biases, eps
 
@@ -130,7 +130,7 @@ def mlp_backward_into(
     KERNELS.mlp_backward_into(grad, x, outputs, weights, codes, norm_weights, *grads)
 
 
-def mlp(x: torch.Tensor, linears: list, activations: tuple, kernels: bool = None, norms=None) -> torch.Tensor:
+def mlp(x: torch.Tensor, linears: list, activations: tuple, norms=None, kernels: bool = None) -> torch.Tensor:
     """x [B, I] through each nn.Linear of `linears`, then its nn.LayerNorm in `norms` (None: none at all; an
     entry None: none after that layer), then its activation (a name of ACTIVATIONS).
     `kernels` forces the compiled kernels (True) or torch ops (False); None: the kernels where they run."""

@@ -66,8 +66,7 @@ class QNetwork(nn.Module):
         single = self.encoder.single_mlp
         self._stack = None
         if single is not None and self.value_head is None and not bf16 and self.core is None:
-            key, net = single
-            self._stack = (key, net.linears + [self.q_head], net.activations + ("identity",), net.norms + [None])
+            self._stack = (single[0], *single[1].with_head(self.q_head))
 
     @property
     def recurrent(self) -> bool:
@@ -98,8 +97,8 @@ class QNetwork(nn.Module):
     def q_values(self, obs: dict) -> torch.Tensor:
         """Q-values [B, A] of every action, illegal ones included (float32); a model without a core."""
         if self._stack is not None:
-            key, linears, activations, norms = self._stack
-            return mlp(self.encoder.prepare(key, obs[key]), linears, activations, norms=norms)
+            key, *stack = self._stack
+            return mlp(self.encoder.prepare(key, obs[key]), *stack)
         return self._heads(self._features(obs))
 
     def q_step(self, obs: dict, state: torch.Tensor, core_step=None):
@@ -142,11 +141,11 @@ class QNetwork(nn.Module):
         compiled forward, loss_and_grad(Q-values [B, A]) -> (stats, d loss / d Q-values [B, A]), and the
         compiled backward adding into each parameter's .grad (autograd's gradients: tests/test_dqn.py).
         Returns the stats."""
-        key, linears, activations, norms = self._stack
+        key, *stack = self._stack
         x = self.encoder.prepare(key, obs[key])
-        outputs = kernels.mlp_outputs(x, linears, activations, norms)
+        outputs = kernels.mlp_outputs(x, *stack)
         stats, grad = loss_and_grad(outputs[-1])
-        kernels.mlp_backward_into(grad, x, outputs, linears, activations, norms)
+        kernels.mlp_backward_into(grad, x, outputs, *stack)
         return stats
 
     def legal(self, q: torch.Tensor, obs: dict) -> torch.Tensor:
