@@ -12,7 +12,7 @@ install: $(STAMP)
 # torch first, then the package without build isolation, so that setup.py sees torch and compiles
 # the kernels in sf_engine/csrc against it; NumPy with torch, since setup.py imports torch, which warns
 # "Failed to initialize NumPy" where NumPy is not installed yet
-$(STAMP): pyproject.toml setup.py sf_engine/csrc/recurrent_loops.cpp sf_engine/csrc/cpu_kernels.cpp
+$(STAMP): pyproject.toml setup.py $(wildcard sf_engine/csrc/*.cpp)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q torch==2.13.0 'numpy>=1.24'

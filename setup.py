@@ -6,10 +6,10 @@ from setuptools import setup
 
 
 def compiled_extensions() -> dict:
-    """The compiled kernels (sf_engine/csrc): the recurrent core's loops, and an MLP's forward and backward
-    and the discrete PPO loss on the CPU, built when torch is importable here (`pip install
-    --no-build-isolation`, as the Makefile does) and a C++ compiler works; without them sf_engine runs
-    the same maths as torch ops (slower)."""
+    """The compiled kernels (sf_engine/csrc): the recurrent core's loops, and an MLP's forward and backward,
+    the discrete PPO loss and prioritized replay's sum tree on the CPU, built when torch is importable here
+    (`pip install --no-build-isolation`, as the Makefile does) and a C++ compiler works; without them
+    sf_engine runs the same maths as torch ops and NumPy (slower)."""
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
@@ -26,15 +26,16 @@ def compiled_extensions() -> dict:
     vector_tanh = platform.machine() == "x86_64" and glibc >= (2, 35)  # glibc's libmvec has tanh
     flags = ["-O3", "-fno-math-errno", f"-DSF_DIRECT_BLAS={int(direct_blas)}", f"-DSF_VECTOR_TANH={int(vector_tanh)}"]
     link = ["-lmvec"] if vector_tanh else []
+    sources = {"_recurrent_loops": ["recurrent_loops.cpp"], "_cpu_kernels": ["cpu_kernels.cpp", "sum_tree.cpp"]}
     extensions = [
         CppExtension(
             f"sf_engine.model.{name}",
-            [f"sf_engine/csrc/{source}"],
+            [f"sf_engine/csrc/{source}" for source in files],
             extra_compile_args=flags,
             extra_link_args=link,
             optional=True,
         )
-        for name, source in (("_recurrent_loops", "recurrent_loops.cpp"), ("_cpu_kernels", "cpu_kernels.cpp"))
+        for name, files in sources.items()
     ]
     return {"ext_modules": extensions, "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=False)}}
 

@@ -4,6 +4,7 @@ with prioritized sampling over a full buffer, in this one process on one thread.
 
   python perf/replay_cost.py                           # CartPole-v1 (classic control defaults)
   python perf/replay_cost.py --env Breakout-v5         # Atari defaults (Nature CNN, batch 32)
+  python perf/replay_cost.py --tree numpy              # the sum tree's NumPy way (default: compiled where built)
 
 Prints one JSON line last: the median microseconds of a learner step with uniform and with prioritized replay,
 the sampling structure's own part (sampling, weights and priority updates: prioritized minus uniform), and that
@@ -31,11 +32,13 @@ from sf_engine.envs import flag_defaults, probe_env_spec  # noqa: E402
 from sf_engine.model.shape import resolve_model_config  # noqa: E402
 from sf_engine.replay.buffer import ReplayBuffer  # noqa: E402
 from sf_engine.replay.layout import REPLAY_FILLED, replay_layout  # noqa: E402
+from sf_engine.replay.sum_tree import SumTree  # noqa: E402
 from sf_engine.roles.replay_feed import ReplayFeed  # noqa: E402
 
 
-def full_buffer(cfg, spec, prioritized: bool, capacity: int) -> ReplayBuffer:
-    """A buffer of `capacity` transitions (the family's rollout per column) full of random trainable data."""
+def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = None) -> ReplayBuffer:
+    """A buffer of `capacity` transitions (the family's rollout per column) full of random trainable data; `tree`:
+    the sum tree's way ('compiled', 'numpy'; None: compiled where built)."""
     cfg = dataclasses.replace(
         cfg, replay=dataclasses.replace(cfg.replay, replay_size=capacity, prioritized=prioritized)
     )
@@ -53,6 +56,8 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int) -> ReplayBuffer:
         arrays["priorities"][:] = 0
     buffer = ReplayBuffer(arrays, 0.99, cfg.replay.n_step, prioritized, cfg.replay.per_alpha, seed=0)
     if prioritized:
+        if tree is not None:
+            buffer.tree = SumTree(buffer.capacity, arrays["priorities"], compiled=tree == "compiled")
         leaves = np.arange(buffer.capacity)
         buffer.tree.update(leaves, rng.random(buffer.capacity) + 0.01)
     return buffer
@@ -86,6 +91,7 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--capacity", type=int, default=None, help="transitions (default: the family's --replay_size)")
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement, alternating, 3 rounds")
+    parser.add_argument("--tree", choices=("compiled", "numpy"), default=None, help="the sum tree's way")
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = probe_env_spec(args.env, "auto")
@@ -94,7 +100,7 @@ def main() -> None:
     capacity = args.capacity or cfg.replay.replay_size
     hooks = TrainingHooks(lambda: 0, lambda: None, lambda: False, lambda: 0.0)
     algo = DQN(cfg, spec, torch.device("cpu"), hooks)
-    buffers = {flag: full_buffer(cfg, spec, flag, capacity) for flag in (False, True)}
+    buffers = {flag: full_buffer(cfg, spec, flag, capacity, args.tree) for flag in (False, True)}
     times = {False: [], True: []}
     for _ in range(3):
         for flag in (False, True):
@@ -110,6 +116,7 @@ def main() -> None:
                 "learner_step_prioritized_us": round(prioritized, 1),
                 "per_us": round(prioritized - uniform, 1),
                 "per_share": round((prioritized - uniform) / prioritized, 4),
+                "sum_tree": "compiled" if buffers[True].tree.compiled else "numpy",
                 "threads": 1,
             }
         )

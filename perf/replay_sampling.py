@@ -4,6 +4,7 @@ them: draw a minibatch, then set the new priorities of the leaves it drew.
 
   python perf/replay_sampling.py --capacity 100000
   python perf/replay_sampling.py --capacity 1000000 --batch 128
+  python perf/replay_sampling.py --way numpy      # NumPy's way, where the compiled kernels are built too
 
 Every leaf starts with a priority > 0 (a full buffer); each new priority is a fresh uniform draw. Each figure is
 the median over `--windows` windows of `--steps` steps, after one window of warm-up. One JSON line last.
@@ -44,11 +45,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500, help="learner steps per window")
     parser.add_argument("--windows", type=int, default=9, help="windows measured after the warm-up")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--way", choices=("compiled", "numpy"), default=None, help="the tree's (default: compiled where built)"
+    )
     args = parser.parse_args()
     if args.capacity < 1 or args.batch < 1 or args.steps < 1 or args.windows < 1:
         parser.error("--capacity, --batch, --steps and --windows must be >= 1")
     rng = np.random.default_rng(args.seed)
-    tree = SumTree(args.capacity)
+    tree = SumTree(args.capacity, compiled=None if args.way is None else args.way == "compiled")
     tree.update(np.arange(args.capacity), rng.random(args.capacity) + 1e-3)
     window(tree, args.batch, args.steps, rng)  # warm-up
     figures = [window(tree, args.batch, args.steps, rng) for _ in range(args.windows)]
@@ -58,6 +62,7 @@ def main() -> None:
         json.dumps(
             {
                 "metric": "replay_sampling",
+                "way": "compiled" if tree.compiled else "numpy",
                 "capacity": args.capacity,
                 "batch": args.batch,
                 "fanout": FANOUT,

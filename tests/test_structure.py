@@ -21,7 +21,7 @@ MAY_IMPORT = {
     "stats": {"config"},
     "model": {"config", "envs"},
     "algo": {"model", "config", "envs"},
-    "replay": {"algo", "stats", "config", "envs"},
+    "replay": {"algo", "model", "stats", "config", "envs"},
     "runtime": {"replay", "algo", "stats", "config", "envs"},
     "play": {"runtime", "replay", "algo", "model", "stats", "config", "envs"},
     "roles": {"play", "runtime", "replay", "algo", "model", "stats", "config", "envs"},

@@ -1,14 +1,28 @@
 """The prioritized-replay sum tree (sf_engine/replay/sum_tree.py) against brute-force proportional sampling over
 the same priorities: the distribution of its stratified draws, importance weights, zero priorities never drawn,
-repeated indices, the total, and a second tree over the same (shared) array."""
+repeated indices, the total, and a second tree over the same (shared) array. Every test runs on both ways of
+sampling and updating, the compiled kernels' (sf_engine/csrc/sum_tree.cpp) and NumPy's, and the two draw the
+same leaves from the same array and the same draws."""
 
 import numpy as np
 import pytest
 
+from sf_engine.replay import sum_tree
 from sf_engine.replay.sum_tree import FANOUT, TOP_NODES, SumTree, importance_weights, tree_size
 
 # the top level alone; one level below it; two levels below it. None a power of two.
 CAPACITIES = [13, 5_000, 100_003]
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def way(request, monkeypatch):
+    """The trees of each test sample and update in the compiled kernels (the default where they are built, as
+    `make install` builds them), or in NumPy."""
+    if request.param == "numpy":
+        monkeypatch.setattr(sum_tree, "_compiled_ops", lambda: None)
+    else:
+        assert sum_tree._compiled_ops() is not None, "the compiled CPU kernels are not built (make install)"
+    return request.param
 
 
 def _random_priorities(capacity: int, rng: np.random.Generator) -> np.ndarray:
@@ -224,3 +238,45 @@ def test_storage_of_the_wrong_size_or_type_is_refused():
         SumTree(100, np.zeros(tree_size(100) + 1))
     with pytest.raises(ValueError):
         SumTree(100, np.zeros(tree_size(100), np.float32))
+
+
+@pytest.mark.parametrize("way", ["compiled"], indirect=True)  # once: it builds a tree of each way itself
+@pytest.mark.parametrize("capacity", CAPACITIES)
+def test_the_compiled_and_the_numpy_way_draw_the_same_leaves_and_set_the_same_priorities(capacity):
+    """Over one array and the same uniform draws both ways walk the same running sums, so they draw the same
+    leaves, rounding cases included; an update by either leaves the same leaves and (to rounding) the same sums."""
+    rng = np.random.default_rng(12)
+    storage = np.zeros(tree_size(capacity))
+    compiled, numpy_way = SumTree(capacity, storage, compiled=True), SumTree(capacity, storage, compiled=False)
+    compiled.update(np.arange(capacity), _random_priorities(capacity, rng))
+    for seed in range(20):
+        for draw in (np.random.default_rng(seed), _LastDraw(1.0), _LastDraw(0.0)):
+            uniforms = draw.random(128)
+            replay = _LastDraw(0.0)  # both ways read the same 128 uniforms
+            replay.random = lambda size, u=uniforms: u[:size]
+            np.testing.assert_array_equal(compiled.sample(128, replay), numpy_way.sample(128, replay))
+    indices = rng.integers(0, capacity, 300)
+    values = rng.exponential(1.0, 300) * (rng.random(300) < 0.8)
+    copy = storage.copy()
+    compiled.update(indices, values)
+    SumTree(capacity, copy, compiled=False).update(indices, values)
+    np.testing.assert_array_equal(storage[-capacity:], copy[-capacity:])  # the leaves, the array's last floats
+    np.testing.assert_allclose(storage, copy, rtol=1e-12, atol=1e-12)
+
+
+def test_only_positive_leaves_a_leaf_at_zero_and_the_max_unraised():
+    """A learner's new priorities for transitions replaced since they were drawn by ones never to be sampled."""
+    tree = SumTree(5_000)
+    tree.update(np.array([1, 2, 3]), np.array([1.0, 1.0, 1.0]))
+    tree.update(np.array([2]), np.array([0.0]))
+    tree.update(np.array([1, 2, 3]), np.array([4.0, 9.0, 0.5]), only_positive=True)
+    assert tree.priorities(np.array([1, 2, 3])).tolist() == [4.0, 0.0, 0.5]
+    assert tree.total() == 4.5 and tree.max_priority() == 4.0
+    tree.update(np.array([2]), np.array([7.0]), only_positive=True)
+    assert tree.total() == 4.5 and tree.max_priority() == 4.0
+
+
+@pytest.mark.parametrize("way", ["numpy"], indirect=True)  # the kernels unloaded
+def test_compiled_without_the_kernels_is_refused():
+    with pytest.raises(ValueError, match="compiled"):
+        SumTree(100, compiled=True)

@@ -1,5 +1,6 @@
 // CPU float32 kernels of acting with and training a small network, each one call where torch runs an
-// op (and an autograd node) per layer and per step of the maths; sf_engine/ops.py loads them:
+// op (and an autograd node) per layer and per step of the maths; sf_engine/model/kernels.py loads them (and
+// sum_tree.cpp's ops for prioritized replay, built into the same library):
 // - mlp_forward / mlp_backward (or mlp_backward_into the optimizer's gradients): a whole MLP (linear
 //   layers, each followed by tanh, ReLU or nothing, and optionally a layer norm before that);
 // - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients.
@@ -75,17 +76,31 @@ void matmul(i64 m, i64 n, i64 k, const float* a, i64 lda, const float* b, i64 ld
 #endif
 }
 
+// y [n] = act(y) in place, one row; inlined into each caller's clone, so it is vectorized for its target.
+__attribute__((always_inline)) inline void activate_row(i64 n, float* __restrict__ y, i64 act) {
+  if (act == TANH) {
+    for (i64 j = 0; j < n; ++j) y[j] = tanhf(y[j]);
+  } else if (act == RELU) {
+    for (i64 j = 0; j < n; ++j) y[j] = std::max(y[j], 0.0f);
+  }
+}
+
+// g [n] *= act'(y) in place, one row (y: the activation's output).
+__attribute__((always_inline)) inline void activation_grad_row(i64 n, float* __restrict__ g,
+                                                               const float* __restrict__ y, i64 act) {
+  if (act == TANH) {
+    for (i64 j = 0; j < n; ++j) g[j] *= 1.0f - y[j] * y[j];
+  } else if (act == RELU) {
+    for (i64 j = 0; j < n; ++j) g[j] = y[j] > 0.0f ? g[j] : 0.0f;
+  }
+}
+
 // y [rows, n] = act(y + bias)
 SF_CLONES void bias_activation(i64 rows, i64 n, float* __restrict__ y, const float* __restrict__ bias, i64 act) {
   for (i64 r = 0; r < rows; ++r) {
     float* y_r = y + r * n;
-    if (act == TANH) {
-      for (i64 j = 0; j < n; ++j) y_r[j] = tanhf(y_r[j] + bias[j]);
-    } else if (act == RELU) {
-      for (i64 j = 0; j < n; ++j) y_r[j] = std::max(y_r[j] + bias[j], 0.0f);
-    } else {
-      for (i64 j = 0; j < n; ++j) y_r[j] += bias[j];
-    }
+    for (i64 j = 0; j < n; ++j) y_r[j] += bias[j];
+    activate_row(n, y_r, act);
   }
 }
 
@@ -95,12 +110,7 @@ SF_CLONES void activation_grad(i64 rows, i64 n, float* __restrict__ g, const flo
                                float* __restrict__ grad_bias, float* __restrict__ g_t, i64 act) {
   for (i64 r = 0; r < rows; ++r) {
     float* g_r = g + r * n;
-    const float* y_r = y + r * n;
-    if (act == TANH) {
-      for (i64 j = 0; j < n; ++j) g_r[j] *= 1.0f - y_r[j] * y_r[j];
-    } else if (act == RELU) {
-      for (i64 j = 0; j < n; ++j) g_r[j] = y_r[j] > 0.0f ? g_r[j] : 0.0f;
-    }
+    activation_grad_row(n, g_r, y + r * n, act);
     for (i64 j = 0; j < n; ++j) grad_bias[j] += g_r[j];
   }
   for (i64 j = 0; j < n; ++j)
@@ -186,6 +196,21 @@ Tensor image_affine(Tensor x, Tensor scale, Tensor shift, double lo, double hi, 
 }
 
 bool vector_tanh() { return SF_VECTORIZED; }
+// The sum of a [n] (times b [n] where given), in LANES running sums: a float sum in one running total
+// is a chain of dependent adds that the compiler may not reorder, so it would not vectorize.
+constexpr i64 LANES = 16;
+__attribute__((always_inline)) inline float lane_sum(i64 n, const float* __restrict__ a,
+                                                     const float* __restrict__ b) {
+  float lanes[LANES] = {};
+  i64 j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (i64 k = 0; k < LANES; ++k) lanes[k] += b ? a[j + k] * b[j + k] : a[j + k];
+  for (; j < n; ++j) lanes[0] += b ? a[j] * b[j] : a[j];
+  float sum = 0.0f;
+  for (i64 k = 0; k < LANES; ++k) sum += lanes[k];
+  return sum;
+}
+
 // y [rows, n] = act(layer_norm(y + bias) * gamma + beta) per row (nn.LayerNorm's biased variance), keeping
 // the normalized rows in xhat [rows, n] and 1 / std in rstd [rows] when they are given.
 SF_CLONES void bias_norm_activation(i64 rows, i64 n, float* __restrict__ y, const float* __restrict__ bias,
@@ -193,27 +218,17 @@ SF_CLONES void bias_norm_activation(i64 rows, i64 n, float* __restrict__ y, cons
                                     i64 act, float* __restrict__ xhat, float* __restrict__ rstd) {
   for (i64 r = 0; r < rows; ++r) {
     float* y_r = y + r * n;
-    float sum = 0.0f;
-    for (i64 j = 0; j < n; ++j) {
-      y_r[j] += bias[j];
-      sum += y_r[j];
-    }
-    const float mean = sum / n;
-    float squares = 0.0f;
-    for (i64 j = 0; j < n; ++j) squares += (y_r[j] - mean) * (y_r[j] - mean);
-    const float inv = 1.0f / std::sqrt(squares / n + eps);
-    for (i64 j = 0; j < n; ++j) y_r[j] = (y_r[j] - mean) * inv;
+    for (i64 j = 0; j < n; ++j) y_r[j] += bias[j];
+    const float mean = lane_sum(n, y_r, nullptr) / n;
+    for (i64 j = 0; j < n; ++j) y_r[j] -= mean;
+    const float inv = 1.0f / std::sqrt(lane_sum(n, y_r, y_r) / n + eps);
+    for (i64 j = 0; j < n; ++j) y_r[j] *= inv;
     if (xhat != nullptr) {
       std::memcpy(xhat + r * n, y_r, n * sizeof(float));
       rstd[r] = inv;
     }
-    if (act == TANH) {
-      for (i64 j = 0; j < n; ++j) y_r[j] = tanhf(y_r[j] * gamma[j] + beta[j]);
-    } else if (act == RELU) {
-      for (i64 j = 0; j < n; ++j) y_r[j] = std::max(y_r[j] * gamma[j] + beta[j], 0.0f);
-    } else {
-      for (i64 j = 0; j < n; ++j) y_r[j] = y_r[j] * gamma[j] + beta[j];
-    }
+    for (i64 j = 0; j < n; ++j) y_r[j] = y_r[j] * gamma[j] + beta[j];
+    activate_row(n, y_r, act);
   }
 }
 
@@ -225,29 +240,20 @@ SF_CLONES void norm_activation_grad(i64 rows, i64 n, float* __restrict__ g, cons
                                     float* __restrict__ grad_beta, i64 act) {
   for (i64 r = 0; r < rows; ++r) {
     float* g_r = g + r * n;
-    const float* y_r = y + r * n;
     const float* xhat_r = xhat + r * n;
-    if (act == TANH) {
-      for (i64 j = 0; j < n; ++j) g_r[j] *= 1.0f - y_r[j] * y_r[j];
-    } else if (act == RELU) {
-      for (i64 j = 0; j < n; ++j) g_r[j] = y_r[j] > 0.0f ? g_r[j] : 0.0f;
-    }
-    float mean_g = 0.0f, mean_gx = 0.0f;
+    activation_grad_row(n, g_r, y + r * n, act);
     for (i64 j = 0; j < n; ++j) {
       grad_gamma[j] += g_r[j] * xhat_r[j];
       grad_beta[j] += g_r[j];
       g_r[j] *= gamma[j];  // the gradient of the normalized row
-      mean_g += g_r[j];
-      mean_gx += g_r[j] * xhat_r[j];
     }
-    mean_g /= n;
-    mean_gx /= n;
+    const float mean_g = lane_sum(n, g_r, nullptr) / n, mean_gx = lane_sum(n, g_r, xhat_r) / n;
     for (i64 j = 0; j < n; ++j) g_r[j] = rstd[r] * (g_r[j] - mean_g - xhat_r[j] * mean_gx);
   }
 }
 
-// Bumped with every change of the ops' signatures or outputs: ops.py loads only this one.
-int64_t version() { return 4; }
+// Bumped with every change of the ops' signatures or outputs: sf_engine/model/kernels.py loads only this one.
+int64_t version() { return 5; }
 
 // Whether layer l has a layer norm: norm weights are given and l's is not empty.
 bool has_norm(const std::vector<Tensor>& norm_weights, size_t l) {

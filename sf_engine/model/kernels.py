@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 _NUMPY_DTYPES = (torch.float32, torch.float64)
-_KERNELS_VERSION = 4  # cpu_kernels.cpp's version(): a build of another version is not used
+_KERNELS_VERSION = 5  # cpu_kernels.cpp's version(): a build of another version is not used
 ACTIVATIONS = ("identity", "tanh", "relu")  # the kernels' activation codes are these indices
 
 

@@ -177,9 +177,8 @@ class ReplayBuffer:
         again, so none is)."""
         if self.tree is None:
             return
-        fresh = self.tree.priorities(indices) > 0  # still a trainable transition (not replaced by an untrainable)
         priorities = (np.abs(td_errors) + PRIORITY_EPS) ** self.per_alpha
-        self.tree.update(indices[fresh], priorities[fresh])
+        self.tree.update(indices, priorities, only_positive=True)  # one replaced by an untrainable one stays at 0
 
     # --- saved beside a checkpoint (--save_replay) ---------------------------------------------------------
     def save(self, path: str) -> None:
