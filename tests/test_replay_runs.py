@@ -189,15 +189,19 @@ def test_a_replay_buffer_too_large_for_the_machine_is_one_line(tmp_path, capsys)
 def test_a_sampler_nodes_slots_enter_the_replay_buffer_like_local_ones(tmp_path, shm_dir):
     """--algo dqn fed by a sampler node alone (sf_engine.scaleout.sampler_node, as Ray's sampler actors run it):
     its slots, written into local ones as the receiver writes them, are inserted, trained on, and learning
-    happens."""
+    happens. The node lays out no replay buffer of its own."""
     from conftest import SerialRun, receive, serial_plan
 
+    from sf_engine.scaleout.ray_samplers import node_plan
     from sf_engine.scaleout.sampler_node import SamplerNode
     from sf_engine.stats.messages import Episodes
 
     plan = serial_plan(tmp_path, shm_dir, "CartPole-v1", "--algo", "dqn", "--learning_starts", "500", "--seed", "3")
     head = SerialRun(plan, tmp_path)
-    node = SamplerNode(head.plan, str(tmp_path / "node_segment"))
+    assert any(name.startswith("replay.") for name in head.plan.layout)
+    on_node = node_plan(head.plan, 0)
+    assert not any(name.startswith("replay.") for name in on_node.layout)
+    node = SamplerNode(on_node, str(tmp_path / "node_segment"))
     try:
         learner, feed = head.learner.policies[0], head.learner.feed
         returns = []

@@ -28,8 +28,10 @@ def node_plan(plan, index: int, reconstructed: bool = False):
     """The plan of sampler actor `index` of the run `plan`: the run's env, model and slot shape, with
     --remote_num_workers rollout workers, no sampler nodes of its own, no evaluator, no core pinning,
     acting on the CPU (Ray gives a sampler actor no GPU) and env seeds of its own (others again after a
-    restart by Ray). Built on the node, inside the actor."""
+    restart by Ray), and no replay buffer (a node only samples: the replay is the learner's, on the head node).
+    Built on the node, inside the actor."""
     from sf_engine.model.shape import state_size
+    from sf_engine.replay.layout import REPLAY_PREFIX
     from sf_engine.runtime.shared_buffers import buffer_layout
 
     cfg = plan.cfg
@@ -41,9 +43,9 @@ def node_plan(plan, index: int, reconstructed: bool = False):
         remote=dataclasses.replace(cfg.remote, ray_address=None, num_remote_samplers=0),
         run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device="cpu"),
     )
-    return dataclasses.replace(
-        plan, cfg=node_cfg, layout=buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model)), resume_from=None
-    )
+    layout = buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model))
+    layout = {name: array for name, array in layout.items() if not name.startswith(REPLAY_PREFIX)}
+    return dataclasses.replace(plan, cfg=node_cfg, layout=layout, resume_from=None)
 
 
 class SamplerActor:
