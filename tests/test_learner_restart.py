@@ -68,6 +68,29 @@ def test_a_killed_learner_is_restarted_with_its_version_and_weights(tmp_path, sh
 
 
 @pytest.mark.e2e
+def test_a_killed_dqn_learner_goes_on_from_the_replay_buffer_with_every_env_step_booked(tmp_path, shm_dir):
+    """--algo dqn with prioritized replay: SIGKILL of the learner while it trains. The buffer, its priorities and
+    the books of the env steps inserted and not yet reported live in the shared memory, so the restarted learner
+    goes on training from them, and at the stop every env step is booked (the dead learner's inserts included)."""
+    exp = str(tmp_path / "dqn")
+    args = ["--algo", "dqn", "--prioritized", "true", "--shm_dir", shm_dir, "--train_for_env_steps", "80000"]
+    proc = start_train(args + ["--train_for_seconds", "120", "--save_every_sec", "1000"], tmp_path, "dqn")
+    rows = wait_for_children(exp, 3)  # the learner, the policy worker, one rollout worker
+    wait_for_steps(exp, 20_000)  # well past --learning_starts: training
+    _kill(rows, "learner")
+    wait_for(exp, "learner_restarts", 1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    summary = read_json(os.path.join(exp, "summary.json"))
+    assert summary["learner_restarts"] == 1 and "env-step budget reached" in out, out
+    assert summary["learner_version"] > int(RECOVERED.search(summary["learner_recoveries"][0]).group(1))
+    books = books_balance(summary)
+    assert books["inserted_replay"] > 60_000 and books["trained"] == 0, books
+    assert abs(summary["replay_ratio"] - 8.0) < 0.5, summary["replay_ratio"]  # the limiter's counters carried over
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.e2e
 def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(tmp_path, shm_dir):
     """--max_worker_restarts 0: the learner's death stops the run, but what it published last is written
     as a checkpoint (finite, at that version) that the same command resumes from."""

@@ -33,6 +33,7 @@ CHUNK_SEC = 0.05  # the longest run of updates between two publications of the w
 REPORT_SEC = 1.0  # before learning starts: how often the buffer's figures are reported
 REPLAY_FILE = "replay.npz"  # --save_replay: the buffer beside the checkpoints
 REPLAY_SEED_OFFSET = 7_919  # the buffer's sampling stream, apart from the envs' and the networks'
+TRAINABLE, NOT_TRAINABLE, SKIPPED = range(3)  # the books of the steps inserted (SharedBuffers.replay_books)
 
 
 class ReplayFeed:
@@ -60,8 +61,9 @@ class ReplayFeed:
         self.discrete = learner.ctx.plan.spec.action.kind == "discrete"  # else Box actions [B, A] float32 (SAC)
         self.held: list = []  # sync mode: the round's slots, inserted, freed after its training
         self.learner_waited_sec = 0.0  # waiting for full slots while the ratio allowed no training
-        self.inserted_since_report = 0  # trainable env steps inserted since the last Training message
-        self.books = (0, 0)  # (steps not trainable, steps skipped for a non-finite value) since then
+        # env steps inserted and not yet reported (TRAINABLE, NOT_TRAINABLE, SKIPPED), in the shared memory: a
+        # learner killed between an insert and its report leaves them to the one restarted after it
+        self.unreported = learner.buffers.replay_books
         self.last_report = time.monotonic()
 
     def step(self, timeout_sec: float) -> None:
@@ -94,7 +96,7 @@ class ReplayFeed:
 
     def finish(self) -> None:
         """The run stops: the books of the slots inserted since the last report go out (every env step booked)."""
-        if self.inserted_since_report or any(self.books):
+        if self.unreported.any():
             self._report(self.learner.policies[0], TrainResult(0), np.zeros(0), 0.0)
 
     def _insert(self, slot: int) -> None:
@@ -116,8 +118,7 @@ class ReplayFeed:
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
         self.limiter.inserted_steps(valid.size)
-        self.inserted_since_report += trainable
-        self.books = (self.books[0] + valid.size - trainable - skipped, self.books[1] + skipped)
+        self.unreported += (trainable, valid.size - trainable - skipped, skipped)
 
     def _batch(self, sample: ReplaySample | SequenceSample) -> ReplayBatch | SequenceBatch:
         device = self.learner.device
@@ -191,17 +192,17 @@ class ReplayFeed:
     def _report(self, policy, result: TrainResult, ages: np.ndarray, train_sec: float) -> None:
         """The chunk's Training message and the buffer's ReplayStatus; `ages` [samples] the policy lag of the
         transitions trained on (none: no lag figures)."""
-        learner, books = self.learner, self.books
+        learner, books = self.learner, self.unreported.copy()
         ages = ages if len(ages) else np.zeros(1)  # the figures below need a value; lag_count says there was none
         count = len(ages) if result.samples else 0
-        self.books, self.last_report = (0, 0), time.monotonic()
+        self.last_report = time.monotonic()
         learner.ctx.send(
             Training(
                 learner.timer.report("learner"),
                 version=policy.version,
                 samples=result.samples,
                 dropped_lag=0,
-                not_trainable=books[0],
+                not_trainable=int(books[NOT_TRAINABLE]),
                 lag_count=count,
                 lag_min=float(ages.min()),
                 lag_mean=float(ages.mean()),
@@ -209,12 +210,12 @@ class ReplayFeed:
                 learning_rate=policy.algorithm.learning_rate,
                 losses=result.losses,
                 train_sec=train_sec,
-                skipped_non_finite=books[1],
+                skipped_non_finite=int(books[SKIPPED]),
                 skipped_updates=result.skipped_updates,
-                inserted=self.inserted_since_report,
+                inserted=int(books[TRAINABLE]),
             )
         )
-        self.inserted_since_report = 0
+        self.unreported -= books
         learner.ctx.send(
             ReplayStatus(
                 inserted=self.limiter.inserted,

@@ -31,7 +31,9 @@ last_published [P, F] float32, each policy's weights as published last (F = the 
 so that they outlive a learner that dies (see weights.py).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
-With a replay buffer (--algo dqn): its arrays, named replay.* (sf_engine.replay.layout), in `replay`.
+With a replay buffer (--algo dqn): its arrays, named replay.* (sf_engine.replay.layout), in `replay`; and
+replay_books [3] int64, the env steps inserted and not yet reported in a Training message (trainable, not
+trainable, skipped for a non-finite value), so that a restarted learner reports what a dead one inserted.
 """
 
 from __future__ import annotations
@@ -87,7 +89,8 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     remote = cfg.remote.num_remote_samplers
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
-    layout |= replay_layout(cfg, spec, state)  # --algo dqn: the replay buffer (sf_engine.replay.layout)
+    if cfg.uses_replay:  # the replay buffer (sf_engine.replay.layout), and the books of what went into it
+        layout |= replay_layout(cfg, spec, state) | {"replay_books": ((3,), "int64")}
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
@@ -156,6 +159,7 @@ class SharedBuffers:
         self.rnn_current = None  # recurrent runs only
         self.policy_episodes = None  # runs of several policies only
         self.remote_books = None  # runs with sampler nodes only
+        self.replay_books = None  # runs with a replay buffer only
         self._last_published = None  # mapped on first use (last_published)
         self.replay = {}  # the replay buffer's arrays by name without REPLAY_PREFIX ('obs.<key>', 'returns', ...)
         for name, (shape, dtype) in layout.items():
