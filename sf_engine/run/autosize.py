@@ -104,8 +104,9 @@ def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
 
 def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     """CPU seconds per sample of acting (policy worker, 1 thread) and of training (forward, backward and
-    optimizer step on a minibatch, learner threads, times the epochs). CPU time, not wall time: the
-    forkserver may be busy on the other cores meanwhile."""
+    optimizer step on a minibatch, learner threads, times the epochs or the replay ratio; with dqn and r2d2
+    also the targets' forwards on the next observations). CPU time, not wall time: the forkserver may be busy
+    on the other cores meanwhile."""
     import torch
 
     from sf_engine.model.actor_critic import obs_tensors
@@ -135,8 +136,10 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         optimizer = FlatAdam(model, flatten_state(model), lr=1e-6, eps=1e-5)  # the learner's optimizer
 
         sequence = (minibatch // 16, 16) if model.recurrent else None  # [R, B] as the learner runs the core
+        # DQN's and R2D2's targets: the target network (and with double Q the online one) on the next observations
+        bootstrap_forwards = (1 + cfg.q.double_q) if cfg.learner.algo in ("dqn", "r2d2") else 0
 
-        def train_step():
+        def forward():
             if sequence:
                 steps = sequence[0] * sequence[1]
                 params, values, _ = model.forward_sequence(
@@ -144,8 +147,14 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
                     model.initial_state(sequence[1]),
                     torch.zeros(sequence, dtype=torch.bool),
                 )
-            else:
-                params, values = model(train_inputs)
+                return params, values
+            return model(train_inputs)
+
+        def train_step():
+            with torch.no_grad():
+                for _ in range(bootstrap_forwards):
+                    forward()
+            params, values = forward()
             loss = params.square().mean() + values.square().mean()
             optimizer.zero_grad()
             loss.backward()
@@ -280,7 +289,12 @@ def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> t
     lines = [
         f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
         f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
-        f"training {costs.learn * 1e6:,.1f} us/sample over {cfg.learner.num_epochs} epochs"
+        f"training {costs.learn * 1e6:,.1f} us/sample "
+        + (
+            f"at {cfg.replay.replay_ratio:g} trained per env step"
+            if cfg.uses_replay
+            else f"over {cfg.learner.num_epochs} epochs"
+        )
     ]
     num_workers, num_envs = s.num_workers, s.num_envs_per_worker
     train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
