@@ -49,13 +49,14 @@ class DQN(QLearning):
         def loss_and_grad(q_all):  # Huber loss weighted by the importance weights, and its gradient
             q = q_all.detach().gather(1, columns).squeeze(1)
             error = q - targets
-            td_abs.copy_(error.abs())
-            huber = torch.where(td_abs < delta, 0.5 * error.square(), delta * (td_abs - 0.5 * delta))
-            loss = (batch.weights * huber).mean()
+            torch.abs(error, out=td_abs)
+            clipped = td_abs.clamp(max=delta)  # the Huber loss is clipped * (|error| - clipped / 2)
+            huber = clipped * (td_abs - 0.5 * clipped)
             grad = torch.zeros_like(q_all).scatter_(
                 1, columns, (batch.weights * error.clamp(-delta, delta) / len(q)).unsqueeze(1)
             )
-            return torch.stack([loss, q.mean(), td_abs.mean()]), grad
+            sums = torch.stack([(batch.weights * huber).sum(), q.sum(), td_abs.sum()])  # sums, not means: cheaper
+            return sums.div_(len(q)), grad
 
         def gradients():
             if self.model.direct_gradients(batch.obs):

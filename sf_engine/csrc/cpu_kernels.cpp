@@ -305,8 +305,15 @@ std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vect
   check_vectors(norm_biases, weights, true, "norm bias");
   x = x.contiguous();
   const i64 batch = x.size(0), layers = weights.size();
-  std::vector<Tensor> weights_t, outputs, normed, rstds;
-  for (const Tensor& w : weights) weights_t.push_back(w.t().contiguous());  // [I, O]: b of c = a b
+  std::vector<Tensor> outputs, normed, rstds;
+  std::vector<std::vector<float>> weights_t;  // [I, O]: b of c = a b (a loop: no tensor, no dispatch)
+  for (const Tensor& w : weights) {
+    const i64 out_size = w.size(0), in_size = w.size(1);
+    const float* src = w.data_ptr<float>();
+    std::vector<float>& t = weights_t.emplace_back(out_size * in_size);
+    for (i64 o = 0; o < out_size; ++o)
+      for (i64 i = 0; i < in_size; ++i) t[i * out_size + o] = src[o * in_size + i];
+  }
   for (i64 l = 0; l < layers; ++l) {
     const i64 n = weights[l].size(0);
     if (keep_all || l == layers - 1) outputs.push_back(at::empty({batch, n}, x.options()));
@@ -325,7 +332,7 @@ std::vector<Tensor> mlp_forward(Tensor x, std::vector<Tensor> weights, std::vect
       const i64 n = weights[l].size(0);
       float* out = (keep_all || l == layers - 1) ? outputs[keep_all ? l : 0].data_ptr<float>() + r0 * n
                                                  : scratch.data() + (l % 2) * ROWS * widest;
-      matmul(rows, n, in_size, in, in_size, weights_t[l].data_ptr<float>(), n, false, out, n);
+      matmul(rows, n, in_size, in, in_size, weights_t[l].data(), n, false, out, n);
       if (has_norm(norm_weights, l)) {
         const bool saved = normed[l].numel() > 0;
         bias_norm_activation(rows, n, out, biases[l].data_ptr<float>(), norm_weights[l].data_ptr<float>(),
