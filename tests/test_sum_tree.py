@@ -91,7 +91,7 @@ def test_importance_weights_match_brute_force(beta):
     tree = _tree_over(priorities)
     stored = 3_700  # transitions in the buffer: N in (N * P(i)) ** -beta
     draws = tree.sample(256, rng)
-    weights = importance_weights(tree.priorities(draws), tree.total(), stored, beta)
+    weights = importance_weights(tree.priorities(draws), beta)
     brute = (stored * priorities[draws] / priorities.sum()) ** -beta
     np.testing.assert_allclose(weights, brute / brute.max(), rtol=1e-12)
     assert weights.max() == 1.0

@@ -88,15 +88,14 @@ def double_q_targets(returns, discounts, next_q_online, next_q_target, next_lega
     next_q_online, next_q_target [B, A]: the online and target networks' values of the next observation.
     Both the argmax and the max range over the legal actions only: `next_legal` bool [B, A], None for all
     legal; a row with no legal action (a terminal observation, whose discount is 0) uses all actions."""
-    if next_legal is None:
-        legal = torch.ones_like(next_q_target, dtype=torch.bool)
-    else:
-        legal = next_legal | ~next_legal.any(dim=1, keepdim=True)
+    illegal = None if next_legal is None else ~(next_legal | ~next_legal.any(dim=1, keepdim=True))
+    chooser = next_q_online if double else next_q_target  # the values whose (legal) best action counts
+    if illegal is not None:
+        chooser = chooser.masked_fill(illegal, -torch.inf)
     if double:
-        best = next_q_online.masked_fill(~legal, -torch.inf).argmax(dim=1, keepdim=True)
-        next_value = next_q_target.gather(1, best).squeeze(1)
+        next_value = next_q_target.gather(1, chooser.argmax(dim=1, keepdim=True)).squeeze(1)
     else:
-        next_value = next_q_target.masked_fill(~legal, -torch.inf).amax(dim=1)
+        next_value = chooser.amax(dim=1)
     return returns + discounts * next_value
 
 

@@ -98,9 +98,26 @@ def use_kernels(x: torch.Tensor) -> bool:
 _NO_NORM = torch.empty(0)  # the kernels' "no layer norm here"
 
 
+_STACKS: dict = {}  # id(linears) -> (linears, activations, norms, their _layers): what a model's stack calls for
+
+
 def _layers(linears: list, activations: tuple, norms) -> tuple:
     """The kernels' arguments: weights, biases, activation codes, norm weights and biases (one per layer, empty
-    where a layer has none; no entries when `norms` is None), the norms' epsilon."""
+    where a layer has none; no entries when `norms` is None), the norms' epsilon. Built once per stack (the
+    same lists and tuple, as a model keeps them): a parameter stays the same object for good (flatten_state,
+    .to() and load_state_dict change its data, not the object), and reading it from its module each call
+    cost more than the kernels' work on small batches."""
+    cached = _STACKS.get(id(linears))
+    if cached is not None and cached[0] is linears and cached[1] is activations and cached[2] is norms:
+        return cached[3]
+    if len(_STACKS) > 256:  # stacks built anew per call (none here) would grow it
+        _STACKS.clear()
+    layers = _build_layers(linears, activations, norms)
+    _STACKS[id(linears)] = (linears, activations, norms, layers)
+    return layers
+
+
+def _build_layers(linears: list, activations: tuple, norms) -> tuple:
     codes = [ACTIVATIONS.index(name) for name in activations]
     if norms is None:
         norm_weights, norm_biases, eps = [], [], 1e-5

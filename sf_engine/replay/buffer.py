@@ -108,7 +108,7 @@ class ReplayBuffer:
         importance weights ** `beta`), else uniformly."""
         if self.tree is not None:
             indices = self.tree.sample(batch, self.rng)
-            weights = importance_weights(self.tree.priorities(indices), self.tree.total(), self.size, beta)
+            weights = importance_weights(self.tree.priorities(indices), beta)
         else:
             indices, weights = self._uniform(batch), np.ones(batch)
         columns, rows = np.divmod(indices, self.rollout)
@@ -130,8 +130,7 @@ class ReplayBuffer:
         with --prioritized (and importance weights ** `beta`), else uniformly."""
         if self.tree is not None:
             indices = self.tree.sample(batch, self.rng)
-            stored = int(self.counters[REPLAY_FILLED]) * len(self.starts)
-            weights = importance_weights(self.tree.priorities(indices), self.tree.total(), stored, beta)
+            weights = importance_weights(self.tree.priorities(indices), beta)
         else:
             indices, weights = self._uniform(batch), np.ones(batch)
         return cut_sequences(self.arrays, self.obs, indices, weights, self.sequences)
