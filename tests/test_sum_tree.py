@@ -274,6 +274,8 @@ def test_only_positive_leaves_a_leaf_at_zero_and_the_max_unraised():
     assert tree.total() == 4.5 and tree.max_priority() == 4.0
     tree.update(np.array([2]), np.array([7.0]), only_positive=True)
     assert tree.total() == 4.5 and tree.max_priority() == 4.0
+    tree.update(np.array([3, 3]), np.array([0.0, 2.0]), only_positive=True)  # > 0 before the call: the last wins
+    assert tree.priorities(np.array([3])).tolist() == [2.0] and tree.total() == 6.0
 
 
 @pytest.mark.parametrize("way", ["numpy"], indirect=True)  # the kernels unloaded

@@ -88,9 +88,9 @@ Tensor sum_tree_sample(Tensor tree, std::vector<i64> offsets, std::vector<i64> s
 }
 
 // Sets the leaves `indices` ([B] int64, may repeat: the last value wins) to `priorities` ([B] float64) and
-// every sum above them, and raises the running max in tree[0] to the highest priority set. With
-// `only_positive`, a leaf now at 0 keeps it (what a learner's new priorities must not revive). Returns 0; or,
-// changing nothing, 1 when an index is outside [0, capacity), 2 when a priority is negative or not finite.
+// every sum above them, and raises the running max in tree[0] to the highest priority set. With `only_positive`,
+// a leaf at 0 before the call keeps it (what a learner's new priorities must not revive). Returns 0; or, changing
+// nothing, 1 when an index is outside [0, capacity), 2 when a priority is negative or not finite.
 i64 sum_tree_update(Tensor tree, std::vector<i64> offsets, std::vector<i64> sizes, i64 capacity, Tensor indices,
                     Tensor priorities, bool only_positive) {
   check_tree(tree, offsets, sizes);
@@ -108,14 +108,19 @@ i64 sum_tree_update(Tensor tree, std::vector<i64> offsets, std::vector<i64> size
   }
   double* t = tree.data_ptr<double>();
   double* leaves = t + offsets[0];
-  std::vector<i64> changed;
+  std::vector<i64> changed;  // the leaves set, in order: with only_positive, those > 0 before any is set
   changed.reserve(batch);
-  double highest = t[0];
+  std::vector<double> values;
+  values.reserve(batch);
   for (i64 i = 0; i < batch; ++i) {
     if (only_positive && !(leaves[idx[i]] > 0)) continue;
-    leaves[idx[i]] = p[i];
-    highest = std::max(highest, p[i]);
     changed.push_back(idx[i]);
+    values.push_back(p[i]);
+  }
+  double highest = t[0];
+  for (size_t k = 0; k < changed.size(); ++k) {
+    leaves[changed[k]] = values[k];
+    highest = std::max(highest, values[k]);
   }
   t[0] = highest;
   for (size_t l = 1; l < offsets.size(); ++l) {  // each level's changed nodes, once each

@@ -109,8 +109,8 @@ class SumTree:
 
     def update(self, indices: np.ndarray, priorities: np.ndarray, only_positive: bool = False) -> None:
         """Set the leaves `indices` (int64 [B], may repeat: the last value of a repeated index wins) to
-        `priorities` (float [B], >= 0, finite) and fix every sum above them. With `only_positive`, a leaf now at
-        priority 0 keeps it (a transition replaced by one never to be sampled since it was drawn)."""
+        `priorities` (float [B], >= 0, finite) and fix every sum above them. With `only_positive`, a leaf at
+        priority 0 before the call keeps it (a transition replaced by one never to be sampled since it was drawn)."""
         indices = np.ascontiguousarray(indices, np.int64)
         priorities = np.ascontiguousarray(priorities, np.float64)
         if indices.ndim != 1 or indices.shape != priorities.shape:
