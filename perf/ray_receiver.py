@@ -125,7 +125,7 @@ def main() -> None:
 def _weights_bytes(plan) -> int:
     """Bytes of one policy version as the learner publishes it (its flat float32 state vector)."""
     from sf_engine.model.actor_critic import ActorCritic
-    from sf_engine.model.kernels import flatten_state
+    from sf_engine.model.flat_state import flatten_state
 
     return int(flatten_state(ActorCritic(plan.spec, plan.cfg.model)).numel()) * 4
 

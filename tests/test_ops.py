@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sf_engine.model import kernels
-from sf_engine.model.kernels import FlatAdam, Tanh, flatten_state
+from sf_engine.model.flat_state import FlatAdam, flatten_state
+from sf_engine.model.kernels import Tanh
 
 needs_kernels = pytest.mark.skipif(kernels.KERNELS is None, reason="the compiled CPU kernels are not built")
 
@@ -275,7 +276,7 @@ def test_training_imports_no_torch_dynamo():
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (
         f"import sys; sys.path.insert(0, {repo!r}); import torch; from torch import nn; "
-        "from sf_engine.model.kernels import FlatAdam, flatten_state; net = nn.Linear(3, 2); "
+        "from sf_engine.model.flat_state import FlatAdam, flatten_state; net = nn.Linear(3, 2); "
         "opt = FlatAdam(net, flatten_state(net), lr=1e-3, eps=1e-5); net(torch.ones(4, 3)).sum().backward(); "
         "opt.step(); opt.load_state_dict(opt.state_dict()); print('torch._dynamo' in sys.modules)"
     )

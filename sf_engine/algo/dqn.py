@@ -16,7 +16,7 @@ from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import QLearning, follow_online
 from sf_engine.algo.value_targets import double_q_targets
 from sf_engine.envs.spec import ACTION_MASK_KEY
-from sf_engine.model.kernels import flatten_state
+from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.q_network import QNetwork
 
 LOSS_STATS = ("q_loss", "q_mean", "td_abs_mean")  # then grad_norm

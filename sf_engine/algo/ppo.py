@@ -30,7 +30,7 @@ from sf_engine.algo.ppo_loss import (
 )
 from sf_engine.algo.targets import gae, vtrace
 from sf_engine.model.actor_critic import ActorCritic
-from sf_engine.model.kernels import FlatAdam, flatten_state
+from sf_engine.model.flat_state import FlatAdam, flatten_state
 
 LOSS_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
 

@@ -10,7 +10,7 @@ import torch
 
 from sf_engine.algo import pbt
 from sf_engine.algo.base import TrainingHooks, all_finite, schedule_learning_rate, set_learning_rate
-from sf_engine.model.kernels import FlatAdam, flatten_state
+from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.model.q_network import QNetwork
 
 

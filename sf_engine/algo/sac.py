@@ -20,7 +20,7 @@ from sf_engine.algo import pbt
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import follow_online
-from sf_engine.model.kernels import FlatAdam, flatten_state
+from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.model.sac_networks import SACActor, TwinCritic
 
 LOSS_STATS = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")  # then grad_norm

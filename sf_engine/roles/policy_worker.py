@@ -15,7 +15,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from sf_engine.model.kernels import flatten_state
+from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.policy import build_policy
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many

@@ -110,7 +110,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     import torch
 
     from sf_engine.model.actor_critic import obs_tensors
-    from sf_engine.model.kernels import FlatAdam, flatten_state
+    from sf_engine.model.flat_state import FlatAdam, flatten_state
     from sf_engine.model.policy import build_policy
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
@@ -135,20 +135,9 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         train_inputs = tiled(minibatch)
         optimizer = FlatAdam(model, flatten_state(model), lr=1e-6, eps=1e-5)  # the learner's optimizer
 
-        sequence = (minibatch // 16, 16) if model.recurrent else None  # [R, B] as the learner runs the core
+        forward = _probe_forward(model, train_inputs, minibatch)
         # DQN's and R2D2's targets: the target network (and with double Q the online one) on the next observations
         bootstrap_forwards = (1 + cfg.q.double_q) if cfg.learner.algo in ("dqn", "r2d2") else 0
-
-        def forward():
-            if sequence:
-                steps = sequence[0] * sequence[1]
-                params, values, _ = model.forward_sequence(
-                    {k: v[:steps] for k, v in train_inputs.items()},
-                    model.initial_state(sequence[1]),
-                    torch.zeros(sequence, dtype=torch.bool),
-                )
-                return params, values
-            return model(train_inputs)
 
         def train_step():
             with torch.no_grad():
@@ -166,6 +155,27 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         torch.set_num_threads(threads)
     reuse = cfg.replay.replay_ratio if cfg.uses_replay else cfg.learner.num_epochs  # samples trained per env step
     return inference, cpu / (n * minibatch) * reuse
+
+
+def _probe_forward(model, inputs: dict, minibatch: int):
+    """The learner's forward of `model` over the probe's `inputs` -> (distribution parameters, values): a
+    recurrent core unrolled over [minibatch / 16, 16] steps and sequences, as the learner runs it."""
+    import torch
+
+    if not model.recurrent:
+        return lambda: model(inputs)
+    sequence = (minibatch // 16, 16)
+    steps = sequence[0] * sequence[1]
+
+    def forward():
+        params, values, _ = model.forward_sequence(
+            {k: v[:steps] for k, v in inputs.items()},
+            model.initial_state(sequence[1]),
+            torch.zeros(sequence, dtype=torch.bool),
+        )
+        return params, values
+
+    return forward
 
 
 def measure(cfg, spec, probe_envs: int) -> Costs:

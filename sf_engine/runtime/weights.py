@@ -3,7 +3,7 @@ sequence lock.
 
 The learner owns the weights and publishes every new version; the policy worker and the evaluator copy
 them in when the version moves. The whole state of a model (parameters and the normalizers' floating
-buffers) is one flat float32 vector (sf_engine.model.kernels.flatten_state), so publishing and reading are
+buffers) is one flat float32 vector (sf_engine.model.flat_state.flatten_state), so publishing and reading are
 one copy each. The shared vector is a `share_memory_()` tensor on the CPU, or the learner's CUDA tensor (readers get
 it through CUDA IPC); it reaches each reader once, through that reader's channel (see wiring.Queues),
 and again when the supervisor asks for it for a restarted reader (`want`).

@@ -44,7 +44,7 @@ class SamplerNode:
             raise
 
     def set_weights(self, policy: int, params: np.ndarray, version: int) -> None:
-        """Publish `params` (a policy's flat state vector, see sf_engine.model.kernels.flatten_state) as `version` of
+        """Publish `params` (a policy's flat state vector, see sf_engine.model.flat_state.flatten_state) as `version` of
         acting policy `policy`; the policy worker acts with it from its next step."""
         import torch
 
