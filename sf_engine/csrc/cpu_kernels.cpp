@@ -260,6 +260,17 @@ bool has_norm(const std::vector<Tensor>& norm_weights, size_t l) {
   return !norm_weights.empty() && norm_weights[l].numel() > 0;
 }
 
+// Each of `vectors` a contiguous CPU float32 [O_l] of layer l (with `norms`, an empty one is a layer without).
+void check_vectors(const std::vector<Tensor>& vectors, const std::vector<Tensor>& weights, bool norms,
+                   const char* what) {
+  for (size_t l = 0; l < vectors.size(); ++l) {
+    if (norms && !(vectors[l].numel() > 0)) continue;
+    TORCH_CHECK(vectors[l].dim() == 1 && vectors[l].size(0) == weights[l].size(0) && vectors[l].is_contiguous() &&
+                    vectors[l].scalar_type() == at::kFloat && vectors[l].device().is_cpu(),
+                "mlp: ", what, " ", l, " must be a contiguous CPU float32 [", weights[l].size(0), "]");
+  }
+}
+
 void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std::vector<int64_t>& activations,
                   const std::vector<Tensor>& norm_weights) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
@@ -274,21 +285,8 @@ void check_layers(const Tensor& x, const std::vector<Tensor>& weights, const std
                     w.device().is_cpu(), "mlp: weight ", l, " must be a contiguous CPU float32 [O, ", in, "]");
     TORCH_CHECK(activations[l] >= IDENTITY && activations[l] <= RELU, "mlp: unknown activation ", activations[l]);
     in = w.size(0);
-    if (has_norm(norm_weights, l))
-      TORCH_CHECK(norm_weights[l].dim() == 1 && norm_weights[l].size(0) == in && norm_weights[l].is_contiguous() &&
-                      norm_weights[l].scalar_type() == at::kFloat && norm_weights[l].device().is_cpu(),
-                  "mlp: norm weight ", l, " must be a contiguous CPU float32 [", in, "]");
   }
-}
-
-void check_vectors(const std::vector<Tensor>& vectors, const std::vector<Tensor>& weights, bool norms,
-                   const char* what) {
-  for (size_t l = 0; l < vectors.size(); ++l) {
-    if (norms && !(vectors[l].numel() > 0)) continue;
-    TORCH_CHECK(vectors[l].dim() == 1 && vectors[l].size(0) == weights[l].size(0) && vectors[l].is_contiguous() &&
-                    vectors[l].scalar_type() == at::kFloat && vectors[l].device().is_cpu(),
-                "mlp: ", what, " ", l, " must be a contiguous CPU float32 [", weights[l].size(0), "]");
-  }
+  check_vectors(norm_weights, weights, true, "norm weight");
 }
 
 // With keep_all: each layer's normalized pre-activation [B, O] and 1 / std [B] (empty tensors without a norm),
