@@ -4,6 +4,10 @@
 Uses the env family's default model and envs per worker (as train.py would); one torch thread, like a
 policy worker. Prints one JSON line: env steps/s on one core, and that figure times the machine's
 cores, the ceiling our multi-process sampler is compared with.
+
+  python perf/ceiling.py --env Pong-v5 --env_only --processes 16
+The envs alone: random actions, no forward, in --processes processes at once (each its own batch of envs),
+the machine's env-only frames/s on those cores.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--num_envs", type=int, default=None, help="default: the family's envs per worker")
+    parser.add_argument("--env_only", action="store_true", help="random actions, no policy forward")
+    parser.add_argument("--processes", type=int, default=1, help="--env_only: processes stepping at once")
     args = parser.parse_args()
+    if args.env_only:
+        return env_only(args)
     import torch
 
     from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
@@ -61,6 +69,52 @@ def main() -> None:
                 "frames_per_sec": round(rate * spec.frameskip),
                 "cores": cores,
                 "ceiling_env_steps_per_sec_all_cores": round(rate * cores),
+            }
+        )
+    )
+
+
+def _step_envs(env_id: str, num_envs, seconds: float, seed: int) -> tuple:
+    """(env steps/s, frameskip, envs) of one batch of `env_id` stepped with random actions."""
+    import numpy as np
+
+    from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
+    from sf_engine.run.plan import build_plan
+
+    plan = build_plan(["--env", env_id, "--mode", "serial", "--restart"])
+    spec = plan.spec
+    num_envs = num_envs or ENVS_PER_WORKER_HINT[spec.family]
+    env = make_batch_env(plan.cfg.env.env, plan.cfg.env.env_backend, num_envs, seed=seed, spec=spec)
+    env.reset()
+    rng, nvec = np.random.default_rng(seed), spec.action.nvec
+    actions = [rng.integers(0, nvec[0], num_envs) for _ in range(64)]
+    steps, start, deadline, i = 0, time.monotonic(), None, 0
+    while True:
+        now = time.monotonic()
+        if deadline is None and now - start >= 2.0:  # warm-up
+            deadline, start, steps = now + seconds, now, 0
+        if deadline is not None and now >= deadline:
+            break
+        env.step(actions[i % 64])
+        steps, i = steps + num_envs, i + 1
+    return steps / (time.monotonic() - start), spec.frameskip, num_envs
+
+
+def env_only(args) -> None:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        runs = pool.starmap(_step_envs, [(args.env, args.num_envs, args.seconds, i) for i in range(args.processes)])
+    rate, frameskip, num_envs = sum(r[0] for r in runs), runs[0][1], runs[0][2]
+    print(
+        json.dumps(
+            {
+                "bench": "ceiling_env_only",
+                "env": args.env,
+                "processes": args.processes,
+                "num_envs": num_envs,
+                "env_steps_per_sec": round(rate),
+                "frames_per_sec": round(rate * frameskip),
             }
         )
     )

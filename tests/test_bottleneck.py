@@ -35,6 +35,15 @@ def test_diagnosis_names_the_binding_stage_and_the_knob(stage_sec, stage, knob):
     assert knob in diagnosis.message
 
 
+@pytest.mark.parametrize(
+    "stage_sec", [figures(learner=(9.7, 0.3), workers=(2.0, 2.0, 6.0)), figures(inference=9.0, workers=(3.0, 6.5, 0.0))]
+)
+def test_on_a_gpu_the_advice_is_not_to_use_one(stage_sec):
+    on_cpu, on_gpu = diagnose(stage_sec, window_sec=10.0), diagnose(stage_sec, window_sec=10.0, gpu=True)
+    assert on_cpu.stage == on_gpu.stage and "--device cuda" in on_cpu.message
+    assert "--device cuda" not in on_gpu.message and "--compile" in on_gpu.message
+
+
 def test_fractions_and_windows():
     newer = figures(learner=(9.0, 1.5), inference=4.0, workers=(5.0, 3.0, 2.0))
     older = figures(learner=(4.0, 1.0), inference=1.0, workers=(1.0, 1.0, 1.0))

@@ -115,16 +115,18 @@ def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(
     assert again.returncode == 0 and f"from {os.path.basename(path)}" in out, out
 
 
+LAYOUT = {  # what one policy's SharedWeights needs of the shared buffers
+    "param_seq": ((1,), "int64"),
+    "params_wanted": ((1, 3), "int64"),
+    "weights_generation": ((1,), "int64"),
+    "published_copy": ((1,), "int64"),
+    "run_started": ((1,), "float64"),
+    "slot_owner": ((1,), "int64"),
+}
+
+
 def _buffers(tmp_path):
-    layout = {
-        "param_seq": ((1,), "int64"),
-        "params_wanted": ((1, 3), "int64"),
-        "weights_generation": ((1,), "int64"),
-        "published_copy": ((1,), "int64"),
-        "run_started": ((1,), "float64"),
-        "slot_owner": ((1,), "int64"),
-    }
-    return SharedBuffers.create(str(tmp_path / "segment"), layout)
+    return SharedBuffers.create(str(tmp_path / "segment"), LAYOUT)
 
 
 def test_a_reader_moves_to_a_restarted_learners_weights(tmp_path):

@@ -15,7 +15,9 @@ whose name --algo picks. PPO (sf_engine.algo.ppo) is the first; docs/internals.m
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -49,6 +51,25 @@ class TrainResult:
     losses: dict = field(default_factory=dict)
     updates: int = 0
     skipped_updates: int = 0
+
+
+@contextlib.contextmanager
+def keep_beating(beat: Callable[[], None], every_sec: float = 5.0):
+    """Heartbeats from a thread while the body runs: a call that may take longer than --stuck_timeout_sec
+    without being stuck (--compile's first calls, which compile)."""
+    done = threading.Event()
+
+    def loop():
+        while not done.wait(every_sec):
+            beat()
+
+    thread = threading.Thread(target=loop, name="keep_beating", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def all_finite(values: Tensor) -> bool:

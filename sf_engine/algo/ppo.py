@@ -10,6 +10,7 @@ forward, fused loss and backward: ActorCritic.loss_gradients).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from sf_engine.algo import pbt
+from sf_engine.algo import base, pbt
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.algo.batch import TrajectoryBatch
 from sf_engine.algo.ppo_loss import (
@@ -97,6 +98,10 @@ class PPO:
         encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
         self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
         self.params = flatten_state(self.model)
+        # --compile: the feed-forward minibatches' forward through torch.compile (the same parameters; a
+        # second minibatch size makes the batch dimension dynamic, not one graph per size)
+        self.forward = torch.compile(self.model) if cfg.run.compile else self.model
+        self.compiling_updates = 3 if cfg.run.compile else 0  # the first ones compile: heartbeats meanwhile
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
         self.coefficients = self._coefficients()
 
@@ -247,7 +252,7 @@ class PPO:
 
         def minibatch(picked) -> Minibatch:
             take = lambda x: x.index_select(0, picked)  # noqa: E731  (a row copy: faster than x[picked])
-            params, values = self.model(
+            params, values = self.forward(
                 {
                     key: take(obs).permute(0, 3, 1, 2) if key in self.chw_images else take(obs)
                     for key, obs in samples.obs.items()
@@ -348,7 +353,9 @@ class PPO:
                 if picked.numel() < 1 or self.hooks.stopping():  # a stopping run does not wait for epochs
                     continue
                 self.hooks.beat()
-                stats = gradients(picked)
+                with base.keep_beating(self.hooks.beat) if self.compiling_updates else contextlib.nullcontext():
+                    stats = gradients(picked)
+                self.compiling_updates = max(0, self.compiling_updates - 1)
                 if stats is None:
                     continue
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)

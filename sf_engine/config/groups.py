@@ -226,6 +226,12 @@ class RunConfig:
         "heads, losses and optimizer stay float32), the policy worker's, on images, from "
         "bfloat16 copies of the image encoders' and recurrent core's weights. About 2x on CNN training on such CPUs.",
     )
+    compile: bool = _f(
+        False,
+        "Compile the hot paths: the policy worker's forward at a few fixed batch sizes (each batch padded to "
+        "the next; CUDA graphs on a GPU, torch.compile on the CPU), and PPO's feed-forward learner forward "
+        "(torch.compile). Compiling takes seconds to a minute at the start.",
+    )
     train_for_env_steps: int | None = _f(
         None,
         "Env-step budget: stop after this many env steps in total (resumed runs included; a re-run of an "

@@ -383,10 +383,11 @@ class ActorCritic(nn.Module):
         state is None without one)."""
         return self(obs, state) if self.recurrent else (*self(obs), None)
 
-    def sample(self, obs: dict, state=None):
+    def sample(self, obs: dict, state=None, forward=None):
         """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
-        a core; `state` [B, state_size] already zeroed where an episode starts)."""
-        params, values, new_state = self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
+        a core; `state` [B, state_size] already zeroed where an episode starts). `forward`: what runs
+        `outputs` (--compile's graphed.BucketedForward), None: outputs itself."""
+        params, values, new_state = (forward or self.outputs)(obs, state)
         actions, log_probs = self.distribution.sample(params, self.log_std)
         return actions, log_probs, self.denormalize_values(values), new_state
 

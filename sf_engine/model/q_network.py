@@ -180,11 +180,12 @@ class QNetwork(nn.Module):
         q = self.legal(q, obs)
         return self.distribution.mode(q), self._returns(q.max(dim=1).values), new_state
 
-    def sample(self, obs: dict, state=None, epsilons: torch.Tensor | None = None):
+    def sample(self, obs: dict, state=None, epsilons: torch.Tensor | None = None, forward=None):
         """Acting: (actions [B] int64, log-probabilities of the actions under the epsilon-greedy policy [B],
         the greedy values [B] in returns, the new state or None). Row b explores with probability epsilons[b]
-        (a legal action uniformly at random), else takes the greedy one; `epsilons` None: greedy everywhere."""
-        q, values, new_state = self.outputs(obs, state)
+        (a legal action uniformly at random), else takes the greedy one; `epsilons` None: greedy everywhere.
+        `forward`: what runs `outputs` (--compile's graphed.BucketedForward), None: outputs itself."""
+        q, values, new_state = (forward or self.outputs)(obs, state)
         values = self._returns(values)
         greedy = q.argmax(dim=1)
         if epsilons is None:

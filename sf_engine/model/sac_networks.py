@@ -133,9 +133,10 @@ class SACActor(nn.Module):
     def outputs(self, obs: dict, state=None):
         return (*self(obs), None)
 
-    def sample(self, obs: dict, state=None):
-        """Acting: (actions [B, A] in the env's bounds, their log-probabilities [B], zeros [B], None)."""
-        params, values = self(obs)
+    def sample(self, obs: dict, state=None, forward=None):
+        """Acting: (actions [B, A] in the env's bounds, their log-probabilities [B], zeros [B], None); `forward`
+        as ActorCritic.sample's."""
+        params, values, _ = (forward or self.outputs)(obs, state)
         squashed, log_probs = self.distribution.rsample(params)
         return self.distribution.scale(squashed), log_probs, values, None
 

@@ -16,9 +16,11 @@ import numpy as np
 import torch
 
 from sf_engine.model.flat_state import flatten_state
+from sf_engine.model.graphed import BucketedForward, bucket_sizes
 from sf_engine.model.policy import build_policy
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
+from sf_engine.runtime.transfer import PinnedRows, to_device
 from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Inference
 from sf_engine.stats.stages import InferenceStage, StageTimer
@@ -42,12 +44,31 @@ class PolicyWorker:
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
+        self.gather = PinnedRows(self.device, max(cfg.sampler.total_splits, 1))
+        self.forwards = [None] * self.num_acting  # --compile: each model's BucketedForward
+        if cfg.run.compile:
+            sizes = bucket_sizes(self.envs_per_split, max(cfg.sampler.total_splits, 1))
+            self.forwards = [self._bucketed(model, sizes) for model in self.models]
         self.weights = [ctx.weights(policy) for policy in range(self.num_acting)]
         self.versions = np.full(self.num_acting, -1, np.int64)
         self.timer = StageTimer(*InferenceStage)
         self.num_forwards, self.num_samples = 0, 0
         self.policy_sec: dict = defaultdict(float)  # several policies: policy -> seconds of its forwards
         self.last_stats_time = time.monotonic()
+
+    def _bucketed(self, model, sizes: list) -> BucketedForward:
+        """--compile: `model`'s acting forward captured (CUDA graphs) or compiled at `sizes` rows, now."""
+        example = {
+            key: torch.zeros((1, *a.shape[3:]), dtype=torch.from_numpy(a[:0]).dtype, device=self.device)
+            for key, a in self.buffers.obs.items()
+        }
+        model.refresh_bf16_acting()  # --bf16: the bfloat16 copies the graphs will read, made before capture
+        forward = BucketedForward(
+            model.outputs, example, model.state_size if model.recurrent else 0, sizes, self.device
+        )
+        with torch.inference_mode():
+            forward.warm_up()
+        return forward
 
     @property
     def model(self):
@@ -90,17 +111,14 @@ class PolicyWorker:
         # one fancy-indexed read and one write per array, whatever the number of requests
         # each request is an InferenceRequest's fields (worker, token, slot, row), sent as a plain tuple
         workers, tokens, slots, rows = np.array(requests, np.int64).reshape(n, len(InferenceRequest._fields)).T
-        obs = {}
-        for key, array in buf.obs.items():
-            batch = array[slots[0], rows[0]] if n == 1 else array[slots, rows].reshape(-1, *array.shape[3:])
-            obs[key] = torch.from_numpy(batch).to(self.device)
+        obs = {key: self.gather.gather(key, array, slots, rows) for key, array in buf.obs.items()}
         state = None
         if self.model.recurrent:  # each env's carried state, zeroed where its episode starts
             splits = tokens % self.num_splits
             carried = buf.rnn_current[workers, splits]
             carried[buf.episode_start[slots, rows]] = 0.0
             buf.rnn_states[slots, rows] = carried
-            state = torch.from_numpy(carried.reshape(n * self.envs_per_split, -1)).to(self.device)
+            state = to_device(carried.reshape(n * self.envs_per_split, -1), self.device)
         self.timer.lap(InferenceStage.GATHER)
         policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
         epsilons = None if self.qcfg is None else self._epsilons(workers * self.num_splits + tokens % self.num_splits)
@@ -133,7 +151,7 @@ class PolicyWorker:
         (`splits`: the global split index of each request)."""
         env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
         epsilons = base_epsilon(self.qcfg, env_steps) ** self.exponents[splits].reshape(-1)
-        return torch.from_numpy(epsilons.astype(np.float32)).to(self.device)
+        return to_device(epsilons.astype(np.float32), self.device)
 
     def _forward(self, obs: dict, state, policies, epsilons=None):
         """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
@@ -143,8 +161,9 @@ class PolicyWorker:
             present = [0] if policies is None else np.unique(policies)
             if len(present) == 1:
                 started = time.perf_counter()
-                model = self.models[int(present[0])]
-                out = model.sample(obs, state) if epsilons is None else model.sample(obs, state, epsilons)
+                model, forward = self.models[int(present[0])], self.forwards[int(present[0])]
+                explore = {} if epsilons is None else {"epsilons": epsilons}
+                out = model.sample(obs, state, forward=forward, **explore)
                 out = tuple(None if x is None else x.cpu().numpy() for x in out)
                 if policies is not None:
                     policy = int(present[0])
@@ -158,6 +177,7 @@ class PolicyWorker:
                 out = self.models[int(policy)].sample(
                     {k: v.index_select(0, index) for k, v in obs.items()},
                     None if state is None else state.index_select(0, index),
+                    forward=self.forwards[int(policy)],
                 )
                 out = [None if x is None else x.cpu().numpy() for x in out]
                 if results is None:

@@ -116,6 +116,7 @@ def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
             )
             SlotPool(buffers, queues).fill()
             stats = RunStats(plan.env_steps_base, buffers.env_steps)
+            stats.on_gpu = cfg.run.device.startswith("cuda")
             reporter = Reporter(
                 stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker, resumed=bool(plan.resume_from)
             )

@@ -54,9 +54,9 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     }
 
 
-def diagnose(stage_sec: dict, window_sec: float, replay_ratio: float | None = None) -> Diagnosis:
+def diagnose(stage_sec: dict, window_sec: float, replay_ratio: float | None = None, gpu: bool = False) -> Diagnosis:
     """The binding stage of a window; `replay_ratio`: the target of a run with a replay buffer (whose rate
-    limiter makes sampling wait for learning, or learning for data)."""
+    limiter makes sampling wait for learning, or learning for data); `gpu`: the run is on one already."""
     f = stage_fractions(stage_sec, window_sec)
     pct = {k: f"{100 * v:.0f}%" for k, v in f.items()}
     if f["learner_busy"] >= NEVER_WAITS or (f["learner_busy"] >= BUSY and f["workers_wait_slot"] >= WAITING):
@@ -66,14 +66,20 @@ def diagnose(stage_sec: dict, window_sec: float, replay_ratio: float | None = No
         return Diagnosis(
             "learning",
             f"learner-bound: learner busy {pct['learner_busy']}, workers wait "
-            f"{pct['workers_wait_slot']} for free slots: {fix}, or use a GPU (--device cuda)",
+            f"{pct['workers_wait_slot']} for free slots: {fix}, or "
+            + ("--compile / --bf16" if gpu else "use a GPU (--device cuda)"),
             f,
         )
     if f["inference_busy"] >= BUSY and f["workers_wait_actions"] >= WAITING:
         return Diagnosis(
             "inference",
             f"inference-bound: policy worker busy {pct['inference_busy']}, workers wait "
-            f"{pct['workers_wait_actions']} for actions: use a GPU (--device cuda) or a smaller model",
+            f"{pct['workers_wait_actions']} for actions: "
+            + (
+                "raise --num_envs_per_worker (fewer, larger forwards) or --compile"
+                if gpu
+                else "use a GPU (--device cuda) or a smaller model"
+            ),
             f,
         )
     if "receiver_busy" in f and f["learner_wait_data"] >= WAITING and f["workers_env_step"] < 0.5:

@@ -138,6 +138,7 @@ class RunStats:
         self.replay_samples = 0  # with a replay buffer: transitions sampled and trained on
         self.skipped_updates = 0  # the learner's optimizer steps skipped for a non-finite loss or gradient
         self.diagnosis = None
+        self.on_gpu = False  # the learner and policy worker on CUDA: the bottleneck report's advice differs
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
         self._handlers = {
@@ -340,7 +341,7 @@ class RunStats:
         """Name the binding stage over the window since the last diagnosis; returns the window's seconds."""
         now = time.monotonic()
         then, old = self.bottleneck_snapshot
-        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then, self.replay.ratio_target)
+        self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then, self.replay.ratio_target, self.on_gpu)
         self.bottleneck_snapshot = (now, self._stage_copy())
         return now - then
 
@@ -355,4 +356,6 @@ class RunStats:
         """After the stop: a run shorter than one bottleneck window is judged whole."""
         self.sample()
         if self.diagnosis is None and self.stages:
-            self.diagnosis = diagnose(self.stage_sec, time.monotonic() - self.start_time, self.replay.ratio_target)
+            self.diagnosis = diagnose(
+                self.stage_sec, time.monotonic() - self.start_time, self.replay.ratio_target, self.on_gpu
+            )
