@@ -35,6 +35,7 @@ from sf_engine.runtime.checkpoint import (
 )
 from sf_engine.runtime.role import RoleContext, RunStopped
 from sf_engine.runtime.slot_pool import SlotPool
+from sf_engine.runtime.transfer import to_device
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import import_class, weight_readers
 from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Recycled, Training
@@ -213,8 +214,7 @@ class Learner:
 
         def time_major(array):  # [S, R, E, ...] -> [R, S * E, ...]
             picked = array[index].swapaxes(0, 1)
-            tensor = torch.from_numpy(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]))
-            return tensor.to(self.device)
+            return to_device(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]), self.device)
 
         fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
         return TrajectoryBatch(

@@ -19,13 +19,13 @@ import os
 import time
 
 import numpy as np
-import torch
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import ReplayBatch, SequenceBatch
 from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.sequences import SequenceSample, SequenceShape
+from sf_engine.runtime.transfer import to_device
 from sf_engine.stats.messages import ReplayStatus, Training
 from sf_engine.stats.stages import LearnerStage
 
@@ -124,7 +124,7 @@ class ReplayFeed:
         device = self.learner.device
 
         def tensor(array):
-            return torch.from_numpy(array).to(device, non_blocking=True)
+            return to_device(array, device)
 
         if self.sequences:
             return SequenceBatch(
