@@ -2,13 +2,16 @@
 # The GPU machine's measurements, prepared here so that its short time goes to measuring: run on the device
 # tool's machine (one H100, 16 cores, Python 3.12 with its own PyTorch) in the repository root, with
 # .gpu_site/ carried (perf/gpu_prepare.sh makes it; .gpu_doom/ too for `doom`). Each section writes its
-# figures under $OUT: one JSON line per run in figures.jsonl, and the logs.
+# figures under $OUT: one JSON line per run in figures.jsonl; the output of every run goes to runs.log and
+# their train.log files to train_logs.txt (at most 8 files come back from that machine).
 #
 #   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
-#   perf/gpu_session.sh bf16 compile_pong breakout build  # the A/B runs on Pong, Breakout's replay, the build
+#   PONG_SEC=520 perf/gpu_session.sh tests pong           # Pong-v5 from scratch for the 10-minute score
+#   perf/gpu_session.sh bf16 compile_pong breakout        # the A/B runs on Pong, Breakout's replay
 #   perf/gpu_session.sh doom                              # doom_basic sampling and training (carry .gpu_doom)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, 270), DEVICE (cuda; cpu
-# to try the script without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages).
+# to try the script without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages),
+# BF16_FLAGS (the --bf16 values `bf16` runs, "false true").
 set -uo pipefail
 : "${OUT:?OUT must name the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -28,7 +31,8 @@ run() {
   local name=$1 seconds=$2
   shift 2
   timeout $((seconds + 90)) $PY train.py --train_dir "$TD" --experiment "$name" --device "$DEVICE" \
-    --train_for_seconds "$seconds" --train_for_env_steps 100000000000 "$@" > "$OUT/$name.log" 2>&1
+    --train_for_seconds "$seconds" --train_for_env_steps 100000000000 "$@" > "$TD/$name.out" 2>&1
+  { echo "=== $name: $*"; cat "$TD/$name.out"; } >> "$OUT/runs.log"
   $PY - "$TD/$name" "$name" "$*" >> "$OUT/figures.jsonl" <<'EOF'
 import json, os, sys
 try:
@@ -47,7 +51,7 @@ except (OSError, ValueError):
 print(json.dumps({"run": sys.argv[2], "flags": sys.argv[3], **{k: s.get(k) for k in keys if k in s},
                   "last_window_env_steps_per_sec": window}))
 EOF
-  cp "$TD/$name/train.log" "$OUT/$name.train.log" 2> /dev/null
+  { echo "=== $name"; cat "$TD/$name/train.log"; } >> "$OUT/train_logs.txt" 2> /dev/null
   tail -1 "$OUT/figures.jsonl"
 }
 
@@ -73,11 +77,15 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 }
 
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA
-  timeout 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$OUT/tests.txt" 2>&1
+  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
 
-smoke() { timeout 150 $PY perf/gpu_smoke.py > "$OUT/gpu_smoke.json" 2> "$OUT/gpu_smoke.err"; cat "$OUT/gpu_smoke.json"; }
+smoke() {
+  timeout 200 $PY perf/gpu_smoke.py > "$OUT/gpu_smoke.json" 2> "$TD/smoke.err"
+  { echo "=== gpu_smoke stderr"; cat "$TD/smoke.err"; } >> "$OUT/runs.log"
+  cat "$OUT/gpu_smoke.json"
+}
 
 cartpole() {  # ours sized for 16 cores and the GPU, eager and --compile, against the one-file PPO at two sizes
   [ -z "${BUILD:-}" ] || wait "$BUILD"
@@ -86,9 +94,10 @@ cartpole() {  # ours sized for 16 cores and the GPU, eager and --compile, agains
   run cartpole_w14_compile $((RUN_SEC + 20)) "${sized[@]}" --compile true
   for envs in 1024 8192; do
     timeout $((RUN_SEC + 60)) $PY "${BASELINE:-.gpu_site/baselines/single_process_ppo.py}" --device "$DEVICE" \
-      --seconds "$RUN_SEC" --num_envs "$envs" --target 1e9 > "$OUT/single_ppo_$envs.log" 2>&1  # throughput: never stops early
+      --seconds "$RUN_SEC" --num_envs "$envs" --target 1e9 > "$TD/single_ppo.out" 2>&1  # throughput: never stops early
+    { echo "=== single_process_ppo --num_envs $envs"; cat "$TD/single_ppo.out"; } >> "$OUT/runs.log"
     $PY -c 'import json, sys; print(json.dumps({"run": "single_process_ppo", "num_envs": int(sys.argv[1]),
-      "out": open(sys.argv[2]).read().strip().splitlines()[-1:]}))' "$envs" "$OUT/single_ppo_$envs.log" \
+      "out": open(sys.argv[2]).read().strip().splitlines()[-1:]}))' "$envs" "$TD/single_ppo.out" \
       | tee -a "$OUT/figures.jsonl"
   done
 }
@@ -101,7 +110,7 @@ pong_ceiling() {  # Pong's envs alone on every core: the frames/s that training 
 pong() { run pong_scratch "$PONG_SEC" --env Pong-v5 --num_workers 14; }
 
 bf16() {  # the learner's and the policy worker's encoders in bfloat16, against float32, on Pong's CNN
-  for flag in false true; do
+  for flag in ${BF16_FLAGS:-false true}; do  # BF16_FLAGS=true: the bf16 run alone
     run "pong_bf16_$flag" "$RUN_SEC" --env Pong-v5 --num_workers 14 --bf16 "$flag"
   done
 }
