@@ -74,8 +74,9 @@ def main() -> None:
     )
 
 
-def _step_envs(env_id: str, num_envs, seconds: float, seed: int) -> tuple:
-    """(env steps/s, frameskip, envs) of one batch of `env_id` stepped with random actions."""
+def _step_envs(env_id: str, num_envs, seconds: float, seed: int, barrier=None) -> tuple:
+    """(env steps/s, frameskip, envs) of one batch of `env_id` stepped with random actions; `barrier`: every
+    process starts stepping at once, so that their timed windows overlap."""
     import numpy as np
 
     from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
@@ -86,6 +87,8 @@ def _step_envs(env_id: str, num_envs, seconds: float, seed: int) -> tuple:
     num_envs = num_envs or ENVS_PER_WORKER_HINT[spec.family]
     env = make_batch_env(plan.cfg.env.env, plan.cfg.env.env_backend, num_envs, seed=seed, spec=spec)
     env.reset()
+    if barrier is not None:
+        barrier.wait()
     rng, nvec = np.random.default_rng(seed), spec.action.nvec
     actions = [rng.integers(0, nvec[0], num_envs) for _ in range(64)]
     steps, start, deadline, i = 0, time.monotonic(), None, 0
@@ -103,8 +106,11 @@ def _step_envs(env_id: str, num_envs, seconds: float, seed: int) -> tuple:
 def env_only(args) -> None:
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-        runs = pool.starmap(_step_envs, [(args.env, args.num_envs, args.seconds, i) for i in range(args.processes)])
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(args.processes) as pool:
+        barrier = manager.Barrier(args.processes)
+        jobs = [(args.env, args.num_envs, args.seconds, i, barrier) for i in range(args.processes)]
+        runs = pool.starmap(_step_envs, jobs)
     rate, frameskip, num_envs = sum(r[0] for r in runs), runs[0][1], runs[0][2]
     print(
         json.dumps(

@@ -89,6 +89,7 @@ smoke() {
 
 cartpole() {  # ours sized for 16 cores and the GPU, eager and --compile, against the one-file PPO at two sizes
   [ -z "${BUILD:-}" ] || wait "$BUILD"
+  BUILD=
   local sized=(--num_workers 14 --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1)
   run cartpole_w14 "$RUN_SEC" "${sized[@]}"
   run cartpole_w14_compile $((RUN_SEC + 20)) "${sized[@]}" --compile true

@@ -72,7 +72,7 @@ def _train(train_dir: str, name: str, flags: list) -> dict:
         and str(result["policy_worker_device"]).startswith("cuda")
         and str(result["shared_weights_device"]).startswith("cuda")
         and summary["learner_version"] > 0
-        and roles
+        and "learner" in on_cuda  # the listing sees this run's processes: the check below means something
         and not any(role.startswith("rollout_worker") for role in on_cuda)
     )
     if not result["ok"]:
@@ -89,7 +89,10 @@ def main() -> int:
     result: dict = {"bench": "gpu_smoke", "skipped": False}
     with tempfile.TemporaryDirectory(prefix="sf_engine_gpu_") as train_dir:
         for name, flags in RUNS.items():
-            result[name] = _train(train_dir, name, flags)
+            try:
+                result[name] = _train(train_dir, name, flags)
+            except (OSError, KeyError, ValueError, subprocess.TimeoutExpired) as exc:  # still one JSON line
+                result[name] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
         enjoy = subprocess.run(
             [
                 sys.executable,

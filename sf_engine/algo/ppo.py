@@ -101,7 +101,7 @@ class PPO:
         # --compile: the feed-forward minibatches' forward through torch.compile (the same parameters; a
         # second minibatch size makes the batch dimension dynamic, not one graph per size)
         self.forward = torch.compile(self.model) if cfg.run.compile else self.model
-        self.compiling_updates = 3 if cfg.run.compile else 0  # the first ones compile: heartbeats meanwhile
+        self.compiling = cfg.run.compile  # a new minibatch size compiles again, at any update: heartbeats meanwhile
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
         self.coefficients = self._coefficients()
 
@@ -353,9 +353,8 @@ class PPO:
                 if picked.numel() < 1 or self.hooks.stopping():  # a stopping run does not wait for epochs
                     continue
                 self.hooks.beat()
-                with base.keep_beating(self.hooks.beat) if self.compiling_updates else contextlib.nullcontext():
+                with base.keep_beating(self.hooks.beat) if self.compiling else contextlib.nullcontext():
                     stats = gradients(picked)
-                self.compiling_updates = max(0, self.compiling_updates - 1)
                 if stats is None:
                     continue
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)

@@ -381,7 +381,7 @@ class ActorCritic(nn.Module):
     def outputs(self, obs: dict, state=None):
         """(params, normalized values, new state): forward's outputs with or without a core (the new
         state is None without one)."""
-        return self(obs, state) if self.recurrent else (*self(obs), None)
+        return self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
 
     def sample(self, obs: dict, state=None, forward=None):
         """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without

@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from sf_engine.algo.base import keep_beating
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.graphed import BucketedForward, bucket_sizes
 from sf_engine.model.policy import build_policy
@@ -66,7 +67,7 @@ class PolicyWorker:
         forward = BucketedForward(
             model.outputs, example, model.state_size if model.recurrent else 0, sizes, self.device
         )
-        with torch.inference_mode():
+        with torch.inference_mode(), keep_beating(self.ctx.beat):  # compiling may outlast --stuck_timeout_sec
             forward.warm_up()
         return forward
 

@@ -38,5 +38,6 @@ class PinnedRows:
             staging = torch.empty((self.most, *array.shape[2:]), dtype=torch.from_numpy(array[:0, 0]).dtype)
             staging = self._staging[key] = staging.pin_memory()
         flat = array.reshape(array.shape[0] * array.shape[1], *array.shape[2:])  # a view of shared memory
-        np.take(flat, slots * array.shape[1] + rows, axis=0, out=staging.numpy()[:n])
+        # mode "clip" (the indices are valid): "raise" would write a temporary first, then copy it into `out`
+        np.take(flat, slots * array.shape[1] + rows, axis=0, out=staging.numpy()[:n], mode="clip")
         return staging[:n].reshape(-1, *array.shape[3:]).to(self.device, non_blocking=True)
