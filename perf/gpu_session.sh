@@ -8,7 +8,7 @@
 #   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
 #   PONG_SEC=520 perf/gpu_session.sh tests pong           # Pong-v5 from scratch for the 10-minute score
 #   perf/gpu_session.sh bf16 compile_pong breakout        # the A/B runs on Pong, Breakout's replay
-#   perf/gpu_session.sh advice                            # the bottleneck report's advice taken, and its effect
+#   perf/gpu_session.sh advice learner                    # the report's advice taken; the GPU learner's step
 #   perf/gpu_session.sh doom                              # doom_basic sampling and training (carry .gpu_doom)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, 270), DEVICE (cuda; cpu
 # to try the script without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages),
@@ -123,6 +123,12 @@ breakout() {
   for algo in dqn pqn; do
     run "breakout_$algo" 30 --env Breakout-v5 --algo "$algo" --num_workers 14
   done
+}
+
+learner() {  # the GPU learner's step alone at CartPole's GPU sizes, and where its time goes (host or GPU)
+  timeout 240 $PY perf/learner_step.py --steps 20 --profile 5 -- --device "$DEVICE" --num_workers 14 \
+    --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1 2>> "$OUT/runs.log" \
+    | tee -a "$OUT/figures.jsonl"
 }
 
 advice() {  # the bottleneck report put to the test: each run's advice taken, the figure should move its way

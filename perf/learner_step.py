@@ -1,6 +1,6 @@
-"""What one learner step costs on the CPU, alone: the real Learner (the run plan's model, optimizer and
-training batch) trains over and over on trajectory slots filled with plausible data, without
-sampling, so nothing else competes for the cores.
+"""What one learner step costs (on the CPU, or the GPU with `-- --device cuda`), alone: the real Learner (the
+run plan's model, optimizer and training batch) trains over and over on trajectory slots filled with plausible
+data, without sampling, so nothing else competes for the cores.
 
   python perf/learner_step.py                          # CartPole-v1 defaults, 1 worker x 256 envs
   python perf/learner_step.py --profile 20             # + torch's profiler: where the time goes, op by op
@@ -120,6 +120,7 @@ def main() -> None:
         out = {
             "bench": "learner_step",
             "env": cfg.env.env,
+            "device": cfg.run.device,
             "rnn": cfg.model.rnn,
             "threads": cfg.learner.learner_threads,
             "batch": cfg.learner.batch_size * cfg.learner.num_batches_per_epoch,
@@ -135,10 +136,14 @@ def main() -> None:
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            on_gpu = cfg.run.device.startswith("cuda")
+            with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * on_gpu) as prof:
                 for _ in range(args.profile):
                     step()
             averages = prof.key_averages()
+            if on_gpu:  # the GPU's busy time against the step's: well under it, the step is bound by the host
+                busy = sum(getattr(e, "self_device_time_total", 0) for e in averages) / args.profile / 1000
+                out["gpu_busy_ms_per_step"] = round(busy, 2)
             total = sum(e.self_cpu_time_total for e in averages)
             top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)[: args.top]
             out["profile_top_ops"] = [
