@@ -112,6 +112,8 @@ def test_the_pinned_gather_takes_the_rows_asked_for_in_order():
     if CUDA:
         assert gather._staging["obs"].is_pinned()
     assert np.array_equal(to_device(array, device).cpu().numpy(), array)
+    strided = array.swapaxes(0, 1)  # as the learner's time-major trajectories: one copy into place
+    assert np.array_equal(to_device(strided, device).cpu().numpy(), strided)
 
 
 @needs_cuda

@@ -37,8 +37,8 @@ class BucketedForward:
         self._inputs: dict[int, tuple] = {}  # size -> (obs, state) its graph or compiled call reads
         self._outputs: dict[int, tuple] = {}  # size -> the CUDA graph's output tensors
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._forward = forward if self.cuda else torch.compile(forward, dynamic=False)
-        self._raw_forward = forward
+        self._forward = forward
+        self._compiled = None if self.cuda else torch.compile(forward, dynamic=False)
         for size in sizes:
             obs = {key: value.expand(size, *value.shape[1:]).clone() for key, value in example.items()}
             state = torch.zeros(size, state_size, device=self.device) if state_size else None
@@ -59,7 +59,7 @@ class BucketedForward:
     def __call__(self, obs: dict, state=None) -> tuple:
         rows = next(iter(obs.values())).shape[0]
         if rows > self.sizes[-1]:  # more requests than splits (a restarted worker's stale ones too): uncompiled
-            return self._raw_forward(obs, state)
+            return self._forward(obs, state)
         size = self.bucket(rows)
         inputs, in_state = self._inputs[size]
         for key, value in obs.items():
@@ -71,7 +71,7 @@ class BucketedForward:
     def _run(self, size: int) -> tuple:
         obs, state = self._inputs[size]
         if not self.cuda:
-            return self._forward(obs, state)
+            return self._compiled(obs, state)
         if size not in self._graphs:
             self._capture(size)
         self._graphs[size].replay()
@@ -84,9 +84,9 @@ class BucketedForward:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(3):
-                self._raw_forward(obs, state)
+                self._forward(obs, state)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._outputs[size] = self._raw_forward(obs, state)
+            self._outputs[size] = self._forward(obs, state)
         self._graphs[size] = graph

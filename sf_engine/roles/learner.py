@@ -214,7 +214,7 @@ class Learner:
 
         def time_major(array):  # [S, R, E, ...] -> [R, S * E, ...]
             picked = array[index].swapaxes(0, 1)
-            return to_device(np.ascontiguousarray(picked).reshape(picked.shape[0], -1, *picked.shape[3:]), self.device)
+            return to_device(picked, self.device).reshape(picked.shape[0], -1, *picked.shape[3:])
 
         fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
         return TrajectoryBatch(

@@ -21,7 +21,7 @@ from sf_engine.model.graphed import BucketedForward, bucket_sizes
 from sf_engine.model.policy import build_policy
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.transfer import PinnedRows, to_device
+from sf_engine.runtime.transfer import PinnedRows, to_device, torch_dtype
 from sf_engine.runtime.wiring import InferenceRequest
 from sf_engine.stats.messages import Inference
 from sf_engine.stats.stages import InferenceStage, StageTimer
@@ -40,15 +40,16 @@ class PolicyWorker:
         self.models = [build_policy(ctx.plan.spec, cfg, cfg.run.bf16).to(self.device) for _ in range(self.num_acting)]
         # epsilon-greedy acting (value-based algorithms): env row i = (worker, split, env) in that order, of N
         self.qcfg, self.env_steps_base = (cfg.q, ctx.plan.env_steps_base) if cfg.acts_on_q else (None, 0)
-        rows = max(cfg.sampler.total_splits, 1) * self.envs_per_split
+        most_requests = max(cfg.sampler.total_splits, 1)  # one per split at a time
+        rows = most_requests * self.envs_per_split
         self.exponents = epsilon_exponents(rows, cfg.q.apex_alpha).reshape(-1, self.envs_per_split)
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
-        self.gather = PinnedRows(self.device, max(cfg.sampler.total_splits, 1))
+        self.gather = PinnedRows(self.device, most_requests)
         self.forwards = [None] * self.num_acting  # --compile: each model's BucketedForward
         if cfg.run.compile:
-            sizes = bucket_sizes(self.envs_per_split, max(cfg.sampler.total_splits, 1))
+            sizes = bucket_sizes(self.envs_per_split, most_requests)
             self.forwards = [self._bucketed(model, sizes) for model in self.models]
         self.weights = [ctx.weights(policy) for policy in range(self.num_acting)]
         self.versions = np.full(self.num_acting, -1, np.int64)
@@ -60,7 +61,7 @@ class PolicyWorker:
     def _bucketed(self, model, sizes: list) -> BucketedForward:
         """--compile: `model`'s acting forward captured (CUDA graphs) or compiled at `sizes` rows, now."""
         example = {
-            key: torch.zeros((1, *a.shape[3:]), dtype=torch.from_numpy(a[:0]).dtype, device=self.device)
+            key: torch.zeros((1, *a.shape[3:]), dtype=torch_dtype(a.dtype), device=self.device)
             for key, a in self.buffers.obs.items()
         }
         model.refresh_bf16_acting()  # --bf16: the bfloat16 copies the graphs will read, made before capture

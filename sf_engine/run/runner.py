@@ -115,8 +115,7 @@ def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
                 cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
             )
             SlotPool(buffers, queues).fill()
-            stats = RunStats(plan.env_steps_base, buffers.env_steps)
-            stats.on_gpu = cfg.run.device.startswith("cuda")
+            stats = RunStats(plan.env_steps_base, buffers.env_steps, on_gpu=cfg.run.device.startswith("cuda"))
             reporter = Reporter(
                 stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker, resumed=bool(plan.resume_from)
             )

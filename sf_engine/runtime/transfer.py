@@ -8,13 +8,20 @@ import numpy as np
 import torch
 
 
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of numpy's `dtype`."""
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """`array` as a tensor on `device`; on CUDA staged in pinned memory (torch's caching host allocator, which
-    keeps a staging block until its copy is done) and copied without blocking."""
-    tensor = torch.from_numpy(array)
+    """`array` (strided or not) as a contiguous tensor on `device`. On CUDA it is copied once, into pinned memory
+    (torch's caching host allocator, which keeps the block until its copy is done), then to the device without
+    blocking; on the CPU a contiguous array is not copied at all."""
     if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    pinned = torch.empty(array.shape, dtype=torch_dtype(array.dtype), pin_memory=True)
+    np.copyto(pinned.numpy(), array)
+    return pinned.to(device, non_blocking=True)
 
 
 class PinnedRows:
@@ -35,8 +42,8 @@ class PinnedRows:
             return to_device(batch, self.device)
         staging = self._staging.get(key)
         if staging is None:
-            staging = torch.empty((self.most, *array.shape[2:]), dtype=torch.from_numpy(array[:0, 0]).dtype)
-            staging = self._staging[key] = staging.pin_memory()
+            staging = torch.empty((self.most, *array.shape[2:]), dtype=torch_dtype(array.dtype), pin_memory=True)
+            self._staging[key] = staging
         flat = array.reshape(array.shape[0] * array.shape[1], *array.shape[2:])  # a view of shared memory
         # mode "clip" (the indices are valid): "raise" would write a temporary first, then copy it into `out`
         np.take(flat, slots * array.shape[1] + rows, axis=0, out=staging.numpy()[:n], mode="clip")

@@ -108,7 +108,7 @@ class PolicyBooks:
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
-    def __init__(self, env_steps_base: int, env_step_counters):
+    def __init__(self, env_steps_base: int, env_step_counters, on_gpu: bool = False):
         self.env_steps_base, self.counters = env_steps_base, env_step_counters
         self.start_time = time.monotonic()
         self.throughput = Throughput(env_steps_base)
@@ -138,7 +138,7 @@ class RunStats:
         self.replay_samples = 0  # with a replay buffer: transitions sampled and trained on
         self.skipped_updates = 0  # the learner's optimizer steps skipped for a non-finite loss or gradient
         self.diagnosis = None
-        self.on_gpu = False  # the learner and policy worker on CUDA: the bottleneck report's advice differs
+        self.on_gpu = on_gpu  # the learner and policy worker on CUDA: the bottleneck report's advice differs
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
         self._handlers = {
