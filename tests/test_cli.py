@@ -1,11 +1,15 @@
 """Command line: --help, one-line errors for bad input before any process starts, the resolved config."""
 
+import argparse
+import dataclasses
 import json
 import os
 
 import pytest
 from conftest import files_of, read_json, run_train, train_error
 
+from sf_engine.config.cli import build_parser
+from sf_engine.config.groups import GROUPS
 from sf_engine.runtime.device import cuda_device_count
 
 
@@ -43,6 +47,17 @@ def test_help_explains_every_flag(tmp_path):
         "--max_worker_restarts",
     ):
         assert flag in result.stdout, flag
+
+
+def test_help_prints_every_flags_text_as_written():
+    # argparse formats help texts with %: a text with a percent sign in it must still print as written
+    parser = build_parser()
+    parser.formatter_class = lambda prog: argparse.HelpFormatter(prog, width=1_000_000)
+    printed = " ".join(parser.format_help().split())
+    assert "option_strings" not in printed  # a stray % formats argparse's own fields into the text
+    for cls in GROUPS.values():
+        for fld in dataclasses.fields(cls):
+            assert " ".join(fld.metadata["help"].split()) in printed, fld.name
 
 
 @pytest.mark.parametrize(

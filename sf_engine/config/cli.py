@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(group_name)
         for fld in dataclasses.fields(cls):
             convert, choices = value_type(fld)
-            kwargs = {"help": f"{fld.metadata['help']} (default: {fld.default})", "dest": f"{group_name}.{fld.name}"}
+            text = f"{fld.metadata['help']} (default: {fld.default})".replace("%", "%%")  # argparse formats help with %
+            kwargs = {"help": text, "dest": f"{group_name}.{fld.name}"}
             if convert is _str_to_bool:
                 kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
             elif choices:
