@@ -6,13 +6,15 @@
 # their train.log files to train_logs.txt (at most 8 files come back from that machine).
 #
 #   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
-#   PONG_SEC=520 perf/gpu_session.sh tests pong           # Pong-v5 from scratch for the 10-minute score
-#   perf/gpu_session.sh bf16 compile_pong breakout        # the A/B runs on Pong, Breakout's replay
-#   perf/gpu_session.sh advice learner                    # the report's advice taken; the GPU learner's step
-#   perf/gpu_session.sh doom                              # doom_basic sampling and training (carry .gpu_doom)
-# Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, 270), DEVICE (cuda; cpu
-# to try the script without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages),
-# BF16_FLAGS (the --bf16 values `bf16` runs, "false true").
+#   BUDGET_SEC=585 PONG_SEC=540 perf/gpu_session.sh tests_beside pong bf16 compile_pong breakout learner advice doom
+#       # one call of at most 10 minutes: Pong-v5 from scratch until its score reaches 15 (the CUDA tests beside
+#       # it), then each section that still fits: the A/B runs (bf16, --compile), Breakout's replay, the GPU
+#       # learner's step, the report's advice taken, doom_basic sampling and training (carry .gpu_doom)
+# Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
+# PONG_TARGET (the score that ends it, 15), BUDGET_SEC (the seconds this call has: a section that no longer fits
+# is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script without a GPU),
+# PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16 values `bf16`
+# runs, "false true").
 set -uo pipefail
 : "${OUT:?OUT must name the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -42,18 +44,30 @@ except OSError as exc:
     s = {"error": str(exc)}
 keys = ("env_steps_per_sec", "frames_per_sec", "episode_return_mean", "eval_return_mean", "policy_lag_mean",
         "policy_lag_max", "num_workers", "num_envs_per_worker", "inference_batch_mean", "learner_version",
-        "bottleneck", "bottleneck_report", "replay_ratio", "error")
-try:  # the last 10-s window's rate (a --compile run's compiling is not in it)
-    rates = [line.split(" env steps/s")[0].split("| ")[-1] for line in open(os.path.join(sys.argv[1], "train.log"))
-             if " env steps/s (" in line]
-    window = float(rates[-1].replace(",", "")) if rates else None
-except (OSError, ValueError):
-    window = None
+        "bottleneck", "bottleneck_report", "replay_ratio", "wall_sec", "env_steps", "episodes", "error")
+number = lambda text: float(text.replace(",", ""))
+window, returns, stopped = None, [], None
+try:  # each status line: [seconds] env steps N | R env steps/s (..., 10 s) | return X (last 100 of E) | ...
+    lines = open(os.path.join(sys.argv[1], "train.log")).readlines()
+except OSError:
+    lines = []
+for line in lines:
+    try:
+        if " env steps/s (" in line:  # the last 10-s window's rate (a --compile run's compiling is not in it)
+            window = number(line.split(" env steps/s")[0].split("| ")[-1])
+            if "| return - " not in line:  # the return over time: [seconds, env steps, mean of the last 100]
+                seconds = number(line.split("[")[1].split("s]")[0])
+                steps = number(line.split("env steps ")[1].split(" |")[0])
+                returns.append([seconds, int(steps), number(line.split("| return ")[1].split(" ")[0])])
+        if " stopped: " in line:
+            stopped = line.split(" stopped: ")[1].strip()
+    except (ValueError, IndexError):
+        continue
 print(json.dumps({"run": sys.argv[2], "flags": sys.argv[3], **{k: s.get(k) for k in keys if k in s},
-                  "last_window_env_steps_per_sec": window}))
+                  "last_window_env_steps_per_sec": window, "stopped": stopped, "returns": returns}))
 EOF
   { echo "=== $name"; cat "$TD/$name/train.log"; } >> "$OUT/train_logs.txt" 2> /dev/null
-  tail -1 "$OUT/figures.jsonl"
+  tail -1 "$OUT/figures.jsonl" | cut -c1-700  # the whole line (with the return over time) comes back in the file
 }
 
 machine() {
@@ -80,6 +94,11 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA
   timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
+}
+
+tests_beside() {  # the same in the background, beside a run that is timed for its score, not its rate (pong)
+  tests > /dev/null &
+  TESTS=$!
 }
 
 smoke() {
@@ -109,11 +128,23 @@ pong_ceiling() {  # Pong's envs alone on every core: the frames/s that training 
     | tee -a "$OUT/figures.jsonl"
 }
 
-pong() { run pong_scratch "$PONG_SEC" --env Pong-v5 --num_workers 14; }
+pong() {  # from scratch until the mean score of the last 100 games reaches PONG_TARGET, at most PONG_SEC (and
+  # what BUDGET_SEC leaves, less the stop's minute)
+  local seconds=$PONG_SEC
+  [ -z "${BUDGET_SEC:-}" ] || seconds=$((BUDGET_SEC - SECONDS - 60 < PONG_SEC ? BUDGET_SEC - SECONDS - 60 : PONG_SEC))
+  run pong_scratch "$seconds" --env Pong-v5 --num_workers 14 --stop_at_return "${PONG_TARGET:-15}"
+}
 
-bf16() {  # the learner's and the policy worker's encoders in bfloat16, against float32, on Pong's CNN
-  for flag in ${BF16_FLAGS:-false true}; do  # BF16_FLAGS=true: the bf16 run alone
-    run "pong_bf16_$flag" "$RUN_SEC" --env Pong-v5 --num_workers 14 --bf16 "$flag"
+bf16() {  # bfloat16 encoders against float32: CartPole's whole run (learner-bound on the GPU, so the learner's
+  # dtype can move its rate; and does it still learn), then Pong's CNN learner step alone (Pong's runs are bound by
+  # its envs)
+  local sized=(--num_workers 14 --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1)
+  for flag in ${BF16_FLAGS:-false true}; do  # BF16_FLAGS=true: the bf16 runs alone
+    run "cartpole_bf16_$flag" "$RUN_SEC" "${sized[@]}" --bf16 "$flag"
+  done
+  for flag in ${BF16_FLAGS:-false true}; do
+    timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
+      --num_envs_per_worker 32 --bf16 "$flag" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
   done
 }
 
@@ -125,10 +156,17 @@ breakout() {
   done
 }
 
-learner() {  # the GPU learner's step alone at CartPole's GPU sizes, and where its time goes (host or GPU)
+learner() {  # the GPU learner's step alone at CartPole's GPU sizes, and where its time goes (host or GPU); then
+  # Pong's at minibatches of 1,024 (its default) and 256 (Sample Factory's and CleanRL's): the samples/s a GPU
+  # learner takes at each, against the 16,000 env steps/s that Pong's envs make on these cores
   timeout 240 $PY perf/learner_step.py --steps 20 --profile 5 -- --device "$DEVICE" --num_workers 14 \
     --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1 2>> "$OUT/runs.log" \
     | tee -a "$OUT/figures.jsonl"
+  for size in 1024 256; do
+    timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
+      --num_envs_per_worker 32 --batch_size "$size" --num_batches_per_epoch $((4096 / size)) 2>> "$OUT/runs.log" \
+      | tee -a "$OUT/figures.jsonl"
+  done
 }
 
 advice() {  # the bottleneck report put to the test: each run's advice taken, the figure should move its way
@@ -145,13 +183,23 @@ doom() {
   PYTHONPATH=/tmp/doom:$PYTHONPATH run doom_training 60 --env doom_basic --num_workers 16
 }
 
+# each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
+declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
+  [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
+  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
 for section in "${sections[@]}"; do
-  echo "== $section ($(date +%T))"
+  if [ -n "${BUDGET_SEC:-}" ] && [ $((BUDGET_SEC - SECONDS)) -lt "${NEEDS[$section]:-0}" ]; then
+    echo "{\"run\": \"$section\", \"skipped\": \"$((BUDGET_SEC - SECONDS)) s left of BUDGET_SEC\"}" \
+      | tee -a "$OUT/figures.jsonl"
+    continue
+  fi
+  echo "== $section ($(date +%T), ${SECONDS} s)"
   "$section"
 done
 [ -z "${BUILD:-}" ] || wait "$BUILD"
+[ -z "${TESTS:-}" ] || wait "$TESTS"
 tail -2 "$OUT/machine.txt" 2> /dev/null
 rm -rf "$TD"
 ls -la "$OUT"
