@@ -35,29 +35,19 @@ def main() -> None:
         return env_only(args)
     import torch
 
-    from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
     from sf_engine.model.actor_critic import ActorCritic, obs_tensors
-    from sf_engine.run.plan import build_plan
 
     torch.set_num_threads(1)
-    plan = build_plan(["--env", args.env, "--mode", "serial", "--restart"])  # --restart: reads no experiment
-    cfg, spec = plan.cfg, plan.spec
-    num_envs = args.num_envs or ENVS_PER_WORKER_HINT[spec.family]
-    env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=0, spec=spec)
-    model = ActorCritic(spec, cfg.model)
-    obs, steps = env.reset(), 0
+    env, plan, num_envs = _batch_env(args.env, args.num_envs, seed=0)
+    spec, model = plan.spec, ActorCritic(plan.spec, plan.cfg.model)
+    obs = env.reset()
+
+    def step() -> None:
+        nonlocal obs
+        obs = env.step(model.sample(obs_tensors(obs))[0].numpy()).obs
+
     with torch.inference_mode():
-        deadline, start = None, time.monotonic()
-        while True:
-            now = time.monotonic()
-            if deadline is None and now - start >= 2.0:  # warm-up
-                deadline, start, steps = now + args.seconds, now, 0
-            if deadline is not None and now >= deadline:
-                break
-            actions = model.sample(obs_tensors(obs))[0]
-            obs = env.step(actions.numpy()).obs
-            steps += num_envs
-    rate = steps / (time.monotonic() - start)
+        rate = _steps_per_sec(step, num_envs, args.seconds)
     cores = os.cpu_count()
     print(
         json.dumps(
@@ -74,33 +64,47 @@ def main() -> None:
     )
 
 
-def _step_envs(env_id: str, num_envs, seconds: float, seed: int, barrier=None) -> tuple:
-    """(env steps/s, frameskip, envs) of one batch of `env_id` stepped with random actions; `barrier`: every
-    process starts stepping at once, so that their timed windows overlap."""
-    import numpy as np
-
+def _batch_env(env_id: str, num_envs, seed: int) -> tuple:
+    """(batch env, run plan, envs): `num_envs` of `env_id` (None: the family's envs per worker), as train.py
+    would make them."""
     from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
     from sf_engine.run.plan import build_plan
 
-    plan = build_plan(["--env", env_id, "--mode", "serial", "--restart"])
-    spec = plan.spec
-    num_envs = num_envs or ENVS_PER_WORKER_HINT[spec.family]
-    env = make_batch_env(plan.cfg.env.env, plan.cfg.env.env_backend, num_envs, seed=seed, spec=spec)
-    env.reset()
-    if barrier is not None:
-        barrier.wait()
-    rng, nvec = np.random.default_rng(seed), spec.action.nvec
-    actions = [rng.integers(0, nvec[0], num_envs) for _ in range(64)]
-    steps, start, deadline, i = 0, time.monotonic(), None, 0
+    plan = build_plan(["--env", env_id, "--mode", "serial", "--restart"])  # --restart: reads no experiment
+    num_envs = num_envs or ENVS_PER_WORKER_HINT[plan.spec.family]
+    env = make_batch_env(plan.cfg.env.env, plan.cfg.env.env_backend, num_envs, seed=seed, spec=plan.spec)
+    return env, plan, num_envs
+
+
+def _steps_per_sec(step, num_envs: int, seconds: float) -> float:
+    """Env steps/s of `step()` (one step of `num_envs` envs) called over `seconds`, after 2 s of warm-up."""
+    steps, start, deadline = 0, time.monotonic(), None
     while True:
         now = time.monotonic()
         if deadline is None and now - start >= 2.0:  # warm-up
             deadline, start, steps = now + seconds, now, 0
         if deadline is not None and now >= deadline:
             break
-        env.step(actions[i % 64])
-        steps, i = steps + num_envs, i + 1
-    return steps / (time.monotonic() - start), spec.frameskip, num_envs
+        step()
+        steps += num_envs
+    return steps / (time.monotonic() - start)
+
+
+def _step_envs(env_id: str, num_envs, seconds: float, seed: int, barrier=None) -> tuple:
+    """(env steps/s, frameskip, envs) of one batch of `env_id` stepped with random actions; `barrier`: every
+    process starts stepping at once, so that their timed windows overlap."""
+    import itertools
+
+    import numpy as np
+
+    env, plan, num_envs = _batch_env(env_id, num_envs, seed)
+    env.reset()
+    if barrier is not None:
+        barrier.wait()
+    rng, nvec = np.random.default_rng(seed), plan.spec.action.nvec
+    actions, turn = [rng.integers(0, nvec[0], num_envs) for _ in range(64)], itertools.count()
+    rate = _steps_per_sec(lambda: env.step(actions[next(turn) % 64]), num_envs, seconds)
+    return rate, plan.spec.frameskip, num_envs
 
 
 def env_only(args) -> None:
