@@ -101,7 +101,6 @@ class PPO:
         # --compile: the feed-forward minibatches' forward through torch.compile (the same parameters; a
         # second minibatch size makes the batch dimension dynamic, not one graph per size)
         self.forward = torch.compile(self.model) if cfg.run.compile else self.model
-        self.compiling = cfg.run.compile  # a new minibatch size compiles again, at any update: heartbeats meanwhile
         self.optimizer = FlatAdam(self.model, self.params, lr=self.lcfg.learning_rate, eps=self.lcfg.adam_eps)
         self.coefficients = self._coefficients()
 
@@ -353,7 +352,8 @@ class PPO:
                 if picked.numel() < 1 or self.hooks.stopping():  # a stopping run does not wait for epochs
                     continue
                 self.hooks.beat()
-                with base.keep_beating(self.hooks.beat) if self.compiling else contextlib.nullcontext():
+                # --compile: a new minibatch size compiles again, at any update: heartbeats meanwhile
+                with base.keep_beating(self.hooks.beat) if self.cfg.run.compile else contextlib.nullcontext():
                     stats = gradients(picked)
                 if stats is None:
                     continue
