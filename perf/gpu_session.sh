@@ -143,9 +143,17 @@ bf16() {  # bfloat16 encoders against float32: CartPole's whole run (learner-bou
     run "cartpole_bf16_$flag" "$RUN_SEC" "${sized[@]}" --bf16 "$flag"
   done
   for flag in ${BF16_FLAGS:-false true}; do
-    timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
-      --num_envs_per_worker 32 --bf16 "$flag" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+    pong_step --bf16 "$flag"
   done
+}
+
+# pong_step FLAGS...: Pong's learner step alone (perf/learner_step.py) with these train.py flags, once a call
+declare -A PONG_STEPS=()
+pong_step() {
+  [ -z "${PONG_STEPS[$*]:-}" ] || return 0
+  PONG_STEPS[$*]=1
+  timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
+    --num_envs_per_worker 32 "$@" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
 }
 
 compile_pong() { run pong_compile $((RUN_SEC + 20)) --env Pong-v5 --num_workers 14 --compile true; }
@@ -157,16 +165,14 @@ breakout() {
 }
 
 learner() {  # the GPU learner's step alone at CartPole's GPU sizes, and where its time goes (host or GPU); then
-  # Pong's at minibatches of 1,024 (its default) and 256 (Sample Factory's and CleanRL's): the samples/s a GPU
-  # learner takes at each, against the 16,000 env steps/s that Pong's envs make on these cores
+  # Pong's at minibatches of 1,024 (the Atari default before 2026-11-27) and 256 (its default, as in Sample
+  # Factory and CleanRL; float32, as `bf16` measures it): the samples/s a GPU learner takes at each, against the
+  # 16,000 env steps/s that Pong's envs make on these cores
   timeout 240 $PY perf/learner_step.py --steps 20 --profile 5 -- --device "$DEVICE" --num_workers 14 \
     --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1 2>> "$OUT/runs.log" \
     | tee -a "$OUT/figures.jsonl"
-  for size in 1024 256; do
-    timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
-      --num_envs_per_worker 32 --batch_size "$size" --num_batches_per_epoch $((4096 / size)) 2>> "$OUT/runs.log" \
-      | tee -a "$OUT/figures.jsonl"
-  done
+  pong_step --batch_size 1024 --num_batches_per_epoch 4
+  pong_step --bf16 false
 }
 
 advice() {  # the bottleneck report put to the test: each run's advice taken, the figure should move its way
