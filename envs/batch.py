@@ -55,21 +55,13 @@ class BatchEnv:
     def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
         self._env, self.num_envs, self.spec = env, num_envs, spec
         self._true_score = true_score_from_info
-        action = spec.action
-        if action.kind == "continuous":
-            self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
-        self._start = np.asarray(action.start or 0)
-        self._offset = bool(np.any(self._start))
 
     def reset(self) -> dict:
         obs, _ = self._env.reset()
         return _as_dict(obs)
 
     def step(self, actions: np.ndarray) -> StepResult:
-        if self.spec.action.kind == "continuous":
-            actions = np.clip(actions, self._low, self._high)  # the env gets clipped actions
-        elif self._offset:  # Discrete(n, start=k): the policy picks 0..n-1
-            actions = actions + self._start
+        actions = self.spec.action.env_actions(actions)  # clipped, or from Discrete(n, start=k)'s k
         obs, rewards, terminated, truncated, info = self._env.step(actions)
         if self._true_score:
             score, over = info["reward"], np.logical_or(info["terminated"].astype(bool), truncated)

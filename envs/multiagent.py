@@ -92,17 +92,10 @@ class MultiAgentBatchEnv:
         self._raw = [{} for _ in range(self.num_games)]  # ParallelEnv: each game's latest obs per agent
         self._gone = [set() for _ in range(self.num_games)]  # AECEnv: agents reported done, not yet stepped out
         self._stats: list = []  # (row, episode_extra_stats) given by this step's infos (ParallelEnv)
-        action = spec.action
-        self._start = np.asarray(action.start or 0)
-        if action.kind == "continuous":
-            self._low, self._high = np.asarray(action.low, np.float32), np.asarray(action.high, np.float32)
 
     def _env_action(self, action):
-        if self.spec.action.kind == "continuous":
-            return np.clip(action, self._low, self._high)
-        if self.spec.action.kind == "discrete":
-            return int(action) + int(self._start.reshape(-1)[0])
-        return action + self._start
+        action = self.spec.action.env_actions(action)
+        return int(action) if self.spec.action.kind == "discrete" else action
 
     def _write_obs(self, game: int, agent, value) -> None:
         row = game * self.num_agents + self.row_of[str(agent)]

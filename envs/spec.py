@@ -5,6 +5,7 @@ the same (check_same_spaces)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,21 @@ class ActionSpec:
     @property
     def dtype(self) -> str:
         return "float32" if self.kind == "continuous" else "int64"
+
+    @functools.cached_property
+    def _to_env(self) -> tuple:
+        """(low, high) float32 arrays of continuous actions, or (the start per dimension, or None at 0)."""
+        if self.kind == "continuous":
+            return np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
+        return (np.asarray(self.start) if any(self.start) else None,)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """The env's actions of the policy's [B, ...]: continuous ones clipped to the bounds, discrete ones from
+        the env's first value (Gymnasium's Discrete start; the policy picks 0..n-1)."""
+        if self.kind == "continuous":
+            return np.clip(actions, *self._to_env)
+        start = self._to_env[0]
+        return actions if start is None else actions + start
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,21 @@ def obs_entries(env_id: str, space) -> tuple:
         dtype = "uint8" if sub.dtype == np.uint8 or grid else "float32"
         entries.append((str(key), tuple(int(d) for d in sub.shape), dtype))
     return tuple(entries)
+
+
+def observation_space(obs: tuple):
+    """The Gymnasium space of observation entries `obs` ((key, shape, dtype), as obs_entries reads them), the
+    action mask left out: a Dict of Boxes, or the Box alone for a plain Box observation. The bounds are the
+    dtype's (uint8: [0, 255]; float32: unbounded), not the env's: an entry holds no more. What a user's encoder
+    factory is given, in any process (sf_engine.model.encoders)."""
+    from gymnasium import spaces
+
+    boxes = {
+        key: spaces.Box(0, 255, shape, np.uint8) if dtype == "uint8" else spaces.Box(-np.inf, np.inf, shape, np.float32)
+        for key, shape, dtype in obs
+        if key != ACTION_MASK_KEY
+    }
+    return spaces.Dict(boxes) if [key for key, _, _ in obs] != ["obs"] else boxes["obs"]
 
 
 def action_spec(env_id: str, space) -> ActionSpec:

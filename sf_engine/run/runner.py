@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 
 from sf_engine.config.checks import check_flags
 from sf_engine.config.cli import make_config, parse_flags
@@ -89,17 +90,33 @@ def _stop_reason(cfg, stats: RunStats, start_time: float):
     return None
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: its exit code (0, 130 after Ctrl-C, 1 after a failure), why it stopped, its last
+    summary, and the exception of a user's observer that stopped it (None otherwise)."""
+
+    exit_code: int
+    reason: str
+    summary: dict
+    observer_error: BaseException | None = None
+
+
 def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
-    """Run the plan until a budget is reached; returns the exit code (130 after Ctrl-C, 1 after a
-    failure the run cannot go on from). `mp_context`: the started forkserver (async and sync modes;
-    started here when not given). Whatever happens, the shared memory is released, the last summary
-    written and the experiment unlocked."""
+    """Run the plan until a budget is reached; returns the exit code (run_plan)."""
+    return run_plan(plan, mp_context, exits_after).exit_code
+
+
+def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observers=()) -> Outcome:
+    """Run the plan until a budget is reached (or an observer asks to stop); returns the Outcome (exit code 130
+    after Ctrl-C, 1 after a failure the run cannot go on from). `mp_context`: the started forkserver (async and
+    sync modes; started here when not given). `observers`: the user's (sf_engine.stats.observers). Whatever
+    happens, the shared memory is released, the last summary written and the experiment unlocked."""
     cfg, serial = plan.cfg, plan.cfg.run.mode == "serial"
     if not serial and mp_context is None:
         mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
     experiment = Experiment(plan)
     experiment.lock()
-    tracker, summary, exit_code = None, None, 1
+    tracker, summary, exit_code, reporter = None, None, 1, None
     # once the stop begins, Ctrl-C cannot cut it short (_train); `exits_after` (train.py): nor the exit that follows
     previous_sigint = signal.SIG_IGN if exits_after else signal.getsignal(signal.SIGINT)
     try:
@@ -117,7 +134,13 @@ def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
             SlotPool(buffers, queues).fill()
             stats = RunStats(plan.env_steps_base, buffers.env_steps, on_gpu=cfg.run.device.startswith("cuda"))
             reporter = Reporter(
-                stats, cfg, plan.spec.frameskip, plan.paths.experiment_dir, tracker, resumed=bool(plan.resume_from)
+                stats,
+                cfg,
+                plan.spec.frameskip,
+                plan.paths.experiment_dir,
+                tracker,
+                resumed=bool(plan.resume_from),
+                observers=observers,
             )
             try:
                 exit_code, reason = _train(plan, experiment, mp_context, buffers, queues, stats, reporter)
@@ -131,20 +154,18 @@ def run(plan: RunPlan, mp_context=None, exits_after: bool = False) -> int:
         experiment.close()
         signal.signal(signal.SIGINT, previous_sigint)
     logging.info("stopped: %s", reason)
-    brief = {
-        k: v
-        for k, v in summary.items()
-        if k
-        not in (
-            "stage_seconds",
-            "role_wall_seconds",
-            "env_steps_per_sec_windows",
-            "bottleneck_report",
-            "env_step_books",
-        )
-    }
+    brief = {k: v for k, v in summary.items() if k not in _NOT_IN_THE_LAST_LINE}
     logging.info("summary: %s", json.dumps(brief))
-    return exit_code
+    return Outcome(exit_code, reason, summary, reporter.observers.error)
+
+
+_NOT_IN_THE_LAST_LINE = (
+    "stage_seconds",
+    "role_wall_seconds",
+    "env_steps_per_sec_windows",
+    "bottleneck_report",
+    "env_step_books",
+)
 
 
 def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunStats, reporter: Reporter):
@@ -167,7 +188,9 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
-            reason = _stop_reason(cfg, stats, start_time)
+            reason = _stop_reason(cfg, stats, start_time) or reporter.stop_reason
+            if reporter.observers.error is not None:
+                exit_code = 1
     except KeyboardInterrupt:
         exit_code, reason = 130, "interrupted (Ctrl-C)"
     except Terminated:
@@ -226,19 +249,31 @@ def _same_env(cfg, config_path: str) -> bool:
         return False
 
 
+def launch(argv, observers=(), exits_after: bool = False, before_processes=lambda cfg: None):
+    """A command line's run: flags -> run plan -> training. Returns the one line of a re-run with nothing to
+    train (already_done), or (the run's Outcome, its experiment directory). Bad input raises ConfigError or
+    EnvError, before anything on disk changes. `before_processes(cfg)`: called with the flags' config before
+    any process starts. Envs registered with sf_engine.envs.register_env before this call can be used."""
+    given = parse_flags(argv)
+    saved = saved_config(given)
+    first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
+    done = already_done(first)
+    if done:
+        return done
+    before_processes(first)
+    mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
+    plan = build_plan(argv, given, saved)
+    return run_plan(plan, mp_context, exits_after, observers), plan.paths.experiment_dir
+
+
 def main(argv=None) -> int:
-    """Entry point of train.py: flags -> run plan -> training. Bad input prints one line and returns 2.
-    Envs registered with sf_engine.envs.register_env before this call can be used."""
+    """Entry point of train.py: bad input prints one line and returns 2."""
     try:
-        given = parse_flags(argv)
-        saved = saved_config(given)
-        first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
-        done = already_done(first)
-        if done:
-            print(done)
-            return 0
-        mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
-        return run(build_plan(argv, given, saved), mp_context, exits_after=True)
+        launched = launch(argv, exits_after=True)
     except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if isinstance(launched, str):
+        print(launched)
+        return 0
+    return launched[0].exit_code

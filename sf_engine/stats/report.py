@@ -1,24 +1,27 @@
-"""The writers of a run's figures: TensorBoard scalars (and W&B's), the terminal status line and summary.json, each
-on its own schedule. They read the aggregated RunStats (sf_engine.stats.run_stats) and write; they aggregate
-nothing. Runs in the main process (no torch: events are written with TensorBoard's own writer).
+"""A run's figures out of the aggregated RunStats (sf_engine.stats.run_stats): TensorBoard's scalars, the terminal's
+status line and summary.json's fields, and the Reporter that hands them to the observers (sf_engine.stats.observers:
+the terminal, TensorBoard, summary.json, W&B and the user's), each of which writes on its own schedule. They read
+and aggregate nothing. Runs in the main process (no torch).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
-from tensorboard.compat.proto.event_pb2 import Event
-from tensorboard.compat.proto.summary_pb2 import Summary
-from tensorboard.plugins.text.summary_v2 import text_pb
-
+from sf_engine.stats.observers import (
+    SUMMARY_EVERY_SEC,
+    Bottleneck,
+    Figures,
+    Observers,
+    SummaryFile,
+    TensorBoardObserver,
+    TerminalObserver,
+)
 from sf_engine.stats.previous import carry_over, read_summary
-from sf_engine.stats.records import EventLog, keep_record, write_json_atomic
 from sf_engine.stats.run_stats import RunStats
 
-TENSORBOARD_EVERY_SEC = 1.0
-SUMMARY_EVERY_SEC = 10.0
+REPORT_EVERY_SEC = 1.0
 
 
 def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
@@ -313,67 +316,68 @@ def _pbt_summary(stats: RunStats):
 
 
 class Reporter:
-    """Writes the figures of `stats` when each is due: TensorBoard every second, the status line every
-    --status_every_sec, summary.json every 10 s (or the status period if shorter), the bottleneck
-    report every 30 s after warm-up. `resumed`: the run continues the experiment's previous one, whose
-    summary.json gives the figures this run has none of yet (carry_over)."""
+    """Hands the figures of `stats` to the observers (sf_engine.stats.observers): a report every second (or
+    every --status_every_sec if shorter), each checkpoint and evaluation as it arrives, the bottleneck report
+    every 30 s after warm-up. The built-in observers come first: the terminal, TensorBoard, summary.json and
+    `tracker` (W&B, or None); then `observers`, the user's. `resumed`: the run continues the experiment's
+    previous one, whose summary.json gives the figures this run has none of yet (carry_over)."""
 
-    def __init__(self, stats: RunStats, cfg, frameskip: int, experiment_dir: str, tracker=None, resumed=False):
-        self.stats, self.cfg, self.frameskip, self.dir = stats, cfg, frameskip, experiment_dir
+    def __init__(
+        self, stats: RunStats, cfg, frameskip: int, experiment_dir: str, tracker=None, resumed=False, observers=()
+    ):
+        self.stats, self.cfg, self.frameskip = stats, cfg, frameskip
         self.previous = read_summary(os.path.join(experiment_dir, "summary.json")) if resumed else {}
-        self.tracker = tracker  # tracking.WandbRun (--with_wandb) or None
-        self.events = EventLog(experiment_dir)
-        self.last_tb = self.last_status = self.last_summary = time.monotonic()
+        status_sec = cfg.run.status_every_sec
+        built_in = [
+            TerminalObserver(status_sec),
+            TensorBoardObserver(experiment_dir),
+            SummaryFile(experiment_dir, min(SUMMARY_EVERY_SEC, status_sec)),
+        ]
+        self.observers = Observers(built_in + ([tracker] if tracker is not None else []), observers)
+        self.report_every_sec = min(REPORT_EVERY_SEC, status_sec)
+        self.last_report = time.monotonic()
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why an observer asked the run to stop (it returned True, or it raised), or None."""
+        return self.observers.stop_reason
+
+    def figures(self, final: bool = False) -> Figures:
+        return Figures(
+            carry_over(summary(self.stats, self.cfg, self.frameskip), self.previous),
+            scalars(self.stats, self.cfg, self.frameskip),
+            status_line(self.stats, self.cfg, self.frameskip),
+            final,
+        )
 
     def tick(self) -> None:
         self.stats.sample()
+        self._notify_arrivals()
         now = time.monotonic()
-        if now - self.last_tb >= TENSORBOARD_EVERY_SEC:
-            self.write_tensorboard()
-            self.last_tb = now
-        if now - self.last_status >= self.cfg.run.status_every_sec:
-            logging.info(status_line(self.stats, self.cfg, self.frameskip))
-            self.last_status = now
-        if now - self.last_summary >= min(SUMMARY_EVERY_SEC, self.cfg.run.status_every_sec):
-            self.write_summary()
-            self.last_summary = now
+        if now - self.last_report >= self.report_every_sec:
+            self.observers.notify("on_report", self.figures())
+            self.last_report = now
         if self.stats.bottleneck_due():
             self.report_bottleneck()
 
+    def _notify_arrivals(self) -> None:
+        """The checkpoints written and the evaluations ended since the last tick, in their order."""
+        for method, value in self.stats.take_arrivals():
+            self.observers.notify(method, value)
+
     def report_bottleneck(self) -> None:
-        """The binding stage over the last window: terminal, TensorBoard text and scalars."""
+        """The binding stage over the last window, to every observer."""
         window_sec = self.stats.diagnose_window()
         diagnosis = self.stats.diagnosis
-        logging.info("bottleneck (last %.0f s): %s", window_sec, diagnosis.message)
         shares = policy_shares(_trained_policies(self.stats, self.cfg))
-        if shares:
-            logging.info("each policy's part since the start: %s", shares)
-        summary_pb = text_pb("perf/bottleneck", diagnosis.message)
-        summary_pb.value.extend(
-            Summary.Value(tag=f"perf/{name}", simple_value=float(v)) for name, v in diagnosis.fractions.items()
-        )
-        self.events.add(Event(wall_time=time.time(), step=self.stats.env_steps, summary=summary_pb))
-        if self.tracker is not None:
-            self.tracker.log(
-                {f"perf/{name}": float(v) for name, v in diagnosis.fractions.items()}, self.stats.env_steps
-            )
-
-    def write_tensorboard(self) -> None:
-        """The scalars to TensorBoard, and to W&B with --with_wandb."""
-        current = {tag: float(v) for tag, v in scalars(self.stats, self.cfg, self.frameskip).items()}
-        values = [Summary.Value(tag=tag, simple_value=v) for tag, v in current.items()]
-        self.events.add(Event(wall_time=time.time(), step=self.stats.env_steps, summary=Summary(value=values)))
-        if self.tracker is not None:
-            self.tracker.log(current, self.stats.env_steps)
-
-    def write_summary(self) -> dict:
-        data = carry_over(summary(self.stats, self.cfg, self.frameskip), self.previous)
-        keep_record("summary.json", lambda: write_json_atomic(os.path.join(self.dir, "summary.json"), data))
-        return data
+        report = Bottleneck(diagnosis.message, dict(diagnosis.fractions), window_sec, shares, self.stats.env_steps)
+        self.observers.notify("on_bottleneck", report)
 
     def close(self) -> dict:
-        """The final figures, after the run stopped; returns the summary."""
+        """The final figures, after the run stopped, to every observer; returns the summary."""
         self.stats.finish()
-        self.write_tensorboard()
-        self.events.close()
-        return self.write_summary()
+        self._notify_arrivals()
+        figures = self.figures(final=True)
+        self.observers.notify("on_report", figures)
+        self.observers.close()
+        return dict(figures)

@@ -7,6 +7,7 @@ Throughput figures: env steps/s counts agent steps; frames/s = env steps/s x fra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -129,6 +130,7 @@ class RunStats:
         self.remote: msg.RemoteNodes | None = None  # --num_remote_samplers: the receiver's latest report
         self.remote_steps = RateWindow(60.0)  # env steps each sampler actor stepped, last 60 s
         self.checkpoint_path = None
+        self.arrivals: list = []  # (observer method, value): checkpoints and evaluations not yet handed on
         self.checkpoint_failures, self.worker_restarts, self.policy_worker_restarts = 0, 0, 0
         self.learner_restarts, self.evaluator_restarts = 0, 0
         self.recoveries: list = []  # each restarted learner's line: where its weights and optimizer state came from
@@ -254,18 +256,7 @@ class RunStats:
 
     def _evaluation(self, m: msg.Evaluation) -> None:
         self.evaluation = m
-        logging.info(
-            "evaluation of version %d: return %.1f +- %.1f over %d episodes, %d unfinished (best %.1f)%s",
-            m.version,
-            m.return_mean,
-            m.return_std,
-            m.episodes,
-            m.unfinished,
-            m.best,
-            ""
-            if m.win_rate is None
-            else f"; against a random player: won {m.win_rate:.1%}, drew {m.draw_rate:.1%}, lost {m.loss_rate:.1%}",
-        )
+        self.arrivals.append(("on_evaluation", dataclasses.asdict(m)))
 
     def _pbt(self, m: msg.PbtRound) -> None:
         self.pbt = m
@@ -308,6 +299,12 @@ class RunStats:
 
     def _checkpoint(self, m: msg.CheckpointWritten) -> None:
         self.checkpoint_path = m.path
+        self.arrivals.append(("on_checkpoint", m.path))
+
+    def take_arrivals(self) -> list:
+        """The (observer method, value) of each checkpoint written and evaluation ended since the last call."""
+        arrivals, self.arrivals = self.arrivals, []
+        return arrivals
 
     def _checkpoint_failed(self, m: msg.CheckpointFailed) -> None:
         self.checkpoint_failures += 1

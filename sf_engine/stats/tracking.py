@@ -1,6 +1,6 @@
 """Experiment tracking in Weights & Biases (--with_wandb): the scalars TensorBoard gets, on the same
-schedule, plus the resolved config and, at the end, the run's summary. Runs in the main process, which
-report.Reporter drives; wandb is imported only when the flag is given.
+schedule (WandbRun is an observer, sf_engine.stats.observers), plus the resolved config and, at the end, the run's
+summary. Runs in the main process; wandb is imported only when the flag is given.
 
 A resumed experiment continues its W&B run: the run id is kept in <experiment>/wandb_run_id, and
 --restart starts a new one. The local W&B files go to <experiment>/wandb/ (with WANDB_MODE=offline
@@ -88,8 +88,12 @@ class WandbRun:
         run.define_metric("*", step_metric=_STEP)
         return cls(run)
 
-    def log(self, values: dict, env_steps: int) -> None:
-        self.run.log({**values, _STEP: env_steps})
+    def on_report(self, figures) -> None:
+        """An observer (sf_engine.stats.observers): every report's scalars, as TensorBoard gets them."""
+        self.run.log({**figures.scalars, _STEP: figures["env_steps"]})
+
+    def on_bottleneck(self, report) -> None:
+        self.run.log({**{f"perf/{name}": float(v) for name, v in report.fractions.items()}, _STEP: report.env_steps})
 
     def finish(self, summary: dict | None, exit_code: int) -> None:
         if summary:
