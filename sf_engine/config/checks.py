@@ -142,6 +142,11 @@ def _check_run(cfg: Config) -> None:
     for flag, value in unit.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
+    if run.deterministic and run.mode != "serial":
+        raise ConfigError(
+            f"--deterministic true is built for --mode serial: a {run.mode} run's processes interleave by the clock "
+            f"(docs/api.md, reproducible runs); use --mode serial or drop --deterministic"
+        )
     if run.stop_at_eval_return is not None and not run.eval_every_sec:
         raise ConfigError("--stop_at_eval_return needs evaluations: give --eval_every_sec too (e.g. 5)")
     if run.eval_every_sec < 0:

@@ -233,6 +233,13 @@ class RunConfig:
         "(torch.compile). Compiling takes seconds to a minute at the start; off by default: on an H100 a learner-bound "
         "CartPole run was 4% slower with it.",
     )
+    deterministic: bool = _f(
+        False,
+        "Reproducible runs (--mode serial): two runs of the same flags and --seed give the same figures and "
+        "bit-identical weights on the CPU (torch's deterministic algorithms; episode figures reported at every "
+        "step). Budget such runs in env steps: a time budget, and the times of evaluations and checkpoints, "
+        "follow the clock. docs/api.md says what sync and async runs can promise.",
+    )
     train_for_env_steps: int | None = _f(
         None,
         "Env-step budget: stop after this many env steps in total (resumed runs included; a re-run of an "

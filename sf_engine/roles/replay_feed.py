@@ -15,6 +15,7 @@ An algorithm that says `sequences` (--algo r2d2) is fed sequences of --replay_se
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -166,7 +167,8 @@ class ReplayFeed:
         sums: dict = {}
         ages = []
         beta = self._beta() if self.rcfg.prioritized else 1.0
-        deadline = time.perf_counter() + CHUNK_SEC
+        # --deterministic: the chunk ends where the ratio does, not where the clock does (the same publications)
+        deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
         started = time.perf_counter()
         while self.limiter.can_train() and time.perf_counter() < deadline and not learner.ctx.stopping:
             draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample

@@ -113,6 +113,7 @@ class RolloutWorker:
         self._plan_policies(cfg, ctx.plan.spec)
         self.timer = StageTimer(*WorkerStage)
         self.last_stats_time = time.monotonic()
+        self.every_step_stats = cfg.run.deterministic  # the episodes of a reproducible run reported as they end
         try:
             self._reset()
         except BaseException:  # the caller gets no worker to close: close the envs here
@@ -210,7 +211,7 @@ class RolloutWorker:
                 if generation == self.generation:  # else: the reply to a dead predecessor's request
                     self.num_awaiting_actions -= 1
                     self._advance(split)
-        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+        if self.every_step_stats or time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
 
     def _take_free_slots(self, timeout_sec: float = 0.0) -> None:

@@ -3,6 +3,10 @@ the other modes and stepped in turn (debugging, deterministic tests)."""
 
 from __future__ import annotations
 
+import os
+
+import torch
+
 from sf_engine.runtime.role import InProcessRoles, set_torch_threads
 from sf_engine.runtime.wiring import roles_of
 
@@ -13,6 +17,10 @@ class SerialRoles(InProcessRoles):
 
     def __init__(self, plan, buffers, queues):
         set_torch_threads("learner", plan.cfg)  # the learner's threads: the one that needs them
+        self.deterministic_before = torch.are_deterministic_algorithms_enabled()  # given back at the end
+        if plan.cfg.run.deterministic:  # --deterministic: the same bits from the same inputs (cuBLAS needs its
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # fixed workspace for that, set before use)
+            torch.use_deterministic_algorithms(True)
         super().__init__(plan, buffers, queues, roles_of(plan.cfg))
 
     def start(self) -> None:
@@ -24,3 +32,4 @@ class SerialRoles(InProcessRoles):
             self.finish()
         finally:
             self.close()
+            torch.use_deterministic_algorithms(self.deterministic_before)
