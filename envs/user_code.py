@@ -1,11 +1,12 @@
-"""A user's own code named on the command line as MODULE:NAME (`--env my_training:GoRight`, `enjoy.py
---opponent my_players:greedy`). The module is imported as `python -m` imports: the current directory
-first on sys.path, so that a my_training.py in the directory the command runs from is found. Every
+"""A user's own code named on the command line as MODULE:NAME (`--env my_training:GoRight`, `--encoder
+my_encoder:make`, `enjoy.py --opponent my_players:greedy`). The module is imported as `python -m` imports:
+the current directory first on sys.path, so that a my_training.py in the directory the command runs from is
+found. Every
 process that needs the module imports it through here, the rollout workers too (a worker's sys.path is
 the forkserver's, fixed when it started, so a change made by the main process would not reach it).
 A module that is not found, or that fails while importing, is one line: where it was looked for, or the
 exception and the file:line that raised it. Runs in the main process (probing), rollout workers,
-evaluator, the replaying process.
+learner, policy worker (a user's encoder), evaluator, the replaying process.
 """
 
 from __future__ import annotations
@@ -40,14 +41,17 @@ def _shown(path: str) -> str:
     return path if relative.startswith(os.pardir) else relative
 
 
-def describe_exception(exc: BaseException) -> str:
+def describe_exception(exc: BaseException, libraries: tuple = ()) -> str:
     """'ValueError: bad size (my_training.py:12)': the exception, the first line of its message and the
-    file:line that raised it (the innermost frame of its traceback; a SyntaxError's own line)."""
+    file:line that raised it (the innermost frame of its traceback; a SyntaxError's own line). `libraries`:
+    directories whose code is not the user's (torch's): the innermost frame outside them, where there is one."""
     message = ((exc.msg if isinstance(exc, SyntaxError) else str(exc)).splitlines() or [""])[0]
     if isinstance(exc, SyntaxError) and exc.filename:
         where = f"{_shown(exc.filename)}:{exc.lineno}"
     else:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        if libraries:
+            frames = [f for f in frames if not f.filename.startswith(libraries)] or frames
         where = f"{_shown(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
     text = f"{exc.__class__.__name__}: {message}" if message else exc.__class__.__name__
     return f"{text} ({where})" if where else text

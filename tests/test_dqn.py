@@ -311,3 +311,53 @@ def test_an_exported_dueling_q_network_keeps_to_the_legal_actions(tmp_path):
     assert (onnx_action == greedy).all() and (script_action.numpy() == greedy).all()
     np.testing.assert_allclose(onnx_value, values.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(script_value.numpy(), values.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _image_q_network(shape: tuple, encoder: str):
+    from sf_engine.config.groups import ModelConfig
+    from sf_engine.config.value import QConfig
+    from sf_engine.envs import ActionSpec, EnvSpec
+    from sf_engine.model.q_network import QNetwork
+    from sf_engine.model.shape import resolve_model_config
+
+    spec = EnvSpec(obs=(("obs", shape, "uint8"),), action=ActionSpec("discrete", nvec=(6,), start=(0,)))
+    torch.manual_seed(0)
+    return QNetwork(spec, resolve_model_config(ModelConfig(encoder=encoder), spec), QConfig(layer_norm=True))
+
+
+def test_a_layer_normalized_image_q_network_has_a_norm_after_every_hidden_layer():
+    """--layer_norm on images (PQN's, as its paper and CleanRL's pqn_atari_envpool.py have it): a LayerNorm over
+    [C, H, W] after each convolution, and one after the 512 units, each before the ReLU. The engine's own input
+    path (uint8 frames through the compiled pass, channels-last convolutions) gives the Q-values of that network
+    written out with torch's functions."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    model = _image_q_network((4, 84, 84), "nature_cnn")
+    cnn = model.encoder.nets["obs"]
+    norms = [module for module in cnn.modules() if isinstance(module, nn.LayerNorm)]
+    assert [tuple(norm.normalized_shape) for norm in norms] == [(32, 20, 20), (64, 9, 9), (64, 7, 7), (512,)]
+    with torch.no_grad():
+        for norm in norms:  # not the identity they start as
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    x = frames.float() / 255.0
+    convs = [module for module in cnn.modules() if isinstance(module, nn.Conv2d)]
+    with torch.no_grad():
+        for conv, norm in zip(convs, norms):
+            x = F.conv2d(x, conv.weight.contiguous(), conv.bias, conv.stride)
+            x = F.relu(F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias))
+        linear = cnn.fc[0]
+        x = F.relu(
+            F.layer_norm(F.linear(x.flatten(1), linear.weight, linear.bias), (512,), norms[3].weight, norms[3].bias)
+        )
+        torch.testing.assert_close(model.q_values({"obs": frames}), model.q_head(x), rtol=1e-4, atol=1e-4)
+
+    impala = _image_q_network((64, 64, 3), "impala_cnn").encoder.nets["obs"]  # [H, W, C] frames
+    impala_convs = [module for module in impala.modules() if isinstance(module, nn.Conv2d)]
+    assert sum(isinstance(module, nn.LayerNorm) for module in impala.modules()) == len(impala_convs) + 1 == 16
+    simple = _image_q_network((3, 72, 128), "convnet_simple").encoder.nets["obs"]
+    assert sum(isinstance(module, nn.LayerNorm) for module in simple.modules()) == 4
+    q = _image_q_network((64, 64, 3), "impala_cnn").q_values({"obs": torch.zeros(2, 64, 64, 3, dtype=torch.uint8)})
+    assert q.shape == (2, 6) and bool(q.isfinite().all())

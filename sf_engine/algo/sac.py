@@ -42,7 +42,7 @@ class SAC:
         )
         self.model = SACActor(spec, cfg.model).to(device)
         self.params = flatten_state(self.model)
-        self.critic = TwinCritic(self.model.in_size, self.model.distribution.size, cfg.model).to(device)
+        self.critic = TwinCritic(spec, cfg.model).to(device)
         self.critic_params = flatten_state(self.critic)
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
         self.target_params = flatten_state(self.target)

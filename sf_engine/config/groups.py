@@ -91,10 +91,9 @@ class SamplerConfig:
 class ModelConfig:
     encoder: str = _f(
         "auto",
-        "Encoder of image observations: 'nature_cnn' (Nature DQN), 'impala_cnn' (IMPALA "
-        "residual), 'convnet_simple' (Sample Factory's, the Doom family's default), or "
-        "'auto' (Nature CNN); vector observations always get an MLP.",
-        choices=("auto", "nature_cnn", "impala_cnn", "convnet_simple", "mlp"),
+        "Observations to features, before the cores and heads: 'nature_cnn', 'impala_cnn', 'convnet_simple' (CNNs "
+        "for images; an MLP for vectors), 'mlp' (images too), 'auto' (Nature CNN); yours: MODULE:CALLABLE or a "
+        "register_encoder name, factory(observation_space) -> torch.nn.Module, a batch (tensor or dict) -> [B, F].",
     )
     hidden_size: int = _f(64, "Width of the MLP layers for vector observations (the CNNs end in 512 units).")
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")

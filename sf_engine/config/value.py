@@ -78,9 +78,10 @@ class QConfig:
     dueling: bool = _f(False, "Dueling heads: Q = V + A - mean(A), a value stream and an advantage stream.")
     layer_norm: bool = _f(
         False,
-        "Layer normalization after each hidden layer of the Q-network (PQN's: what lets it learn without a "
-        "target network; on by default with --algo pqn, and with --algo dqn on classic control, where it solves "
-        "CartPole sooner and more steadily).",
+        "Layer normalization after each hidden layer of the Q-network: each convolution and linear layer of a "
+        "built-in encoder, before its nonlinearity (a user's --encoder is used as it is). PQN's: what lets it learn "
+        "without a target network; on by default with --algo pqn, and with --algo dqn on classic control, where it "
+        "solves CartPole sooner and more steadily.",
     )
     huber_delta: float = _f(
         1.0,

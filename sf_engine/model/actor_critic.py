@@ -1,176 +1,24 @@
-"""Encoders, recurrent cores, actor-critic heads, action distributions and normalizers.
+"""The actor-critic: its encoders (sf_engine.model.features), recurrent cores, heads and action distribution.
 
-Runs in the policy worker (inference) and the learner (training). Observations arrive as a dict
-key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled here, on the device).
-Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [B].
+Runs in the policy worker (inference), the learner (training), the evaluator, enjoy.py and export (greedy).
+Observations arrive as a dict key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled
+by the encoder, on the device). Outputs: distribution parameters [B, P] (logits, or Gaussian means) and values [B].
 """
 
 from __future__ import annotations
 
-import copy
-import math
-
 import torch
 from torch import nn
 
-from sf_engine.envs.spec import ACTION_MASK_KEY, is_image
+from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model import kernels
-from sf_engine.model.cnn import cnn_for
 from sf_engine.model.cnn import init_layer as _init
 from sf_engine.model.distributions import ActionDistribution
-from sf_engine.model.kernels import Tanh, mlp
+from sf_engine.model.features import Encoder, RunningMeanStd
+from sf_engine.model.kernels import mlp
 from sf_engine.model.recurrent import RecurrentCore
 
-_ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 MASKED_LOGIT = -1e9  # an illegal action's logit: probability 0 in float32, its log-probability still finite
-
-
-class RunningMeanStd(nn.Module):
-    """Running mean/variance (Chan et al. parallel merge). Buffers, so they travel with the weights."""
-
-    def __init__(self, shape: tuple):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(shape))
-        self.register_buffer("var", torch.ones(shape))
-        self.register_buffer("count", torch.full((), 1e-4))
-
-    @torch.no_grad()
-    def update(self, batch: torch.Tensor) -> None:
-        """Merge the statistics of `batch` [N, *shape] (learner only)."""
-        batch = batch.float()
-        n = batch.shape[0]
-        batch_mean = batch.mean(0)
-        batch_var = (batch - batch_mean).square_().mean(0)  # two passes: a third of torch's var(0) on images
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean += delta * n / total
-        self.var.copy_((self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total) / total)
-        self.count.copy_(total)
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-10.0, 10.0)
-
-    def image_affine(self):
-        """(scale, shift) with raw * scale + shift = (raw / 255 - mean) / std, statistics kept in [0, 1]."""
-        inv_std = torch.rsqrt(self.var + 1e-5)
-        return inv_std / 255.0, -self.mean * inv_std
-
-
-class MLP(nn.Module):
-    """`layers` linear layers of `hidden_size` units, each followed by the activation, run by kernels.mlp (one
-    compiled forward and backward on the CPU) rather than module by module: a module call costs several
-    us of Python, a large part of acting on a small batch. The parameters keep the nn.Sequential names
-    (net.0.weight, ...)."""
-
-    def __init__(self, in_size: int, hidden_size: int, layers: int, activation: str, layer_norm: bool = False):
-        super().__init__()
-        modules, size = [], in_size
-        for _ in range(layers):
-            norm = [nn.LayerNorm(hidden_size)] if layer_norm else []  # PQN's: before the nonlinearity
-            modules += [_init(nn.Linear(size, hidden_size), math.sqrt(2)), *norm, _ACTIVATIONS[activation]()]
-            size = hidden_size
-        self.net = nn.Sequential(*modules)
-        self.linears = [module for module in modules if isinstance(module, nn.Linear)]
-        self.norms = [module for module in modules if isinstance(module, nn.LayerNorm)] or None
-        self.activations = (activation,) * layers
-        self.out_size = size
-
-    def forward(self, x):
-        return mlp(x, self.linears, self.activations, norms=self.norms)
-
-    def with_head(self, head: nn.Linear) -> tuple:
-        """(linears, activations, norms) of this MLP, then `head` (no activation or norm): one kernels.mlp stack."""
-        norms = None if self.norms is None else self.norms + [None]
-        return self.linears + [head], self.activations + ("identity",), norms
-
-
-def _channels_first(shape: tuple) -> bool:
-    """Images come as [C, H, W] (EnvPool) or [H, W, C] (most Gymnasium envs, C in 1..4)."""
-    return not (shape[-1] <= 4 < shape[0])
-
-
-class Encoder(nn.Module):
-    """One sub-encoder per observation key (CNN for uint8 images, MLP for vectors), concatenated."""
-
-    def __init__(self, spec, mcfg, layer_norm: bool = False):
-        """`layer_norm`: a LayerNorm after each hidden layer of the MLPs and after each CNN's last layer."""
-        super().__init__()
-        self.keys, self.image_keys, self.hwc_keys = [], set(), set()
-        self.nets = nn.ModuleDict()
-        self.normalizers = nn.ModuleDict()
-        for key, shape, dtype in spec.obs:
-            if key == ACTION_MASK_KEY:  # not seen by the network: it masks the policy's logits (ActorCritic)
-                continue
-            self.keys.append(key)
-            if is_image(shape, dtype) and mcfg.encoder != "mlp":
-                self.image_keys.add(key)
-                if not _channels_first(shape):
-                    self.hwc_keys.add(key)
-                    shape = (shape[2], shape[0], shape[1])
-                self.nets[key] = cnn_for(shape, mcfg.encoder, layer_norm).to(memory_format=torch.channels_last)
-                if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
-                    self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
-            else:
-                size = int(math.prod(shape))
-                self.nets[key] = MLP(size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, layer_norm)
-                if mcfg.normalize_input and dtype != "uint8":
-                    self.normalizers[key] = RunningMeanStd((int(math.prod(shape)),))
-        self.out_size = sum(net.out_size for net in self.nets.values())
-
-    @property
-    def single_mlp(self):
-        """(key, MLP) when the encoder is one MLP over one vector observation, else None."""
-        if len(self.keys) == 1 and isinstance(self.nets[self.keys[0]], MLP):
-            return self.keys[0], self.nets[self.keys[0]]
-        return None
-
-    def prepare(self, key: str, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
-        """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
-        --bf16's autocast or if `bf16`), vectors flattened and normalized."""
-        if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
-            rows = x if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-            bf16 = bf16 or torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype
-            scale, shift = self.normalizers[key].image_affine() if key in self.normalizers else (None, None)
-            fused = kernels.image_affine(rows, scale, shift, bf16)  # the compiled kernel's one pass, on the CPU
-            if fused is not None:
-                return fused.permute(0, 3, 1, 2)
-            # converted as contiguous [B, H, W, C] rows (torch's CPU conversion of a channels-last view
-            # takes its slow strided path), then seen as [B, C, H, W] in channels-last
-            rows = rows.to(torch.bfloat16 if bf16 else torch.float32)
-            if scale is not None:  # (x / 255 - mean) / std in two passes, clipped to 5 std
-                return rows.mul_(scale.to(rows.dtype)).add_(shift.to(rows.dtype)).clamp_(-5.0, 5.0).permute(0, 3, 1, 2)
-            return rows.div_(255.0).permute(0, 3, 1, 2)
-        if x.dtype == torch.uint8:
-            return x.reshape(x.shape[0], -1).float().div_(255.0)
-        x = x.reshape(x.shape[0], -1).float()
-        return self.normalizers[key].normalize(x) if key in self.normalizers else x
-
-    def forward(self, obs: dict, bf16_nets: nn.ModuleDict = None) -> torch.Tensor:
-        """Features [B, out_size]; with `bf16_nets` (bfloat16_nets()) its image networks run in bfloat16."""
-        nets = self.nets if bf16_nets is None else bf16_nets
-        bf16 = bf16_nets is not None
-        if len(self.keys) == 1:
-            key = self.keys[0]
-            return nets[key](self.prepare(key, obs[key], bf16))
-        return torch.cat(
-            [nets[key](self.prepare(key, obs[key], bf16 and key in self.image_keys)) for key in self.keys], dim=1
-        )
-
-    def bfloat16_nets(self, copies: nn.ModuleDict = None) -> nn.ModuleDict:
-        """The networks with bfloat16 copies of the image networks (the others as they are): made, or
-        `copies` refreshed from the current weights."""
-        if copies is None:
-            return nn.ModuleDict(
-                {
-                    key: copy.deepcopy(net).to(torch.bfloat16) if key in self.image_keys else net
-                    for key, net in self.nets.items()
-                }
-            )
-        with torch.no_grad():
-            for key in self.image_keys:
-                for target, source in zip(copies[key].parameters(), self.nets[key].parameters()):
-                    target.copy_(source)
-        return copies
 
 
 class ActorCritic(nn.Module):
@@ -199,8 +47,10 @@ class ActorCritic(nn.Module):
         self.policy_head = _init(nn.Linear(size, self.distribution.num_params), 0.01)
         self.value_head = _init(nn.Linear(size, 1), 1.0)
         if mcfg.weight_init == "unit":  # Sample Factory's: orthogonal with gain 1 everywhere, heads included
-            for layer in self.modules():
-                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None and e.user is not None]
+            users = {id(module) for encoder in encoders for module in encoder.user.modules()}
+            for layer in self.modules():  # a user's module keeps its own init
+                if isinstance(layer, (nn.Linear, nn.Conv2d)) and id(layer) not in users:
                     _init(layer, 1.0)
         self.log_std = (
             nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
@@ -229,10 +79,10 @@ class ActorCritic(nn.Module):
         """--bf16 acting (the policy worker, after each weight reload): bfloat16 copies of the image
         networks' and the cores' weights, which forward() without gradients then runs in bfloat16
         without autocast (which casts every weight again on every call: a tenth of a Doom forward);
-        the cores' state stays float32 between steps. Models without images act under autocast. Once
-        made, a forward that finds the weights changed in place since (a load, an optimizer step)
-        refreshes the copies first."""
-        if self.bf16 and self.actor_encoder.image_keys:
+        the cores' state stays float32 between steps. Models without images (or with a user's encoder)
+        act under autocast. Once made, a forward that finds the weights changed in place since (a load, an
+        optimizer step) refreshes the copies first."""
+        if self.bf16 and self.actor_encoder.bf16_copies:
             encoders = [e for e in (self.actor_encoder, self.critic_encoder) if e is not None]
             cores = [c for c in (self.actor_core, self.critic_core) if c is not None]
             nets, weights = self._bf16_acting or ([None] * len(encoders), [None] * len(cores))
@@ -267,15 +117,20 @@ class ActorCritic(nn.Module):
             critic = features if self.critic_encoder is None else self.critic_encoder(obs)
         return features.float(), critic.float()
 
-    def _cores(self, features, critic_features, state, acting=None):
-        """One step of the core(s): (actor out, critic out, new state); `acting` as in _features."""
+    def _cores(self, features, critic_features, state, acting=None, core_step=None):
+        """One step of the core(s): (actor out, critic out, new state); `acting` as in _features; `core_step(core,
+        x, state)` -> (output, new state) replaces the cores' own step (export's: through nn.GRU / nn.LSTM)."""
         actor_weights, critic_weights = (acting[1] + [None])[:2] if acting is not None else (None, None)
+
+        def step(core, x, core_state, weights):
+            return core_step(core, x, core_state) if core_step else core.step(x, core_state, weights)
+
         if self.critic_core is None:
-            out, new_state = self.actor_core.step(features, state, actor_weights)
+            out, new_state = step(self.actor_core, features, state, actor_weights)
             return out, out, new_state
         actor_state, critic_state = state.split(self.actor_core.state_size, dim=-1)
-        out, new_actor = self.actor_core.step(features, actor_state, actor_weights)
-        critic_out, new_critic = self.critic_core.step(critic_features, critic_state, critic_weights)
+        out, new_actor = step(self.actor_core, features, actor_state, actor_weights)
+        critic_out, new_critic = step(self.critic_core, critic_features, critic_state, critic_weights)
         return out, critic_out, torch.cat([new_actor, new_critic], dim=-1)
 
     def forward(self, obs: dict, state=None):
@@ -292,6 +147,17 @@ class ActorCritic(nn.Module):
             return self.legal(self.policy_head(features), obs), self.value_head(critic_features).squeeze(-1)
         out, critic_out, new_state = self._cores(features, critic_features, state, acting)
         return self.legal(self.policy_head(out), obs), self.value_head(critic_out).squeeze(-1), new_state
+
+    def greedy(self, obs: dict, state=None, core_step=None):
+        """(the most likely action [B] or [B, K] (a Gaussian's mean [B, A], unclipped), its denormalized value [B]),
+        with a core also the new state (`state` [B, state_size]): export's function (`core_step` as in _cores)."""
+        features, critic_features = self._features(obs)
+        out, critic_out, new_state = features, critic_features, None
+        if self.recurrent:
+            out, critic_out, new_state = self._cores(features, critic_features, state, core_step=core_step)
+        action = self.distribution.mode(self.legal(self.policy_head(out), obs))
+        value = self.denormalize_values(self.value_head(critic_out).squeeze(-1))
+        return (action, value) if new_state is None else (action, value, new_state)
 
     def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
         """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask

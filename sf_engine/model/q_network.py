@@ -17,9 +17,10 @@ from torch import nn
 
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model import kernels
-from sf_engine.model.actor_critic import MASKED_LOGIT, Encoder
+from sf_engine.model.actor_critic import MASKED_LOGIT
 from sf_engine.model.cnn import init_layer
 from sf_engine.model.distributions import ActionDistribution
+from sf_engine.model.features import Encoder
 from sf_engine.model.kernels import mlp
 from sf_engine.model.recurrent import RecurrentCore, run_sequence
 
@@ -39,10 +40,11 @@ def inverse_value_rescale(x: torch.Tensor) -> torch.Tensor:
 
 
 class QNetwork(nn.Module):
-    """Encoder (MLP or CNN, with --layer_norm a LayerNorm after each hidden layer), with --rnn a recurrent core,
-    then a linear head of one Q-value per action, or with --dueling a value stream and an advantage stream:
-    Q = V + A - mean(A). With --value_rescale the Q-values are h(returns): the values that sample and greedy
-    report are h^-1 of them (returns), as the actor-critic reports denormalized values."""
+    """Encoder (--encoder's; a built-in one with --layer_norm has a LayerNorm after each hidden layer, each
+    convolution's included), with --rnn a recurrent core, then a linear head of one Q-value per action, or with
+    --dueling a value stream and an advantage stream: Q = V + A - mean(A). With --value_rescale the Q-values are
+    h(returns): the values that sample and greedy report are h^-1 of them (returns), as the actor-critic reports
+    denormalized values."""
 
     def __init__(self, spec, mcfg, qcfg, bf16: bool = False):
         """`mcfg`: a resolved ModelConfig (sf_engine.model.shape); `qcfg`: the q group (dueling, layer_norm,

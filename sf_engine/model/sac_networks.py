@@ -7,7 +7,8 @@ forward / outputs -> (distribution parameters [B, 2A]: the Gaussian's means, the
 SAC's actor has no value), sample, distribution.mode, no recurrent core. Actions are in the env's bounds: tanh of
 the Gaussian sample, scaled from [-1, 1] to [low, high] (the critics see them scaled back to [-1, 1]).
 Observations: one or more vector keys (key -> [B, *shape]), flattened and, with --normalize_input, normalized by
-the actor's running statistics, which the critics share.
+the actor's running statistics, which the critics share. With a user's encoder (sf_engine.model.encoders) the
+actor and each critic have one of their own, which receives those inputs split back into entries (`UserFeatures`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch
 from torch import nn
 
 from sf_engine.envs.spec import ACTION_MASK_KEY
-from sf_engine.model.actor_critic import RunningMeanStd
 from sf_engine.model.cnn import init_layer
+from sf_engine.model.encoders import is_builtin, user_network
+from sf_engine.model.features import RunningMeanStd
 from sf_engine.model.kernels import mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log-std is clamped here (Stable-Baselines3's bounds)
@@ -28,6 +30,23 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log-std is clamped here (St
 def vector_size(spec) -> int:
     """Values per observation over the vector keys (the action mask is not an input)."""
     return sum(int(math.prod(shape)) for key, shape, _ in spec.obs if key != ACTION_MASK_KEY)
+
+
+class UserFeatures(nn.Module):
+    """A user's encoder over SAC's inputs x [B, in_size] (the vector entries side by side, normalized with
+    --normalize_input): x split back into its entries, float32 [B, *shape] (a dict of them for a Dict observation,
+    the tensor alone for a Box one), through the user's module -> features [B, out_size]."""
+
+    def __init__(self, spec, mcfg):
+        super().__init__()
+        self.entries = [(key, shape) for key, shape, _ in spec.obs if key != ACTION_MASK_KEY]
+        self.is_dict = spec.is_dict
+        self.user, self.out_size = user_network(mcfg.encoder, spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = x.split([int(math.prod(shape)) for _, shape in self.entries], dim=1)
+        inputs = {key: part.reshape(-1, *shape) for (key, shape), part in zip(self.entries, parts)}
+        return self.user(inputs if self.is_dict else inputs["obs"])
 
 
 class MLPStack(nn.Module):
@@ -101,8 +120,10 @@ class SACActor(nn.Module):
         self.in_size = vector_size(spec)
         self.normalizer = RunningMeanStd((self.in_size,)) if mcfg.normalize_input else None
         self.distribution = SquashedGaussian(spec.action)
+        self.encoder = None if is_builtin(mcfg.encoder) else UserFeatures(spec, mcfg)  # built-in: the MLP alone
+        features = self.in_size if self.encoder is None else self.encoder.out_size
         self.net = MLPStack(
-            self.in_size, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, self.distribution.num_params, 0.01
+            features, mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, self.distribution.num_params, 0.01
         )
 
     def initial_state(self, batch: int, device="cpu"):
@@ -123,7 +144,7 @@ class SACActor(nn.Module):
 
     def params_of(self, x: torch.Tensor) -> torch.Tensor:
         """Distribution parameters [B, 2A] of inputs `x` (log-stds clamped)."""
-        mean, log_std = self.distribution.split(self.net(x))
+        mean, log_std = self.distribution.split(self.net(x if self.encoder is None else self.encoder(x)))
         return torch.cat([mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)], dim=-1)
 
     def forward(self, obs: dict, state=None):
@@ -155,10 +176,14 @@ class TwinCritic(nn.Module):
     """Two Q-networks Q1, Q2 over (inputs, action in [-1, 1]): the learner's, never published. Their layers are
     stacked ([2, in, out] weights) and run as one batched product per layer: half the ops of two separate
     networks, which on two threads means half the waits at each op's end while other processes of the run
-    take a core (the same maths)."""
+    take a core (the same maths). With a user's encoder each has its own before its layers."""
 
-    def __init__(self, in_size: int, action_size: int, mcfg):
+    def __init__(self, spec, mcfg):
+        """The critics of SAC's actor for the env of `spec` (its inputs, as SACActor.inputs gives them)."""
         super().__init__()
+        action_size = spec.action.shape[0]
+        encoders = None if is_builtin(mcfg.encoder) else [UserFeatures(spec, mcfg) for _ in range(2)]
+        in_size = vector_size(spec) if encoders is None else encoders[0].out_size
         sizes = [in_size + action_size] + [mcfg.hidden_size] * mcfg.mlp_layers + [1]
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
@@ -167,10 +192,14 @@ class TwinCritic(nn.Module):
             self.weights.append(nn.Parameter(torch.stack([layer.weight.detach().t() for layer in pair])))
             self.biases.append(nn.Parameter(torch.stack([layer.bias.detach().unsqueeze(0) for layer in pair])))
         self.activation = torch.relu if mcfg.activation == "relu" else torch.tanh
+        self.encoders = None if encoders is None else nn.ModuleList(encoders)
 
     def forward(self, x: torch.Tensor, squashed: torch.Tensor):
         """(Q1 [B], Q2 [B]) of inputs `x` [B, in_size] and actions `squashed` [B, A] in [-1, 1]."""
-        h = torch.cat([x, squashed], dim=1).unsqueeze(0).expand(2, -1, -1)
+        if self.encoders is None:
+            h = torch.cat([x, squashed], dim=1).unsqueeze(0).expand(2, -1, -1)
+        else:
+            h = torch.stack([torch.cat([encoder(x), squashed], dim=1) for encoder in self.encoders])
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
             h = torch.baddbmm(bias, h, weight)

@@ -9,19 +9,21 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from sf_engine.model.encoders import sees_whole_images
+
 
 def resolve_model_config(mcfg, spec):
     """The model's shape decisions, made once by the main process for the run plan: --encoder auto is
     the Nature CNN for image observations ('mlp' without images); --actor_critic auto is 'separate'
-    for feed-forward models of vector observations, 'shared' otherwise; --rnn_size auto is 256 with a
-    CNN, 64 otherwise. Returns a ModelConfig without 'auto'."""
+    for feed-forward models of vector observations, 'shared' otherwise; --rnn_size auto is 256 where an
+    encoder sees images whole (a CNN, a user's module), 64 otherwise. Returns a ModelConfig without 'auto'."""
     encoder = mcfg.encoder if mcfg.encoder != "auto" else ("nature_cnn" if spec.has_image else "mlp")
     actor_critic = mcfg.actor_critic
     if actor_critic == "auto":
         actor_critic = "separate" if mcfg.rnn == "none" and not spec.has_image else "shared"
     rnn_size = mcfg.rnn_size
     if rnn_size == "auto":
-        rnn_size = 256 if spec.has_image and encoder != "mlp" else 64
+        rnn_size = 256 if spec.has_image and sees_whole_images(encoder) else 64
     return dataclasses.replace(mcfg, encoder=encoder, actor_critic=actor_critic, rnn_size=int(rnn_size))
 
 

@@ -19,7 +19,6 @@ import warnings
 import torch
 from torch import nn
 
-from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.play.enjoy import experiment_parser
 from sf_engine.play.loading import EnjoyError, load_policy, resolve_checkpoint
 
@@ -51,30 +50,16 @@ class GreedyPolicy(nn.Module):
             self.register_buffer("high", torch.tensor(spec.action.high, dtype=torch.float32))
 
     def forward(self, *inputs):
+        """Each model's `greedy` (its recurrent core stepped through nn.GRU / nn.LSTM), then the env's action: a
+        Discrete space's start added, a Gaussian's mean clipped to the bounds (SAC's squashed one is within)."""
+        obs = dict(zip(self.keys, inputs))
         model = self.model
-        if not isinstance(model, ActorCritic):  # a QNetwork (its greedy action and value) or SAC's actor
-            obs = dict(zip(self.keys, inputs))
-            action, value, *state = model.greedy(obs, inputs[-1], _core_step) if model.recurrent else model.greedy(obs)
-            return (action + self.start[0] if self.action.kind == "discrete" else action, value, *state)
-        features, critic_features = model._features(dict(zip(self.keys, inputs)))
-        out, critic_out, new_state = features, critic_features, None
-        if model.recurrent:
-            state = inputs[len(self.keys)]
-            if model.critic_core is None:
-                out, new_state = _core_step(model.actor_core, features, state)
-                critic_out = out
-            else:
-                actor_state, critic_state = state.split(model.actor_core.state_size, dim=-1)
-                out, new_actor = _core_step(model.actor_core, features, actor_state)
-                critic_out, new_critic = _core_step(model.critic_core, critic_features, critic_state)
-                new_state = torch.cat([new_actor, new_critic], dim=-1)
-        params = model.legal(model.policy_head(out), dict(zip(self.keys, inputs)))
-        value = model.denormalize_values(model.value_head(critic_out).squeeze(-1))
+        action, value, *state = model.greedy(obs, inputs[-1], _core_step) if model.recurrent else model.greedy(obs)
         if self.action.kind == "continuous":
-            action = torch.minimum(torch.maximum(params, self.low), self.high)
+            action = torch.minimum(torch.maximum(action, self.low), self.high)
         else:
-            action = model.distribution.mode(params) + (self.start[0] if self.action.kind == "discrete" else self.start)
-        return (action, value) if new_state is None else (action, value, new_state)
+            action = action + (self.start[0] if self.action.kind == "discrete" else self.start)
+        return (action, value, *state)
 
 
 def describe(model, spec) -> dict:

@@ -27,6 +27,7 @@ from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
 from sf_engine.envs.registry import registered_envs, resolve_backend
+from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
 from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
@@ -59,7 +60,9 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     spec = probe_env_spec(first.env.env, first.env.env_backend)
     cfg = make_config(given, flag_defaults(first.env.env, spec, first.learner.algo), saved)
     _check_before_resolving(cfg, spec)
+    encoder_notes = check_encoder(cfg, spec)  # a user's module built once, before auto sizing builds the model
     cfg, notes = _resolve(cfg, spec)
+    notes = encoder_notes + notes
     check_resolved(cfg)
     if cfg.sampler.envs_per_split % spec.num_agents:
         raise ConfigError(
@@ -86,6 +89,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     layout = buffer_layout(cfg, spec, state_size(cfg.model))
     _check_resources(cfg, layout, paths.experiment_dir)
     resume_from, skipped, changes = _resume_point(cfg, spec, paths)
+    _check_user_encoder_fits(cfg, spec, resume_from)
     notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
     if changes:  # resuming with other flags than the run before: the user sees which, old -> new
         notes.append(
@@ -103,6 +107,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
         tuple(argv if argv is not None else sys.argv[1:]),
         envs,
         tuple(notes),
+        user_registration(cfg.model.encoder),
     )
 
 
@@ -239,6 +244,27 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
             f"--experiment {cfg.run.experiment}: no usable checkpoint ({skipped[-1][1]}); pass --restart to start over"
         )
     return resume_from, skipped, changes
+
+
+def _check_user_encoder_fits(cfg: Config, spec: EnvSpec, resume_from: str | None) -> None:
+    """A user's encoder builds what its file says now: where that was edited since the checkpoint to resume was
+    written, its weights no longer fit the model (a built-in encoder's do whenever the model flags are the
+    same). One ConfigError line naming the first weight that differs."""
+    if resume_from is None or is_builtin(cfg.model.encoder):
+        return
+    from sf_engine.model.policy import build_policy
+    from sf_engine.runtime.checkpoint import load_checkpoint, policy_states
+
+    saved = policy_states(load_checkpoint(resume_from))[0].get("model", {})
+    expected = build_policy(spec, cfg).state_dict()
+    for name in dict.fromkeys([*expected, *saved]):  # the model's weights, then any the checkpoint has beyond them
+        then, now = (list(d[name].shape) if name in d else "absent" for d in (saved, expected))
+        if then != now:
+            raise ConfigError(
+                f"--encoder {cfg.model.encoder}: its module is not the one of the checkpoint to resume, "
+                f"{os.path.basename(resume_from)} ({name} is {then} in it, {now} now): restore the module, pass "
+                f"--restart to start over or choose another --experiment"
+            )
 
 
 def _changed_settings(saved: dict, cfg: Config) -> list[FlagChange]:

@@ -134,16 +134,24 @@ def pin_to_cores(role: str, cfg) -> None:
         os.sched_setaffinity(0, cores[-threads:] if role == "learner" else cores[:-threads])
 
 
+def register_user_code(plan: RunPlan) -> None:
+    """The user's code that the plan carries (register_env's factories, its registrations: a user's encoder)
+    registered in this process, as the main process had it when it made the plan."""
+    from sf_engine.envs import register_env
+
+    for name, make_env in plan.registered_envs.items():
+        register_env(name, make_env)
+    for register, name, factory in plan.registrations:
+        register(name, factory)
+
+
 def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     """Process target of every role: set-up, then `step` until the run stops or the main process is
     gone, then `finish`. An exception goes to the main process as a Fault with its traceback (logged
     once there, with the env id) and the process exits with 1; an EnvError (an env that does not fit the
     plan) stops the run as RunStopped does, with its one line."""
-    from sf_engine.envs import register_env
-
     _init_child(role, index, plan.paths.log_path)
-    for name, make_env in plan.registered_envs.items():
-        register_env(name, make_env)
+    register_user_code(plan)
     set_torch_threads(role, plan.cfg)
     pin_to_cores(role, plan.cfg)
     buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
@@ -180,6 +188,7 @@ class InProcessRoles:
 
     def __init__(self, plan: RunPlan, buffers: SharedBuffers, queues: Queues, places: list):
         self.roles: dict = {}
+        register_user_code(plan)  # a sampler node's process has only the plan
         try:
             for role, index in places:
                 self.roles[(role, index)] = role_class(role)(RoleContext(plan, role, index, buffers, queues))

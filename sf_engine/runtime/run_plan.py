@@ -34,3 +34,6 @@ class RunPlan:
     command_line: tuple
     registered_envs: dict  # sf_engine.envs.register_env() factories of the user's script, for the children
     notes: tuple = ()  # lines that explain choices (auto sizing) and warnings, logged at start
+    # (register, name, factory) calls each process makes before its role is built, with the user's factories of
+    # this process that the plan names (sf_engine.model.encoders.register_encoder's of --encoder)
+    registrations: tuple = ()
