@@ -3,7 +3,8 @@
 The public API (docs/api.md):
 - `train(**flags)`: a training run, every train.py flag a keyword argument, `observers=[...]`; a RunResult;
 - `load_policy(path)`: a trained agent whose `act(obs)` gives the env's actions;
-- `register_env(name, make_env)`: your own env as `env=name`;
+- `register_env(name, make_env)`: your own env as `env=name`; `register_encoder(name, factory)`: your own network
+  from observations to features as `encoder=name`;
 - `ConfigError` (a bad flag, one line), `RunFailed` (a run that failed), `LoadError` (load_policy's one line).
 
 The training and playing parts are imported when first used: every process of a run imports this package.
@@ -11,6 +12,7 @@ The training and playing parts are imported when first used: every process of a 
 
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs.registry import register_env
+from sf_engine.model.encoders import register_encoder
 
 __version__ = "0.1.0"
 
@@ -35,4 +37,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'sf_engine' has no attribute {name!r}")
 
 
-__all__ = ["ConfigError", "LoadError", "Policy", "RunFailed", "RunResult", "load_policy", "register_env", "train"]
+__all__ = [
+    "ConfigError",
+    "LoadError",
+    "Policy",
+    "RunFailed",
+    "RunResult",
+    "load_policy",
+    "register_encoder",
+    "register_env",
+    "train",
+]

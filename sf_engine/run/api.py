@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import registered_envs
+from sf_engine.model.encoders import registered_encoders
 from sf_engine.run import runner
 from sf_engine.runtime.checkpoint import checkpoint_dir, latest_valid_checkpoint
 from sf_engine.stats.previous import read_summary
@@ -119,13 +120,15 @@ def _check_children_can_start(cfg) -> None:
             f"again; put the call under that line (or pass mode='serial')"
         )
     if path is None or not os.path.isfile(path):
-        for name, make_env in registered_envs().items():
-            if getattr(make_env, "__module__", None) == "__main__":
-                raise ConfigError(
-                    f"register_env({name!r}, ...): its factory is defined in an interactive session or standard "
-                    f"input, which the run's child processes cannot import: define it in a module (a .py file "
-                    f"you import), or pass mode='serial'"
-                )
+        registered = [("register_env", registered_envs()), ("register_encoder", registered_encoders())]
+        for call, factories in registered:
+            for name, factory in factories.items():
+                if getattr(factory, "__module__", None) == "__main__":
+                    raise ConfigError(
+                        f"{call}({name!r}, ...): its factory is defined in an interactive session or standard "
+                        f"input, which the run's child processes cannot import: define it in a module (a .py file "
+                        f"you import), or pass mode='serial'"
+                    )
 
 
 def _called_unguarded(main, path: str) -> bool:

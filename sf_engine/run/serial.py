@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from sf_engine.runtime.role import InProcessRoles, set_torch_threads
 from sf_engine.runtime.wiring import roles_of
 
@@ -16,6 +14,8 @@ class SerialRoles(InProcessRoles):
     (serial queues: wiring.make_queues without a multiprocessing context)."""
 
     def __init__(self, plan, buffers, queues):
+        import torch  # here, not at the top: building a plan in this process needs no torch
+
         set_torch_threads("learner", plan.cfg)  # the learner's threads: the one that needs them
         self.deterministic_before = torch.are_deterministic_algorithms_enabled()  # given back at the end
         if plan.cfg.run.deterministic:  # --deterministic: the same bits from the same inputs (cuBLAS needs its
@@ -32,4 +32,6 @@ class SerialRoles(InProcessRoles):
             self.finish()
         finally:
             self.close()
+            import torch
+
             torch.use_deterministic_algorithms(self.deterministic_before)
