@@ -247,7 +247,8 @@ def test_flat_adam_without_the_fused_kernel_takes_the_same_steps():
 
 def test_flat_adam_state_is_torch_adams():
     """FlatAdam's state_dict loads into torch's Adam over one flat parameter and back (checkpoints of
-    either), and both then take the same step."""
+    either), and both then take the same step; FlatAdam keeps its own settings (lr, eps: a resumed run's
+    flags), where torch's Adam takes the saved ones."""
     net = _net()
     optimizer = FlatAdam(net, flatten_state(net), lr=1e-2, eps=1e-5)
     for seed in range(3):
@@ -259,8 +260,10 @@ def test_flat_adam_state_is_torch_adams():
     torch_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
     assert torch_optimizer.param_groups[0]["lr"] == 1e-2  # the saved step size, as a resume takes it
     copied = copy.deepcopy(net)
-    resumed = FlatAdam(copied, flatten_state(copied), lr=1e-3, eps=1e-5)
+    resumed = FlatAdam(copied, flatten_state(copied), lr=2e-3, eps=1e-4)
     resumed.load_state_dict(torch_optimizer.state_dict())
+    assert (resumed.param_groups[0]["lr"], resumed.param_groups[0]["eps"]) == (2e-3, 1e-4)  # its own, not the saved
+    torch_optimizer.param_groups[0].update(lr=2e-3, eps=1e-4)
     optimizer.zero_grad()
     _loss(net, 3).backward()
     flat.grad = optimizer.grad.clone()

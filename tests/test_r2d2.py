@@ -3,6 +3,8 @@ unrolled sequences against its acting steps, sequences cut from a hand-made slot
 episode starts, which sequences may be sampled and where their priorities sit), and the learner's targets and
 update against references written here."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,13 +13,14 @@ from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import SequenceBatch
 from sf_engine.algo.r2d2 import R2D2
 from sf_engine.algo.value_targets import sequence_priorities
-from sf_engine.config.groups import Config, LearnerConfig, ModelConfig, SamplerConfig
+from sf_engine.config.checks import check_flags, check_resolved
+from sf_engine.config.groups import Config, ConfigError, LearnerConfig, ModelConfig, SamplerConfig
 from sf_engine.config.value import ReplayConfig
 from sf_engine.envs import ActionSpec, EnvSpec
 from sf_engine.model.q_network import inverse_value_rescale, value_rescale
 from sf_engine.replay.buffer import ReplayBuffer
 from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
-from sf_engine.replay.sequences import SequenceShape
+from sf_engine.replay.sequences import SequenceShape, sequences_trainable
 from sf_engine.run.plan import build_plan
 
 HOOKS = TrainingHooks(env_steps=lambda: 0, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 0.0)
@@ -134,6 +137,51 @@ def test_sequences_are_cut_with_their_stored_states_burn_in_and_episode_starts(p
     crossing = (columns == 0) & (first == 6)  # the window of rows 4..11 holds the episode start at row 7
     assert crossing.any() and sample.episode_start[3, crossing].all()
     assert not sample.trainable[0, crossing].any()  # step 6, the reset step
+
+
+def accepted(cfg: Config) -> bool:
+    """Whether the configuration's checks let `cfg` run."""
+    try:
+        check_flags(cfg)
+        check_resolved(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_every_step_after_the_burn_in_lies_in_a_sampleable_sequence(tmp_path):
+    """For every (--rollout, --burn_in, --replay_sequence_length) of a grid that the checks accept, R2D2's 128, 40,
+    80 among them: a column whose one trainable step is row t holds a sampleable sequence for every t from
+    --burn_in to the slot's end (only the first --burn_in rows serve as burn-in alone); every sequence lies within
+    its column with its burn-in, and consecutive starts are at most L/2 apart."""
+    cfg = r2d2_plan(tmp_path).cfg
+    checked = covered = 0
+    for rollout in (2, 3, 5, 8, 16, 17, 31, 64, 100, 120, 127, 128):
+        for burn_in in (0, 1, 2, 7, 8, 40):
+            for length in (1, 2, 3, 5, 16, 17, 80):
+                case = dataclasses.replace(
+                    cfg,
+                    sampler=dataclasses.replace(cfg.sampler, rollout=rollout),
+                    replay=dataclasses.replace(cfg.replay, burn_in=burn_in, replay_sequence_length=length),
+                )
+                checked += 1
+                if not accepted(case):
+                    continue
+                covered += 1
+                starts = SequenceShape(burn_in, length, case.replay.n_step).starts(rollout)
+                where = (rollout, burn_in, length, starts.tolist())
+                assert starts[0] == burn_in and starts[-1] + length <= rollout, where
+                assert (np.diff(starts) >= 1).all() and (np.diff(starts) <= max(length // 2, 1)).all(), where
+                only_row = np.eye(rollout, dtype=bool)  # column t: only its step t is trainable
+                sampleable = sequences_trainable(only_row, starts, length).any(axis=1)
+                np.testing.assert_array_equal(sampleable, np.arange(rollout) >= burn_in, err_msg=str(where))
+    assert 0 < covered < checked and accepted(
+        dataclasses.replace(
+            cfg,
+            sampler=dataclasses.replace(cfg.sampler, rollout=128),
+            replay=dataclasses.replace(cfg.replay, burn_in=40, replay_sequence_length=80),
+        )
+    )
 
 
 def sequence_batch(spec, model, rng, sequences=5, burn_in=3, length=4, n_step=2) -> SequenceBatch:

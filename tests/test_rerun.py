@@ -11,7 +11,13 @@ from conftest import TINY, files_of, read_json, run_train
 
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.run.runner import already_done
-from sf_engine.runtime.checkpoint import save_checkpoint
+from sf_engine.runtime.checkpoint import (
+    env_steps_of,
+    latest_checkpoint,
+    load_checkpoint,
+    policy_states,
+    save_checkpoint,
+)
 from sf_engine.stats.report import Reporter
 from sf_engine.stats.run_stats import RunStats
 
@@ -103,3 +109,39 @@ def test_a_run_with_figures_of_its_own_writes_its_own(tmp_path):
     own = {"episode_return_mean": 12.0, "episodes": 3, "policy_lag_mean": 0.0, "learner_version": 41}
     out = carry_over(own, PREVIOUS)
     assert {k: out[k] for k in own} == own and out["carried_over"] == ["policy_lag_max", "eval_win_rate_vs_random"]
+
+
+def optimizer_groups(state: dict) -> list:
+    """The parameter group of every optimizer in a checkpoint's state of one policy (PPO's one, SAC's three)."""
+    optimizers = state.get("optimizers") or {"model": state["optimizer"]}
+    return [optimizer["param_groups"][0] for optimizer in optimizers.values()]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "algo_flags",
+    [
+        [],  # ppo on CartPole-v1
+        ["--algo", "sac", "--env", "Pendulum-v1", "--learning_starts", "256", "--replay_ratio", "8"],
+    ],
+    ids=["ppo", "sac"],
+)
+def test_a_resumed_run_takes_this_runs_adam_epsilon_and_learning_rate(tmp_path, shm_dir, algo_flags):
+    """A short serial run, then the same experiment resumed with another --adam_eps and --learning_rate: the
+    changed flags win over the checkpoint's optimizer settings (every optimizer's; the moments carry on), and the
+    log names them."""
+    args = ["--experiment", "eps", "--shm_dir", shm_dir, "--hidden_size", "32"] + TINY + algo_flags
+    first = run_train(args + ["--train_for_env_steps", "1500"], tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = ["--train_for_env_steps", "3000", "--adam_eps", "0.001", "--learning_rate", "0.0002"]
+    second = run_train(args + resumed, tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    log = (tmp_path / "eps" / "train.log").read_text()
+    assert "--adam_eps 1e-" in log and "-> 0.001" in log and "--learning_rate" in log, log
+    path = latest_checkpoint(str(tmp_path / "eps" / "checkpoints"))
+    assert env_steps_of(path) >= 3000
+    (state,) = policy_states(load_checkpoint(path))
+    groups = optimizer_groups(state)
+    assert len(groups) == (3 if algo_flags else 1)
+    assert all(group["eps"] == 0.001 for group in groups), [group["eps"] for group in groups]
+    assert groups[0]["lr"] == 0.0002, groups[0]["lr"]

@@ -293,6 +293,7 @@ def test_a_loaded_state_acts_and_updates_identically(tmp_path):
     plan = sac_plan(tmp_path, "--normalize_input", "true", "--target_update_period", "2")
     trained, fresh = make_sac(plan, seed=0), make_sac(plan, seed=1)
     for seed in range(3):
+        trained.observe({"obs": sac_batch(seed=seed).obs["obs"].numpy() * 2 + 1})  # the statistics move
         trained.update(sac_batch(seed=seed))
     saved = io.BytesIO()
     torch.save(trained.state(), saved)
@@ -337,10 +338,10 @@ def test_bad_sac_settings_are_one_line_and_touch_nothing(tmp_path, capsys, flags
     assert_refused_untouched(base + flags, tmp_path, capsys, words)
 
 
-def test_normalized_inputs_move_with_updates_and_the_critics_see_them(tmp_path):
-    """--normalize_input true with sac: accepted; each update first merges batch / replay ratio of its observations
-    into the actor's running statistics (one row per env step inserted), and the critics (their targets too) take
-    the actor's normalized inputs."""
+def test_normalized_inputs_follow_the_observed_steps_and_the_critics_see_them(tmp_path):
+    """--normalize_input true with sac: accepted; the actor's running statistics merge the observations of the env
+    steps inserted (observe), each once, and an update leaves them as they are; the critics (their targets too)
+    take the actor's normalized inputs."""
     sac = make_sac(sac_plan(tmp_path, "--normalize_input", "true", "--replay_ratio", "2"))
     normalizer = sac.model.normalizer
     seen = []
@@ -349,11 +350,14 @@ def test_normalized_inputs_move_with_updates_and_the_critics_see_them(tmp_path):
         net.forward = lambda x, actions, forward=forward: seen.append(x.detach().clone()) or forward(x, actions)
     batch = sac_batch()
     batch.obs["obs"] = batch.obs["obs"] * 5 + 3
-    sac.update(batch)
     raw = batch.obs["obs"]
-    merged = raw[: len(raw) // 2]  # replay ratio 2: half the minibatch's rows
-    torch.testing.assert_close(normalizer.mean, merged.mean(0), rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(normalizer.var, merged.var(0, unbiased=False), rtol=1e-3, atol=1e-3)
+    sac.observe({"obs": raw[:120].numpy()})
+    sac.observe({"obs": raw[120:].numpy()})
+    statistics = [tensor.clone() for tensor in (normalizer.mean, normalizer.var, normalizer.count)]
+    sac.update(batch)
+    assert all(torch.equal(a, b) for a, b in zip(statistics, (normalizer.mean, normalizer.var, normalizer.count)))
+    torch.testing.assert_close(normalizer.mean, raw.mean(0), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(normalizer.var, raw.var(0, unbiased=False), rtol=1e-3, atol=1e-3)
     normalized, next_normalized = (
         (obs - normalizer.mean) / normalizer.var.add(1e-8).sqrt() for obs in (raw, batch.next_obs["obs"])
     )

@@ -9,6 +9,8 @@ import pytest
 import torch
 from conftest import enjoy_episodes, read_json, run_train
 
+from sf_engine.replay.layout import REPLAY_FILLED
+
 PENDULUM = ["--algo", "sac", "--env", "Pendulum-v1", "--num_workers", "1", "--hidden_size", "64", "--seed", "1"]
 
 
@@ -135,5 +137,81 @@ def test_the_replay_feed_gives_sac_the_box_actions_the_workers_took(tmp_path, sh
         assert (actions.abs() <= 2.0).all() and (actions != actions.round()).any()
         stored = run.learner.feed.buffer.arrays["actions"]
         assert np.isin(actions.numpy(), stored).all()
+    finally:
+        run.close()
+
+
+def test_the_input_normalizer_learns_each_inserted_step_once_under_prioritized_replay(tmp_path, shm_dir):
+    """--normalize_input with --prioritized, whose minibatches come in buffer order (the sum tree's strata): the
+    actor's running statistics are those of every trainable env step inserted into the buffer, each merged once,
+    not of a slice of each minibatch (which would keep to the same few columns)."""
+    from conftest import SerialRun, serial_plan
+
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "Pendulum-v1",
+        *("--algo", "sac", "--normalize_input", "true", "--prioritized", "true", "--n_step", "1"),
+        *("--learning_starts", "256", "--replay_ratio", "32", "--hidden_size", "32"),
+    )
+    run = SerialRun(plan, tmp_path)
+    try:
+        algorithm = run.learner.policies[0].algorithm
+        for _ in range(2000):
+            run.worker.step(0)
+            run.policy.step(0)
+            run.learner.step(0)
+            if algorithm.num_updates >= 40:
+                break
+        assert algorithm.num_updates >= 40
+        buffer = run.learner.feed.buffer
+        filled = int(buffer.counters[REPLAY_FILLED])
+        assert filled * buffer.rollout == buffer.size < buffer.capacity  # nothing overwritten yet
+        rows = buffer.obs["obs"][:filled, :-1][buffer.arrays["trainable"][:filled]].astype(np.float64)
+        normalizer = algorithm.model.normalizer
+        assert abs(float(normalizer.count) - len(rows)) < 1e-2, (float(normalizer.count), len(rows))
+        np.testing.assert_allclose(normalizer.mean.numpy(), rows.mean(0), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(normalizer.var.numpy(), rows.var(0), rtol=1e-3, atol=1e-4)
+    finally:
+        run.close()
+
+
+def acted(run, slots: list):
+    """(actions [N], log-probabilities [N], versions [N]) of every step of the full `slots`, then back to free."""
+    b = run.buffers
+    out = tuple(np.concatenate([array[slot].reshape(-1) for slot in slots]) for array in (b.actions, b.log_probs))
+    versions = np.concatenate([b.policy_version[slot].reshape(-1) for slot in slots])
+    run.queues.free_slots.put_many(slots)
+    return (*out, versions)
+
+
+@pytest.mark.parametrize("random_before_learning", ["true", "false"])
+def test_sac_acts_uniformly_at_random_until_the_learner_publishes_an_update(tmp_path, shm_dir, random_before_learning):
+    """Stepped by hand (serial mode's roles): with --random_before_learning true the rows acted by version 0 (the
+    weights published before any update) take actions uniform within Pendulum's [-2, 2] (their log-probability
+    the uniform's, -log 2; the actions' distribution function within the Kolmogorov-Smirnov bound of the uniform),
+    and once the learner publishes version 1 the actor samples; with false the actor samples from the start."""
+    from conftest import SerialRun, serial_plan
+
+    plan = serial_plan(
+        tmp_path,
+        shm_dir,
+        "Pendulum-v1",
+        *("--algo", "sac", "--random_before_learning", random_before_learning, "--hidden_size", "32"),
+        *("--num_envs_per_worker", "16", "--worker_num_splits", "1", "--rollout", "64", "--learning_starts", "100000"),
+    )
+    run = SerialRun(plan, tmp_path)
+    try:
+        actions, log_probs, versions = map(np.concatenate, zip(*(acted(run, run.full_slots(1)) for _ in range(4))))
+        assert (versions == 0).all() and len(actions) == 4096  # 4 slots of 64 steps x 16 envs
+        uniform = random_before_learning == "true"
+        assert np.array_equal(log_probs, np.full_like(log_probs, -np.log(2.0))) == uniform
+        below = np.searchsorted(np.sort(actions), np.linspace(-2, 2, 81), side="right") / len(actions)
+        assert (np.abs(below - np.linspace(0, 1, 81)).max() < 1.95 / np.sqrt(len(actions))) == uniform
+        assert (np.abs(actions) <= 2.0).all()
+        run.learner.policies[0].publish()  # version 1, as after the learner's first update
+        acted(run, run.full_slots(1))  # the slot begun by version 0
+        actions, log_probs, versions = acted(run, run.full_slots(1))
+        assert (versions == 1).all() and not np.isclose(log_probs, -np.log(2.0)).any()
     finally:
         run.close()

@@ -119,20 +119,19 @@ class PPO:
         set_learning_rate(self.optimizer, self.lcfg.learning_rate)
 
     def copy_from(self, other: PPO) -> None:
-        """PBT's exploit: `other`'s weights (normalizer statistics included) and optimizer state."""
+        """PBT's exploit: `other`'s weights (normalizer statistics included) and optimizer state (the moments:
+        this member's learning rate stays)."""
         self.params.copy_(other.params)
-        lr = self.learning_rate
         self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
-        set_learning_rate(self.optimizer, lr)
 
     def weights_replaced(self) -> None:
         """Nothing derives from the weights."""
 
     def load(self, state: dict, source: str) -> None:
-        """Weights and optimizer state from a checkpoint's state of this policy."""
+        """Weights and optimizer state from a checkpoint's state of this policy (the optimizer's moments: its
+        settings stay this run's --learning_rate and --adam_eps, FlatAdam.load_state_dict)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        set_learning_rate(self.optimizer, self.lcfg.learning_rate)  # this run's --learning_rate, not the saved one
         if self.cfg.policies.pbt and "hyperparameters" in state:  # a PBT member's own, as the population left them
             self.set_hyperparameters(state["hyperparameters"])
 

@@ -60,9 +60,7 @@ class QLearning:
 
     def copy_from(self, other: QLearning) -> None:
         self.params.copy_(other.params)
-        lr = self.learning_rate
-        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
-        set_learning_rate(self.optimizer, lr)
+        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))  # the moments: this lr stays
 
     def weights_replaced(self) -> None:
         """Nothing derives from the weights (DQN's target network does: DQN.weights_replaced)."""
@@ -71,7 +69,7 @@ class QLearning:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load(self, state: dict, source: str) -> None:
-        """Weights and optimizer state from a checkpoint's state of this policy (this run's learning rate)."""
+        """Weights and optimizer state from a checkpoint's state of this policy (the optimizer's moments: its
+        settings stay this run's --learning_rate and --adam_eps, FlatAdam.load_state_dict)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        set_learning_rate(self.optimizer, self.lcfg.learning_rate)

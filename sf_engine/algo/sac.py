@@ -5,7 +5,7 @@ toward --target_entropy per action dimension (--tune_alpha) or fixed (--alpha). 
 the n-step soft targets (weighted by prioritized replay's importance weights), then the actor, then the
 temperature, each with its own Adam (the actor's at --learning_rate, the others' at --critic_learning_rate).
 Runs in the learner process; the replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update`
-takes one step on one.
+takes one step on one; with --normalize_input it hands `observe` each slot's observations as it inserts them.
 """
 
 from __future__ import annotations
@@ -77,10 +77,6 @@ class SAC:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
         actor = self.model
-        # --normalize_input: the statistics take batch / replay ratio rows of each minibatch (one row per env step
-        # inserted, as if each step were seen once), not every row of every minibatch
-        seen = max(1, round(len(batch.returns) / self.cfg.replay.replay_ratio))
-        actor.update_normalizer({key: value[:seen] for key, value in batch.obs.items()})
         x, next_x = actor.inputs(batch.obs), actor.inputs(batch.next_obs)
         alpha = self.log_alpha.detach().exp()
         actions = actor.distribution.unscale(batch.actions)
@@ -133,6 +129,13 @@ class SAC:
         next_q = torch.minimum(*self.target(next_x, next_actions)) - alpha * next_log_probs
         return batch.returns + batch.discounts * next_q
 
+    def observe(self, obs: dict) -> None:
+        """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy, each
+        trainable step once): with --normalize_input the actor's running statistics merge them, so that they
+        follow the data as it arrives whatever the minibatches draw (prioritized replay's come in buffer order)."""
+        if self.model.normalizer is not None:
+            self.model.update_normalizer({key: torch.as_tensor(rows, device=self.device) for key, rows in obs.items()})
+
     def train(self, batch, keep) -> TrainResult:
         raise TypeError("SAC trains from the replay buffer (update), not on trajectory slots")
 
@@ -144,14 +147,12 @@ class SAC:
         self._set_learning_rate(self.lcfg.learning_rate)
 
     def copy_from(self, other: SAC) -> None:
-        lr = self.learning_rate
         for mine, theirs in ((self.params, other.params), (self.critic_params, other.critic_params)):
             mine.copy_(theirs)
         self.target_params.copy_(other.target_params)
         with torch.no_grad():
             self.log_alpha.copy_(other.log_alpha)
-        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")
-        self._set_learning_rate(lr)
+        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")  # the moments: this lr stays
 
     def weights_replaced(self) -> None:
         """The actor's weights were overwritten from outside: the critics and their targets are the learner's
@@ -175,8 +176,9 @@ class SAC:
         }
 
     def load(self, state: dict, source: str) -> None:
-        """Weights, critics, temperature and optimizer states from a checkpoint's state of this policy (this run's
-        learning rate)."""
+        """Weights, critics, temperature and optimizer states from a checkpoint's state of this policy (the
+        optimizers' moments: their settings stay this run's learning rates and --adam_eps,
+        FlatAdam.load_state_dict)."""
         if "model" in state:
             self.model.load_state_dict(state["model"])
             self.critic.load_state_dict(state["critic"])
@@ -188,7 +190,6 @@ class SAC:
         self.optimizer.load_state_dict(optimizers["actor"])
         self.critic_optimizer.load_state_dict(optimizers["critic"])
         self.alpha_optimizer.load_state_dict(optimizers["alpha"])
-        self._set_learning_rate(self.lcfg.learning_rate)
 
 
 class _Temperature(nn.Module):

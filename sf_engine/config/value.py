@@ -54,8 +54,8 @@ class ReplayConfig:
     replay_sequence_length: int = _f(
         80,
         "--algo r2d2: steps of each replayed sequence (R2D2's 80); a trajectory slot's env column holds sequences "
-        "starting at rows --burn_in, --burn_in + L/2, ... (overlapping by half) that end within the slot: --rollout "
-        "must be at least --burn_in + L.",
+        "from row --burn_in to the slot's end, starting at most L/2 rows apart (--burn_in, --burn_in + L/2, ... "
+        "when that ends at the slot's end, else spread evenly): --rollout must be at least --burn_in + L.",
     )
     burn_in: int = _f(
         40,
@@ -135,4 +135,10 @@ class SACConfig:
         0.0,
         "--algo sac: Adam's learning rate of the critics and the temperature (CleanRL's q_lr); 0: --learning_rate, "
         "as in Stable-Baselines3. The actor keeps --learning_rate; --lr_schedule decays both alike.",
+    )
+    random_before_learning: bool = _f(
+        True,
+        "--algo sac: act uniformly at random within the action bounds until the learner publishes its first "
+        "update (the first --learning_starts env steps), as Stable-Baselines3, RL Zoo and CleanRL do; false: the "
+        "untrained actor's samples. A resumed run acts with its checkpoint's actor.",
     )

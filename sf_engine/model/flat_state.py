@@ -63,7 +63,8 @@ class FlatAdam:
     order of model.parameters(), first (flatten_state lays them out so). zero_grad,
     clip_grad_norm and step each touch one flat tensor. Its state and state_dict are torch.optim.Adam's
     (one parameter group of one tensor), kept here: building a torch optimizer imports torch._dynamo,
-    about 0.75 s of every process that trains (the learner's, and the main one's auto sizing)."""
+    about 0.75 s of every process that trains (the learner's, and the main one's auto sizing). Its
+    settings are the ones it was built with (and set_learning_rate's), never a loaded state's."""
 
     def __init__(self, model: nn.Module, flat: torch.Tensor, lr: float, eps: float):
         self._model_params = params = list(model.parameters())
@@ -120,8 +121,10 @@ class FlatAdam:
         return {"state": {0: dict(self.state)} if self.state else {}, "param_groups": [dict(self.param_groups[0])]}
 
     def load_state_dict(self, state: dict) -> None:
-        """A flat optimizer state, or one saved per parameter tensor (older checkpoints): merged. The step sizes
-        (lr, betas, eps) are the saved ones, as torch's load_state_dict takes them."""
+        """A flat optimizer state, or one saved per parameter tensor (older checkpoints): merged. Only the moments
+        and the step count are taken; the settings (lr, betas, eps) stay this optimizer's, those of the run's
+        flags (where torch's load_state_dict takes the saved ones): a resumed run with another --adam_eps or
+        --learning_rate, or a PBT member copying another's state, keeps its own."""
         saved_group = state["param_groups"][0]
         if saved_group.get("amsgrad") or saved_group.get("maximize") or saved_group.get("weight_decay"):
             raise ValueError("FlatAdam: the saved optimizer state uses amsgrad, maximize or weight decay")
@@ -132,7 +135,6 @@ class FlatAdam:
                 merged[key] = torch.cat([flat_layout(per_tensor[i][key], p) for i, p in enumerate(self._model_params)])
             merged["step"] = per_tensor[0]["step"]
             per_tensor = {0: merged}
-        self.param_groups[0] |= {key: saved_group[key] for key in ("lr", "betas", "eps") if key in saved_group}
         self.state = {}
         if per_tensor:
             saved = per_tensor[0] if 0 in per_tensor else next(iter(per_tensor.values()))

@@ -154,9 +154,15 @@ class SACActor(nn.Module):
     def outputs(self, obs: dict, state=None):
         return (*self(obs), None)
 
-    def sample(self, obs: dict, state=None, forward=None):
+    def sample(self, obs: dict, state=None, forward=None, uniform: bool = False):
         """Acting: (actions [B, A] in the env's bounds, their log-probabilities [B], zeros [B], None); `forward`
-        as ActorCritic.sample's."""
+        as ActorCritic.sample's. `uniform`: actions drawn uniformly within the bounds instead, without the
+        forward pass (--random_before_learning), their log-probabilities those of the uniform on [-1, 1]^A."""
+        if uniform:
+            first = next(iter(obs.values()))
+            squashed = torch.rand(first.shape[0], self.distribution.size, device=first.device) * 2 - 1
+            zeros = squashed.new_zeros(first.shape[0])
+            return self.distribution.scale(squashed), zeros - self.distribution.size * math.log(2.0), zeros, None
         params, values, _ = (forward or self.outputs)(obs, state)
         squashed, log_probs = self.distribution.rsample(params)
         return self.distribution.scale(squashed), log_probs, values, None

@@ -4,11 +4,13 @@ NumPy over the arrays of sf_engine.replay.layout.
 
 A column holds one env's T steps of one trajectory slot (T = rollout) and its T + 1 rows of observations, recurrent
 states (the state each row was acted from) and episode starts. Its sequences of L = --replay_sequence_length steps
-start at rows burn_in, burn_in + L/2, burn_in + L, ... (overlapping by half) while start + L <= T, so that the
---burn_in rows before each start are in the column: rows before burn_in serve only as burn-in. A sampled sequence
-is the window of rows [start - burn_in, start + L + n_step) (rows past T repeat row T: they are never read), its
-initial state the stored state of row start - burn_in; its training steps are rows [start, start + L), whose
-n-step targets read rows up to start + L - 1 + n_step <= T.
+start at rows from burn_in to T - L, at most L/2 apart (overlapping by half or more; burn_in, burn_in + L/2, ...
+when L/2 divides T - L - burn_in, else spread evenly), so that every row from burn_in to T - 1 lies in a sequence
+and the --burn_in rows before each start are in the column: rows before burn_in serve only as burn-in (a fraction
+burn_in / T of the env steps is never a training step). A sampled sequence is the window of rows [start - burn_in,
+start + L + n_step) (rows past T repeat row T: they are never read), its initial state the stored state of row
+start - burn_in; its training steps are rows [start, start + L), whose n-step targets read rows up to T (an n-step
+window is shortened at the slot's end).
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ class SequenceShape(NamedTuple):
         return self.burn_in + self.length + self.n_step
 
     def starts(self, rollout: int) -> np.ndarray:
-        """int64 [K]: the rows where a column's sequences start (K >= 1 when rollout >= burn_in + length)."""
-        return np.arange(self.burn_in, rollout - self.length + 1, max(self.length // 2, 1), dtype=np.int64)
+        """int64 [K]: the rows where a column's sequences start (K >= 1 when rollout >= burn_in + length): from
+        burn_in to rollout - length, the fewest starts at most L/2 apart, spread evenly (every L/2 rows when L/2
+        divides the span), so that every row from burn_in on lies in a sequence."""
+        span, hop = rollout - self.length - self.burn_in, max(self.length // 2, 1)
+        count = -(-span // hop) + 1
+        return self.burn_in + np.arange(count, dtype=np.int64) * span // max(count - 1, 1)
 
 
 def sequences_trainable(trainable: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:

@@ -4,7 +4,9 @@ Runs in the policy-worker process (or the runner in serial mode) on the run's de
 (worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
 actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
 token back to the worker.
-Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights).
+Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights). With --algo sac
+and --random_before_learning the rows act uniformly at random while the weights in force are version 0 (the
+learner has published no update yet).
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class PolicyWorker:
         most_requests = max(cfg.sampler.total_splits, 1)  # one per split at a time
         rows = most_requests * self.envs_per_split
         self.exponents = epsilon_exponents(rows, cfg.q.apex_alpha).reshape(-1, self.envs_per_split)
+        # --algo sac with --random_before_learning: uniform actions while the weights in force are the ones the
+        # learner published before its first update (version 0), as the shared weights' version says
+        self.uniform_before_learning = cfg.learner.algo == "sac" and cfg.sac.random_before_learning
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
@@ -123,8 +128,12 @@ class PolicyWorker:
             state = to_device(carried.reshape(n * self.envs_per_split, -1), self.device)
         self.timer.lap(InferenceStage.GATHER)
         policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
-        epsilons = None if self.qcfg is None else self._epsilons(workers * self.num_splits + tokens % self.num_splits)
-        actions, log_probs, values, new_state = self._forward(obs, state, policies, epsilons)
+        explore = {}  # how the rows explore beyond the model's own sampling
+        if self.qcfg is not None:
+            explore = {"epsilons": self._epsilons(workers * self.num_splits + tokens % self.num_splits)}
+        elif self.uniform_before_learning and self.versions[0] <= 0:
+            explore = {"uniform": True}
+        actions, log_probs, values, new_state = self._forward(obs, state, policies, explore)
         self.timer.lap(InferenceStage.FORWARD)
         if new_state is not None:
             new_state = new_state.reshape(carried.shape)
@@ -155,17 +164,16 @@ class PolicyWorker:
         epsilons = base_epsilon(self.qcfg, env_steps) ** self.exponents[splits].reshape(-1)
         return to_device(epsilons.astype(np.float32), self.device)
 
-    def _forward(self, obs: dict, state, policies, epsilons=None):
+    def _forward(self, obs: dict, state, policies, explore: dict | None = None):
         """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
-        policy (`policies` [rows], None: policy 0 for all): one forward per policy present. `epsilons` [rows]:
-        a Q-network's exploration (one policy only)."""
+        policy (`policies` [rows], None: policy 0 for all): one forward per policy present. `explore`: the
+        model's exploration keywords (one policy only): a Q-network's `epsilons` [rows], SAC's `uniform`."""
         with torch.inference_mode():
             present = [0] if policies is None else np.unique(policies)
             if len(present) == 1:
                 started = time.perf_counter()
                 model, forward = self.models[int(present[0])], self.forwards[int(present[0])]
-                explore = {} if epsilons is None else {"epsilons": epsilons}
-                out = model.sample(obs, state, forward=forward, **explore)
+                out = model.sample(obs, state, forward=forward, **(explore or {}))
                 out = tuple(None if x is None else x.cpu().numpy() for x in out)
                 if policies is not None:
                     policy = int(present[0])

@@ -8,8 +8,10 @@ then one publication of the weights. In async mode a slot is freed as soon as it
 waits only when the learner holds the next full slots back to keep the ratio (learning is the slower side: the
 rollout workers' wait for a free slot says how long). In sync mode the learner takes one slot of every split,
 trains what they allow, publishes, and only then frees them: every sample is acted by the newest policy.
-An algorithm that says `sequences` (--algo r2d2) is fed sequences of --replay_sequence_length steps
-(sf_engine.replay.sequences) instead of transitions; the rate limiter counts a sequence as its L steps.
+An algorithm that has `observe` (--algo sac) is handed the observations of each slot's valid steps as the slot is
+inserted (its input normalizer's data). An algorithm that says `sequences` (--algo r2d2) is fed sequences of
+--replay_sequence_length steps (sf_engine.replay.sequences) instead of transitions; the rate limiter counts a
+sequence as its L steps.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class ReplayFeed:
         self.learner, self.cfg, self.rcfg = learner, cfg, cfg.replay
         r = self.rcfg
         sequences = SequenceShape(r.burn_in, r.replay_sequence_length, r.n_step)
-        self.sequences = sequences if getattr(learner.policies[0].algorithm, "sequences", False) else None
+        algorithm = learner.policies[0].algorithm
+        self.sequences = sequences if getattr(algorithm, "sequences", False) else None
+        self.observe = getattr(algorithm, "observe", None)  # SAC's: the observations of each slot inserted
         self.buffer = ReplayBuffer(
             learner.buffers.replay,
             cfg.learner.gamma,
@@ -115,6 +119,8 @@ class ReplayFeed:
             b.policy_version[slot],
             *((b.rnn_states[slot], b.episode_start[slot]) if self.sequences else ()),
         )
+        if self.observe is not None:  # each trainable step's observation once, as inserted
+            self.observe({key: array[slot][:-1][valid] for key, array in b.obs.items()})
         b.take_rows([slot])  # inserted: out of the books of steps not trained yet
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
