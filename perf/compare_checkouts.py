@@ -4,6 +4,7 @@ CartPole-v1 measurements on both, interleaved, and prints the ratios this / othe
   git worktree add ../previous origin/main   # then, in this checkout:
   python perf/compare_checkouts.py --other ../previous --rounds 2
   python perf/compare_checkouts.py --other ../previous --env Pong-v5 --seconds 120 --this_flags=--bf16
+  python perf/compare_checkouts.py --other ../previous --flags="--algo dqn"   # both checkouts' runs with the flags
 Per round and checkout (the order alternates between rounds): on CartPole-v1 a training run until the
 mean return of the last 100 episodes reaches 475 (time from launch), a training run of --seconds (env
 steps/s, median of 2-s windows), and a sampling-only run of --seconds; on another env the training run
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=25.0, help="length of each throughput run")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--this_flags", default="", help="train.py flags for this checkout's runs only")
+    parser.add_argument("--flags", default="", help="train.py flags for both checkouts' runs (say, --algo dqn)")
     parser.add_argument(
         "--other_python",
         default=sys.executable,
@@ -67,7 +69,11 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1 (got {args.rounds})")
     runs = {"this": [], "other": []}
     for round_index in range(args.rounds):
-        order = [("this", REPO, sys.executable, args.this_flags.split()), ("other", other, args.other_python, [])]
+        both = args.flags.split()
+        order = [
+            ("this", REPO, sys.executable, both + args.this_flags.split()),
+            ("other", other, args.other_python, both),
+        ]
         for name, repo, python, flags in order if round_index % 2 == 0 else order[::-1]:
             runs[name].append(measure(repo, python, args.seconds, args.env, flags))
             print(f"round {round_index + 1} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
@@ -77,6 +83,7 @@ def main() -> None:
         "other": other,
         "rounds": args.rounds,
         "this_flags": args.this_flags,
+        "flags": args.flags,
     }
     for key in [k for k in runs["this"][0] if not k.endswith("bottleneck")]:
         for name in runs:

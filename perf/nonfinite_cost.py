@@ -60,7 +60,7 @@ def worker_figures(plan) -> dict:
 def learner_figures(plan) -> dict:
     from sf_engine.algo.base import TrainingHooks, all_finite
     from sf_engine.algo.batch import TrajectoryBatch
-    from sf_engine.algo.ppo import PPO
+    from sf_engine.algo.ppo.learning import PPO
 
     cfg, spec = plan.cfg, plan.spec
     torch.set_num_threads(cfg.learner.learner_threads)

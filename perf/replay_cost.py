@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sf_engine.algo.base import TrainingHooks  # noqa: E402
-from sf_engine.algo.dqn import DQN  # noqa: E402
+from sf_engine.algo.dqn.learning import DQN  # noqa: E402
 from sf_engine.config.cli import make_config  # noqa: E402
 from sf_engine.envs import flag_defaults, probe_env_spec  # noqa: E402
 from sf_engine.model.shape import resolve_model_config  # noqa: E402

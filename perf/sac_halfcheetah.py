@@ -1,10 +1,12 @@
-"""HalfCheetah-v5 for the same minutes: our --algo sac, Stable-Baselines3's SAC and our --algo ppo, one after the
-other on this machine, each greedy-evaluated every 60 s of its training (10 episodes): the last evaluation of each,
-the ratio of ours to SB3's, and the three evaluation curves in one picture.
+"""HalfCheetah-v5 for the same minutes: our --algo sac (or td3), Stable-Baselines3's same algorithm and our --algo
+ppo, one after the other on this machine (or ours and SB3's at the same time with --together: each about one core),
+each greedy-evaluated every 60 s of its training (10 episodes): the last evaluation of each, the ratio of ours to
+SB3's, and the evaluation curves in one picture.
 
   python perf/sac_halfcheetah.py                                   # 15 minutes each: sac, SB3's sac, ppo
   python perf/sac_halfcheetah.py --minutes 2 --skip ppo --out /tmp/hc.png
   python perf/sac_halfcheetah.py --skip sb3,ppo -- --learner_threads 1   # flags after -- go to our sac run
+  python perf/sac_halfcheetah.py --algo td3 --skip ppo --together --out docs/halfcheetah_td3.png
 
 Ours: train.py --env HalfCheetah-v5 --algo sac|ppo --train_for_seconds 60 x minutes --eval_every_sec 60
 --eval_episodes 10 (the evaluator is a process of the run: its time is counted); a curve point is each evaluation
@@ -36,7 +38,7 @@ def run_ours(algo: str, minutes: float, extra: list) -> dict:
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
         cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "perf"]
         cmd += ["--env", ENV, "--algo", algo, "--train_for_seconds", str(60 * minutes), "--status_every_sec", "60"]
-        cmd += ["--eval_every_sec", "60", "--eval_episodes", "10", *(extra if algo == "sac" else [])]
+        cmd += ["--eval_every_sec", "60", "--eval_episodes", "10", *(extra if algo != "ppo" else [])]
         start, evaluations = time.monotonic(), []
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
@@ -50,13 +52,13 @@ def run_ours(algo: str, minutes: float, extra: list) -> dict:
     keys = ("env_steps", "env_steps_per_sec", "num_workers", "num_envs_per_worker", "episode_return_mean")
     out = {key: summary[key] for key in keys} | {"evaluations": evaluations}
     out["last_eval"] = evaluations[-1][1] if evaluations else None
-    if algo == "sac":
+    if algo != "ppo":
         out |= {"replay_ratio": summary["replay_ratio"], "updates": summary["learner_samples"] // 256}
     return out
 
 
-def run_sb3(minutes: float) -> dict:
-    cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", "sac", "--env", ENV]
+def run_sb3(algo: str, minutes: float) -> dict:
+    cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", algo, "--env", ENV]
     cmd += ["--seconds", str(60 * minutes), "--eval_every_sec", "60"]
     out = run_baseline(cmd, timeout_sec=60 * minutes + 900)
     evaluations = [[seconds, value] for seconds, _, value in out.get("evals", [])]
@@ -67,6 +69,24 @@ def run_sb3(minutes: float) -> dict:
         "evaluations": evaluations,
         "last_eval": evaluations[-1][1] if evaluations else None,
     }
+
+
+def _off_policy_runs(algo: str, minutes: float, extra: list, skip_sb3: bool, together: bool) -> dict:
+    """Ours, then SB3's (unless skipped): one after the other, or at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = {}
+    with ThreadPoolExecutor(2 if together else 1) as pool:
+        mine = pool.submit(run_ours, algo, minutes, extra)
+        if not together:
+            runs[f"sf_engine {algo}"] = mine.result()
+        theirs = None if skip_sb3 else pool.submit(run_sb3, algo, minutes)
+        runs[f"sf_engine {algo}"] = mine.result()
+        if theirs is not None:
+            runs[f"Stable-Baselines3 {algo}"] = theirs.result()
+    for label, run in runs.items():
+        print(label, json.dumps(run), file=sys.stderr, flush=True)
+    return runs
 
 
 def draw(runs: dict, path: str, minutes: float) -> None:
@@ -93,24 +113,22 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--minutes", type=float, default=15.0, help="training minutes of each run")
+    parser.add_argument("--algo", default="sac", choices=("sac", "td3"), help="ours and SB3's off-policy algorithm")
     parser.add_argument("--skip", default="", help="comma-separated runs to skip: sb3, ppo")
+    parser.add_argument("--together", action="store_true", help="ours and SB3's at the same time (each ~1 core)")
     parser.add_argument("--out", default=os.path.join(REPO, "docs", "halfcheetah_sac_ppo.png"))
     args, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
-    skip = set(filter(None, args.skip.split(",")))
-    runs = {"sf_engine sac": run_ours("sac", args.minutes, extra)}
-    print("sac", json.dumps(runs["sf_engine sac"]), file=sys.stderr, flush=True)
-    if "sb3" not in skip:
-        runs["Stable-Baselines3 sac"] = run_sb3(args.minutes)
-        print("sb3", json.dumps(runs["Stable-Baselines3 sac"]), file=sys.stderr, flush=True)
+    skip, ours = set(filter(None, args.skip.split(","))), f"sf_engine {args.algo}"
+    runs = _off_policy_runs(args.algo, args.minutes, extra, "sb3" in skip, args.together)
     if "ppo" not in skip:
         runs["sf_engine ppo"] = run_ours("ppo", args.minutes, [])
         print("ppo", json.dumps(runs["sf_engine ppo"]), file=sys.stderr, flush=True)
-    result = {"env": ENV, "minutes": args.minutes, "sac_flags": extra}
+    result = {"env": ENV, "minutes": args.minutes, "algo": args.algo, "flags": extra, "together": args.together}
     result |= {label: {k: v for k, v in run.items() if k != "evaluations"} for label, run in runs.items()}
-    sb3 = runs.get("Stable-Baselines3 sac")
-    if sb3 and sb3["last_eval"] and runs["sf_engine sac"]["last_eval"] is not None:
-        result["ratio_last_eval_vs_sb3"] = round(runs["sf_engine sac"]["last_eval"] / sb3["last_eval"], 2)
+    sb3 = runs.get(f"Stable-Baselines3 {args.algo}")
+    if sb3 and sb3["last_eval"] and runs[ours]["last_eval"] is not None:
+        result["ratio_last_eval_vs_sb3"] = round(runs[ours]["last_eval"] / sb3["last_eval"], 2)
     draw(runs, args.out, args.minutes)
     result["picture"] = os.path.relpath(args.out, REPO)
     print(json.dumps(result))

@@ -4,7 +4,7 @@
   python perf/sac_updates.py                    # ours with the compiled MLP kernels and with torch ops, then SB3
   python perf/sac_updates.py --threads 2 --no_baseline
 
-Ours: sf_engine.algo.sac.SAC.update on random minibatches as the replay buffer gives them (the learner's step
+Ours: sf_engine.algo.sac.learning.SAC.update on random minibatches as the replay buffer gives them (the learner's step
 without sampling). SB3: SAC('MlpPolicy').train(gradient_steps, 256) over a replay buffer of random transitions,
 in its own venv (../shared/baselines/sb3.sh makes it; $SB3_BASELINE_VENV or ~/.cache/sb3-baseline-venv).
 Prints one JSON line: updates/s of each and the ratios.
@@ -49,7 +49,7 @@ print(updates / (time.perf_counter() - start))
 def ours(updates: int, use_kernels: bool) -> float:
     from sf_engine.algo.base import TrainingHooks
     from sf_engine.algo.batch import ReplayBatch
-    from sf_engine.algo.sac import SAC
+    from sf_engine.algo.sac.learning import SAC
     from sf_engine.model import kernels
     from sf_engine.run.plan import build_plan
 

@@ -5,11 +5,13 @@ The public API (docs/api.md):
 - `load_policy(path)`: a trained agent whose `act(obs)` gives the env's actions;
 - `register_env(name, make_env)`: your own env as `env=name`; `register_encoder(name, factory)`: your own network
   from observations to features as `encoder=name`;
+- `register_algorithm(name, AlgorithmSpec(...))`: your own learning algorithm as `algo=name`;
 - `ConfigError` (a bad flag, one line), `RunFailed` (a run that failed), `LoadError` (load_policy's one line).
 
 The training and playing parts are imported when first used: every process of a run imports this package.
 """
 
+from sf_engine.config.algorithms import AlgorithmSpec, register_algorithm
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs.registry import register_env
 from sf_engine.model.encoders import register_encoder
@@ -38,12 +40,14 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AlgorithmSpec",
     "ConfigError",
     "LoadError",
     "Policy",
     "RunFailed",
     "RunResult",
     "load_policy",
+    "register_algorithm",
     "register_encoder",
     "register_env",
     "train",

@@ -134,7 +134,7 @@ def test_the_compiled_loss_and_the_recurrent_replay_agree_on_masked_logits():
     """The learner's ways through masked logits: the compiled PPO loss against torch's ops (a row with no
     legal action is left unmasked, so both stay finite and equal), and a recurrent model's sequence
     re-run against its acting steps."""
-    from sf_engine.algo import ppo_loss
+    from sf_engine.algo.ppo import loss as ppo_loss
     from sf_engine.model import kernels
 
     spec = probe_env_spec("toy_envs:MaskedChoiceEnv", "auto")

@@ -84,7 +84,7 @@ def test_ppo_linear_schedule_under_a_time_budget_alone():
     import torch
 
     from sf_engine.algo.base import TrainingHooks, schedule_learning_rate
-    from sf_engine.algo.ppo import PPO
+    from sf_engine.algo.ppo.learning import PPO
     from sf_engine.envs import probe_env_spec
     from sf_engine.model.shape import resolve_model_config
 

@@ -12,7 +12,7 @@ from conftest import enjoy_episodes, read_json
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import ReplayBatch
-from sf_engine.algo.dqn import DQN
+from sf_engine.algo.dqn.learning import DQN
 from sf_engine.model import kernels
 from sf_engine.run.plan import build_plan
 

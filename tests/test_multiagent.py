@@ -15,7 +15,7 @@ pytest.importorskip("pettingzoo")
 
 from conftest import REPO, read_json, run_train, train_error  # noqa: E402
 
-from sf_engine.algo import ppo_loss  # noqa: E402
+from sf_engine.algo.ppo import loss as ppo_loss  # noqa: E402
 from sf_engine.envs import make_batch_env, probe_env_spec  # noqa: E402
 from sf_engine.run.plan import build_plan  # noqa: E402
 from sf_engine.run.runner import run  # noqa: E402

@@ -82,7 +82,7 @@ def test_direct_gradients_match_autograd_through_the_model_and_loss():
     """The learner's step for separate MLP stacks with categorical actions (CartPole's model): compiled
     forward, loss and backward into the optimizer's flat gradient, against autograd through forward()
     and ppo_loss.DiscretePPOLoss (its torch ops)."""
-    from sf_engine.algo import ppo_loss
+    from sf_engine.algo.ppo import loss as ppo_loss
     from sf_engine.envs import ActionSpec, EnvSpec
     from sf_engine.model.actor_critic import ActorCritic
     from sf_engine.model.shape import resolve_model_config

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from sf_engine.algo import ppo_loss, targets
+from sf_engine.algo import targets
+from sf_engine.algo.ppo import loss as ppo_loss
 from sf_engine.envs import ActionSpec
 from sf_engine.model import kernels
 from sf_engine.model.distributions import ActionDistribution

@@ -11,7 +11,7 @@ import torch
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import SequenceBatch
-from sf_engine.algo.r2d2 import R2D2
+from sf_engine.algo.r2d2.learning import R2D2
 from sf_engine.algo.value_targets import sequence_priorities
 from sf_engine.config.checks import check_flags, check_resolved
 from sf_engine.config.groups import Config, ConfigError, LearnerConfig, ModelConfig, SamplerConfig

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import REPO, SerialRun, compiled_kernels_expected, read_json, run_train, serial_plan
 
-from sf_engine.algo import ppo_loss, targets
+from sf_engine.algo import targets
+from sf_engine.algo.ppo import loss as ppo_loss
 from sf_engine.envs import make_batch_env, probe_env_spec
 from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.recurrent import run_sequence

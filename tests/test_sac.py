@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import ReplayBatch
-from sf_engine.algo.sac import SAC
+from sf_engine.algo.sac.learning import SAC
 from sf_engine.envs.spec import ActionSpec
 from sf_engine.model import kernels
 from sf_engine.model.sac_networks import SquashedGaussian

@@ -125,14 +125,31 @@ def test_the_main_process_needs_no_torch_when_nothing_is_measured(tmp_path):
 def test_classes_named_by_string_exist_and_sit_where_the_layers_allow():
     """Two tables name classes as "module:Class", imported only where they are built (no import statement
     for the layer test above to read): the runtime's ROLES name the role classes it starts (roles/ and
-    scaleout/), config's ALGORITHMS the learning algorithms --algo picks (algo/). Each must exist."""
-    from sf_engine.config.groups import ALGORITHMS
+    scaleout/), each algorithm's spec its learning class (algo/). Each must exist."""
+    from sf_engine.config.algorithms import built_in_algorithms
     from sf_engine.runtime.wiring import ROLES, import_class
 
     for table, rooms in (
-        (ALGORITHMS, {"algo"}),
+        ({name: spec.learner for name, spec in built_in_algorithms().items()}, {"algo"}),
         ({name: role.cls for name, role in ROLES.items()}, {"roles", "scaleout"}),
     ):
         for name, path in table.items():
             assert _room(path.partition(":")[0]) in rooms, (name, path)
             assert isinstance(import_class(path), type), (name, path)
+
+
+def test_an_algorithms_spec_is_pure_data_of_the_config_layer():
+    """sf_engine.config.algorithms finds the built-in specs (sf_engine/algo/<name>/spec.py) by name while the
+    configuration is built, in every process: a spec module and its packages import only the config layer (and
+    other specs), and no torch."""
+    modules = _modules()
+    for name, (source, _) in modules.items():
+        if name.startswith("sf_engine.algo.") and name.endswith(".spec"):
+            for target in _imports(modules)[name]:
+                assert target.startswith("sf_engine.config") or target.endswith(".spec"), (name, target)
+        if name == "sf_engine.algo" or (name.startswith("sf_engine.algo.") and modules[name][1]):
+            imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            assert not imports, f"{name}: a spec's package imports nothing"
+    code = "import sys, sf_engine.config.groups; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

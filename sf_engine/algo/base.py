@@ -8,9 +8,9 @@ policy's next version, frees the slots and writes checkpoints of `state()`. Vers
 weights, checkpoints on disk and PBT's rounds stay with the role: an algorithm is the maths and its
 training state.
 
-An algorithm is a class under sf_engine.algo built as `cls(cfg, spec, device, hooks)` (the resolved
-Config, the EnvSpec, a torch.device, TrainingHooks) and listed in sf_engine.config.groups.ALGORITHMS,
-whose name --algo picks. PPO (sf_engine.algo.ppo) is the first; docs/internals.md says how to add one.
+An algorithm is a class built as `cls(cfg, spec, device, hooks)` (the resolved Config, the EnvSpec, a
+torch.device, TrainingHooks), named by its spec (sf_engine.config.algorithms.AlgorithmSpec), which --algo picks.
+PPO (sf_engine.algo.ppo) is the first; docs/internals.md says how to add one.
 """
 
 from __future__ import annotations
@@ -103,15 +103,24 @@ def schedule_learning_rate(optimizer, cfg, lcfg, hooks: TrainingHooks) -> None:
 class Algorithm(Protocol):
     """One policy's learning algorithm, hosted by the learner role."""
 
-    # The acting side (policy worker, evaluator, enjoy.py, export) builds
-    # sf_engine.model.actor_critic.ActorCritic(spec, cfg.model, cfg.run.bf16) and loads the published
-    # vector into it: an algorithm trains that model, and `params` is its flatten_state.
+    # The acting side (policy worker, evaluator, enjoy.py, load_policy, export) builds the network of
+    # `acting_network` and loads the published vector into it: an algorithm trains that model, and `params` is its
+    # flatten_state.
     params: Tensor  # the model's whole state as one flat float32 vector: what the role publishes
-    model: object  # the ActorCritic whose state `params` is
+    model: object  # the network whose state `params` is
+
+    @staticmethod
+    def acting_network(spec, cfg, bf16: bool = False):
+        """The network it publishes, as every acting site builds it (sf_engine.algo.acting.build_policy)."""
 
     def train(self, batch: TrajectoryBatch, keep: Tensor) -> TrainResult:
-        """Train on the samples of `batch` that `keep` [T, N] marks; `params` holds the new weights after.
-        An update whose loss or gradient is not finite is skipped (no step) and counted in the result."""
+        """An algorithm on trajectory slots (its spec's data): train on the samples of `batch` that `keep` [T, N]
+        marks; `params` holds the new weights after. An update whose loss or gradient is not finite is skipped (no
+        step) and counted in the result."""
+
+    def update(self, batch) -> tuple[TrainResult, Tensor]:
+        """An algorithm on the replay buffer: one step on a minibatch (a ReplayBatch, or R2D2's SequenceBatch):
+        its TrainResult and the |TD errors| [B] (the priorities)."""
 
     @property
     def learning_rate(self) -> float:
@@ -124,8 +133,8 @@ class Algorithm(Protocol):
         """Take back a checkpoint's state of this policy (`source`: where it came from, for the log)."""
 
     def hyperparameters(self) -> dict:
-        """The hyperparameters PBT explores (sf_engine.algo.pbt.HYPERPARAMETERS: fields of the learner's
-        config group), as in force."""
+        """The hyperparameters PBT explores (its spec's `pbt`, within sf_engine.algo.pbt.RANGES: fields of the
+        learner's config group), as in force."""
 
     def set_hyperparameters(self, hyper: dict) -> None:
         """PBT's explore: this member's own hyperparameters from now on."""

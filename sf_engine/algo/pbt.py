@@ -3,7 +3,8 @@
 members' objectives and hyperparameters; the learner's Population (sf_engine.roles.population) runs the
 rounds.
 
-Each member (policy) has its own hyperparameters (HYPERPARAMETERS, a LearnerConfig per member). A round
+Each member (policy) has its own hyperparameters (those its algorithm's spec names, within RANGES; a LearnerConfig
+per member). A round
 ranks the members by their objective; the worst --pbt_replace_fraction each copy a better member's
 weights and optimizer state (exploit) and mutate their hyperparameters (explore): each, with probability
 --pbt_mutation_rate, is drawn anew from its range (RANGES) with probability --pbt_resample_prob, else
@@ -24,7 +25,6 @@ RANGES = {
     "gamma": (0.9, 0.999),
     "ppo_clip_ratio": (0.05, 0.4),
 }
-HYPERPARAMETERS = tuple(RANGES)
 
 
 def period(cfg) -> int:
@@ -54,7 +54,7 @@ def _perturb(name: str, value: float, factor: float, up: bool) -> float:
 def explore(hyper: dict, pcfg, rng: np.random.Generator, everything: bool = False) -> dict:
     """Mutated hyperparameters (`everything`: each drawn anew from its range, a new member's start)."""
     out = dict(hyper)
-    for name in HYPERPARAMETERS:
+    for name in hyper:
         if everything:
             out[name] = _draw(name, rng)
         elif rng.random() < pcfg.pbt_mutation_rate:
@@ -66,12 +66,13 @@ def explore(hyper: dict, pcfg, rng: np.random.Generator, everything: bool = Fals
     return out
 
 
-def hyperparameters(lcfg) -> dict:
-    return {name: float(getattr(lcfg, name)) for name in HYPERPARAMETERS}
+def hyperparameters(lcfg, names: tuple) -> dict:
+    """The values in `lcfg` of the hyperparameters `names` (an algorithm's spec's `pbt`, within RANGES)."""
+    return {name: float(getattr(lcfg, name)) for name in names}
 
 
 def with_hyperparameters(lcfg, hyper: dict):
-    return dataclasses.replace(lcfg, **{name: hyper[name] for name in HYPERPARAMETERS})
+    return dataclasses.replace(lcfg, **hyper)
 
 
 def exploits(objectives: list, pcfg, rng: np.random.Generator) -> list:

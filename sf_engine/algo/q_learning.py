@@ -25,6 +25,11 @@ class QLearning:
     """A Q-network and its optimizer, built from the resolved Config `cfg`, the EnvSpec, the learner's device
     and the hooks of the process that hosts it."""
 
+    @staticmethod
+    def acting_network(spec, cfg, bf16: bool = False) -> QNetwork:
+        """The network the value-based algorithms publish, as every acting site builds it."""
+        return QNetwork(spec, cfg.model, cfg.q, bf16)
+
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
         self.model = QNetwork(spec, cfg.model, cfg.q, cfg.run.bf16).to(device)
@@ -52,7 +57,7 @@ class QLearning:
         return figures
 
     def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg)
+        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
 
     def set_hyperparameters(self, hyper: dict) -> None:
         self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)

@@ -8,6 +8,7 @@ import dataclasses
 import math
 import re
 
+from sf_engine.config.algorithms import SEQUENCES, algorithm_spec, check_algorithm_flags
 from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -29,6 +30,7 @@ def _check_sampler_nodes(cfg: Config) -> None:
 
 def check_flags(cfg: Config) -> None:
     """Values that are wrong whatever 'auto' resolves to: a one-line ConfigError naming the flag."""
+    algorithm_spec(cfg.learner.algo)  # an --algo that names none
     _check_counts(cfg)
     _check_sampler_nodes(cfg)
     _check_learner_values(cfg)
@@ -202,82 +204,24 @@ def check_resolved(cfg: Config) -> None:
 
 
 def _check_value_based(cfg: Config) -> None:
-    """The replay, q and sac groups' values, and what --algo dqn / pqn / sac do not do yet."""
-    r, q, algo = cfg.replay, cfg.q, cfg.learner.algo  # counts, rates and [0, 1] values: with the others above
+    """The replay and q groups' values, then what the algorithm takes (its spec: check_algorithm_flags)."""
+    r, q = cfg.replay, cfg.q  # counts, rates and [0, 1] values: with the others above
     if not 0.0 < q.target_tau <= 1.0:
         raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
     if q.apex_alpha < 0:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
         raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
-    if algo != "ppo":
-        _check_value_based_scope(cfg)
-
-
-def _check_value_based_scope(cfg: Config) -> None:
-    """What --algo dqn, pqn, r2d2 and sac do not do (yet): one line each, naming the way out."""
-    algo, p = cfg.learner.algo, cfg.policies
-    if algo == "r2d2":
-        _check_r2d2(cfg)
-    elif cfg.model.rnn != "none":
-        way_out = (
-            "a recurrent Q-network is R2D2's: use --algo r2d2 or --rnn none"
-            if cfg.acts_on_q
-            else "a recurrent SAC is not built yet; use --rnn none or --algo ppo"
-        )
-        raise ConfigError(f"--rnn {cfg.model.rnn} with --algo {algo}: {way_out}")
-    if p.num_policies > 1 or p.pbt or p.pool_every_versions:
-        raise ConfigError(
-            f"--algo {algo} trains one policy: drop --num_policies, --pbt and --pool_every_versions, or use --algo ppo"
-        )
-    if cfg.model.normalize_returns or (cfg.model.normalize_input and algo != "sac"):
-        flags = "--normalize_returns is" if algo == "sac" else "--normalize_input / --normalize_returns are"
-        raise ConfigError(f"{flags} PPO's: drop it with --algo {algo}")
-    if cfg.learner.with_vtrace:
-        raise ConfigError(f"--with_vtrace is PPO's: drop it with --algo {algo}")
-    if cfg.q.value_rescale and algo != "r2d2":
-        raise ConfigError(f"--value_rescale is --algo r2d2's: drop it with --algo {algo}")
-
-
-def _check_r2d2(cfg: Config) -> None:
-    """--algo r2d2's recurrent core: one per Q-network."""
-    if cfg.model.rnn == "none":
-        raise ConfigError("--algo r2d2 needs a recurrent core: give --rnn gru or --rnn lstm (or use --algo dqn)")
-    if cfg.model.actor_critic == "separate":
-        raise ConfigError("--actor_critic separate is PPO's: drop it with --algo r2d2 (a Q-network has one core)")
+    check_algorithm_flags(cfg)
 
 
 def _check_sequences(cfg: Config) -> None:
-    """--algo r2d2: a trajectory slot's column holds a burn-in and at least one sequence."""
+    """An algorithm that learns from replayed sequences: a trajectory slot's column holds a burn-in and at least
+    one sequence."""
     r, rollout = cfg.replay, cfg.sampler.rollout
-    if cfg.learner.algo == "r2d2" and rollout < r.burn_in + r.replay_sequence_length:
+    if cfg.algorithm.data == SEQUENCES and rollout < r.burn_in + r.replay_sequence_length:
         raise ConfigError(
             f"--rollout ({rollout}) must be at least --burn_in + --replay_sequence_length "
-            f"({r.burn_in} + {r.replay_sequence_length}) with --algo r2d2: raise --rollout or lower the others"
-        )
-
-
-def check_env_for_algo(cfg: Config, spec) -> None:
-    """The env against --algo: the value-based family needs one agent and a Discrete action space; SAC one agent,
-    a Box action space and vector observations."""
-    algo = cfg.learner.algo
-    if algo == "ppo":
-        return
-    kind = "continuous" if algo == "sac" else "discrete"
-    if spec.action.kind != kind:
-        space = "a Box" if algo == "sac" else "a Discrete"
-        other = "--algo ppo" if algo == "sac" else "--algo sac or ppo"
-        raise ConfigError(
-            f"--algo {algo} needs {space} action space; {cfg.env.env} has a {spec.action.kind} one: use {other}"
-        )
-    if algo == "sac" and spec.has_image:
-        raise ConfigError(f"--algo sac takes vector observations; {cfg.env.env} has images: use --algo ppo")
-    if algo == "sac" and not all(map(math.isfinite, spec.action.low + spec.action.high)):
-        raise ConfigError(
-            f"--algo sac squashes its actions into the env's bounds; {cfg.env.env} has unbounded Box actions: "
-            f"give its action space finite low and high or use --algo ppo"
-        )
-    if spec.num_agents > 1 or spec.turn_based:
-        raise ConfigError(
-            f"--algo {algo} trains single-agent envs; {cfg.env.env} has {spec.num_agents} agents: use --algo ppo"
+            f"({r.burn_in} + {r.replay_sequence_length}) with --algo {cfg.learner.algo}: raise --rollout or lower "
+            f"the others"
         )

@@ -1,10 +1,14 @@
-"""What every group of the configuration builds its flags from: a field with its --help text, and the
-type of a flag that takes an integer or 'auto'."""
+"""What every group of the configuration builds its flags from: a field with its --help text, the type of a flag
+that takes an integer or 'auto', and ConfigError (a bad flag's one line)."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import field
+
+
+class ConfigError(ValueError):
+    """A bad flag or combination: the message is one line naming the flag and the fix."""
 
 
 def flag_field(default, help_text: str, **kw):

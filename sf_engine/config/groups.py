@@ -10,29 +10,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from sf_engine.config.algorithms import AlgorithmSpec, algorithm_spec, built_in_algorithms
+from sf_engine.config.fields import ConfigError, int_or_auto
 from sf_engine.config.fields import flag_field as _f
-from sf_engine.config.fields import int_or_auto
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
-from sf_engine.config.value import Q_ALGORITHMS, REPLAY_ALGORITHMS, QConfig, ReplayConfig, SACConfig
+from sf_engine.config.value import QConfig, ReplayConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
 DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run given neither
 
-
-# --algo: each learning algorithm's class ("module:Class" under sf_engine.algo, built by the learner role;
-# see sf_engine.algo.base). Adding an algorithm: its module, its config group, and its line here.
-ALGORITHMS = {
-    "ppo": "sf_engine.algo.ppo:PPO",
-    "dqn": "sf_engine.algo.dqn:DQN",
-    "pqn": "sf_engine.algo.pqn:PQN",
-    "sac": "sf_engine.algo.sac:SAC",
-    "r2d2": "sf_engine.algo.r2d2:R2D2",
-}
-
-
-class ConfigError(ValueError):
-    """A bad flag or combination: the message is one line naming the flag and the fix."""
+__all__ = ["ConfigError"]  # the engine's name for it is this module's too
 
 
 @dataclass(frozen=True)
@@ -133,14 +121,10 @@ class ModelConfig:
 class LearnerConfig:
     algo: str = _f(
         "ppo",
-        "Learning algorithm of the learner: 'ppo' (PPO's clipped objective on GAE targets, or on V-trace's with "
-        "--with_vtrace); 'dqn' (the DQN family on a shared-memory replay buffer: double Q, dueling heads, n-step "
-        "returns, prioritized replay, Ape-X exploration; see the replay and q groups); 'pqn' (PQN: Q(lambda) "
-        "targets on each batch of trajectory slots, layer norm, no replay and no target network); 'r2d2' (R2D2: the "
-        "DQN family with a recurrent core (--rnn) on replayed sequences after a burn-in, value rescaling); 'sac' (soft "
-        "actor-critic for Box action spaces on the replay buffer: a squashed Gaussian actor, twin critics, the "
-        "entropy temperature tuned; see the sac group).",
-        choices=tuple(ALGORITHMS),
+        "Learning algorithm of the learner: "
+        + "; ".join(f"'{name}' ({spec.description})" for name, spec in built_in_algorithms().items())
+        + "; or a name given to sf_engine.register_algorithm, or MODULE:SPEC (an AlgorithmSpec in your module, "
+        "found like --env MODULE:Class).",
     )
     batch_size: int = _f(1024, "Samples per minibatch (one optimizer step).")
     num_batches_per_epoch: int = _f(
@@ -329,6 +313,7 @@ class TrackingConfig:
     wandb_tags: str = _f("", "Comma-separated W&B tags of the run, e.g. pong,baseline.")
 
 
+# the groups of every run, then each built-in algorithm's own (its spec's `config`: SAC's, TD3's)
 GROUPS = {
     "env": EnvConfig,
     "sampler": SamplerConfig,
@@ -340,33 +325,26 @@ GROUPS = {
     "remote": RemoteConfig,
     "replay": ReplayConfig,
     "q": QConfig,
-    "sac": SACConfig,
-}
+} | {spec.config[0]: spec.config[1] for spec in built_in_algorithms().values() if spec.config}
 
 
-@dataclass(frozen=True)
-class Config:
-    env: EnvConfig = field(default_factory=EnvConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    policies: PolicyConfig = field(default_factory=PolicyConfig)
-    remote: RemoteConfig = field(default_factory=RemoteConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    q: QConfig = field(default_factory=QConfig)
-    sac: SACConfig = field(default_factory=SACConfig)
+class _ConfigMethods:
+    """What Config computes from its groups (Config, below, has one field per group of GROUPS)."""
+
+    @property
+    def algorithm(self) -> AlgorithmSpec:
+        """The spec of --algo (sf_engine.config.algorithms): all the engine knows of the learning algorithm."""
+        return algorithm_spec(self.learner.algo)
 
     @property
     def uses_replay(self) -> bool:
         """The learner trains from the replay buffer (sf_engine.replay), not on the slots as they come."""
-        return self.learner.algo in REPLAY_ALGORITHMS
+        return self.algorithm.uses_replay
 
     @property
     def acts_on_q(self) -> bool:
         """The policy acts epsilon-greedy on Q-values (sf_engine.model.q_network)."""
-        return self.learner.algo in Q_ALGORITHMS
+        return self.algorithm.acts_on_q
 
     @property
     def samples_per_slot(self) -> int:
@@ -395,6 +373,16 @@ class Config:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Config":
+    def from_dict(cls, data: dict):
         """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored)."""
         return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
+
+
+Config = dataclasses.make_dataclass(
+    "Config",
+    [(name, group, field(default_factory=group)) for name, group in GROUPS.items()],
+    bases=(_ConfigMethods,),
+    frozen=True,
+)
+Config.__module__ = __name__  # pickled by name: the plan travels to the children
+Config.__doc__ = """The whole configuration: one field per group of GROUPS (cfg.env, ..., cfg.sac, cfg.td3)."""

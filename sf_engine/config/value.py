@@ -1,16 +1,13 @@
-"""The `replay`, `q` and `sac` groups of the configuration: the replay buffer and its rate limiter (--algo dqn, r2d2
-and sac), the value-based family's network, targets and exploration (--algo dqn, pqn and r2d2), and SAC's entropy
-temperature. sf_engine.config.groups imports them into its GROUPS; the command line and config.json read them like
-every group."""
+"""The `replay` and `q` groups of the configuration: the replay buffer, its rate limiter and how acting starts
+(--algo dqn, r2d2, sac and td3), the value-based family's network, targets and exploration (--algo dqn, pqn and
+r2d2; the target networks' pace: every algorithm with one). sf_engine.config.groups imports them into its GROUPS; the
+command line and config.json read them like every group."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from sf_engine.config.fields import flag_field as _f
-
-REPLAY_ALGORITHMS = frozenset({"dqn", "sac", "r2d2"})  # learn from a replay buffer (sf_engine.replay), not from slots
-Q_ALGORITHMS = frozenset({"dqn", "pqn", "r2d2"})  # act epsilon-greedy on Q-values (sf_engine.model.q_network)
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,12 @@ class ReplayConfig:
         "--algo r2d2 with --prioritized: a sequence's priority mixes its TD errors, eta x max + (1 - eta) x mean "
         "(R2D2's 0.9).",
     )
+    random_before_learning: bool = _f(
+        True,
+        "--algo sac and td3: act uniformly at random within the action bounds until the learner publishes its first "
+        "update (the first --learning_starts env steps), as Stable-Baselines3, RL Zoo and CleanRL do; false: the "
+        "untrained actor's samples. A resumed run acts with its checkpoint's actor.",
+    )
 
 
 @dataclass(frozen=True)
@@ -113,32 +116,4 @@ class QConfig:
         False,
         "--algo r2d2 (on by default there): learn h(Q) with R2D2's value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) "
         "+ 0.001 x, the targets h(R + gamma^n h^-1(Q')), so that large returns keep a small scale.",
-    )
-
-
-@dataclass(frozen=True)
-class SACConfig:
-    alpha: float = _f(
-        1.0,
-        "--algo sac: the entropy temperature (the weight of the policy's entropy in its objective) at the start; "
-        "tuned from there toward --target_entropy with --tune_alpha, else fixed.",
-    )
-    tune_alpha: bool = _f(
-        True, "--algo sac: tune the temperature by gradient steps so that the policy's entropy nears its target."
-    )
-    target_entropy: float = _f(
-        -1.0,
-        "--algo sac: the entropy the temperature is tuned toward, per action dimension (SAC's -1: a target of "
-        "-dims in all).",
-    )
-    critic_learning_rate: float = _f(
-        0.0,
-        "--algo sac: Adam's learning rate of the critics and the temperature (CleanRL's q_lr); 0: --learning_rate, "
-        "as in Stable-Baselines3. The actor keeps --learning_rate; --lr_schedule decays both alike.",
-    )
-    random_before_learning: bool = _f(
-        True,
-        "--algo sac: act uniformly at random within the action bounds until the learner publishes its first "
-        "update (the first --learning_starts env steps), as Stable-Baselines3, RL Zoo and CleanRL do; false: the "
-        "untrained actor's samples. A resumed run acts with its checkpoint's actor.",
     )

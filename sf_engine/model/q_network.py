@@ -2,7 +2,7 @@
 epsilon per row (Ape-X exploration), illegal actions never chosen; R2D2's value rescaling.
 
 Runs in the policy worker (acting), the learner (training), the evaluator and enjoy.py (greedy). It offers what
-the acting side asks of any model (sf_engine.model.policy.build_policy): forward / outputs -> (Q-values as the
+the acting side asks of any model (sf_engine.algo.acting.build_policy): forward / outputs -> (Q-values as the
 distribution's parameters [B, A], their legal maximum [B], with a core the new state), sample, greedy,
 distribution.mode (the argmax), initial_state. With --rnn (--algo r2d2) a recurrent core sits between the encoder
 and the heads, its state [B, state_size] carried by the caller as for the actor-critic. Observations as for the

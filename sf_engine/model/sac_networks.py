@@ -2,7 +2,7 @@
 trains beside it (Haarnoja et al. 2018).
 
 The actor runs in the policy worker (sampling), the learner (training), the evaluator, enjoy.py and export (its
-mean, squashed: greedy). It offers what the acting side asks of any model (sf_engine.model.policy.build_policy):
+mean, squashed: greedy). It offers what the acting side asks of any model (sf_engine.algo.acting.build_policy):
 forward / outputs -> (distribution parameters [B, 2A]: the Gaussian's means, then its log-stds; values [B], 0:
 SAC's actor has no value), sample, distribution.mode, no recurrent core. Actions are in the env's bounds: tanh of
 the Gaussian sample, scaled from [-1, 1] to [low, high] (the critics see them scaled back to [-1, 1]).

@@ -49,7 +49,7 @@ def first_line(exc: Exception) -> str:
 def load_policy(cfg, spec, path: str, device, policy: int = 0):
     """The actor-critic of `cfg` with the weights of checkpoint `path` (of its policy `policy` where it
     holds several), or an EnjoyError saying why not."""
-    from sf_engine.model.policy import build_policy
+    from sf_engine.algo.acting import build_policy
     from sf_engine.model.shape import changed_flags, flag_text
     from sf_engine.runtime.checkpoint import CheckpointError, load_checkpoint, policy_states
 

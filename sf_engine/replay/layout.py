@@ -18,6 +18,7 @@ T steps and its T + 1 observation rows, so each observation is stored once and a
 
 from __future__ import annotations
 
+from sf_engine.config.algorithms import SEQUENCES
 from sf_engine.replay.sum_tree import tree_size
 
 REPLAY_PREFIX = "replay."
@@ -49,7 +50,7 @@ def replay_layout(cfg, spec, state: int = 0) -> dict:
         f"{REPLAY_PREFIX}policy_version": (steps, "int64"),
         f"{REPLAY_PREFIX}counters": ((4,), "int64"),
     }
-    if cfg.learner.algo == "r2d2":  # sequences replayed from the state they were acted from
+    if cfg.algorithm.data == SEQUENCES:  # sequences replayed from the state they were acted from
         layout[f"{REPLAY_PREFIX}rnn_states"] = ((columns, rollout + 1, state), "float32")
         layout[f"{REPLAY_PREFIX}episode_start"] = ((columns, rollout + 1), "bool")
     if cfg.replay.prioritized:

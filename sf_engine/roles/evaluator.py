@@ -15,9 +15,9 @@ import time
 
 import numpy as np
 
+from sf_engine.algo.acting import build_policy
 from sf_engine.envs import make_batch_env
 from sf_engine.model.flat_state import flatten_state
-from sf_engine.model.policy import build_policy
 from sf_engine.play.episodes import play
 from sf_engine.runtime.checkpoint import BEST_NAME, CheckpointError, load_checkpoint, save_state_atomic
 from sf_engine.stats.messages import Evaluation

@@ -23,7 +23,7 @@ import torch
 
 from sf_engine.algo.base import Algorithm, TrainingHooks, TrainResult, all_finite
 from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
-from sf_engine.config.groups import ALGORITHMS
+from sf_engine.config.algorithms import import_class
 from sf_engine.roles.population import Population
 from sf_engine.roles.replay_feed import ReplayFeed
 from sf_engine.runtime.checkpoint import (
@@ -37,7 +37,7 @@ from sf_engine.runtime.role import RoleContext, RunStopped
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.transfer import to_device
 from sf_engine.runtime.weights import SharedWeights
-from sf_engine.runtime.wiring import import_class, weight_readers
+from sf_engine.runtime.wiring import weight_readers
 from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Recycled, Training
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
@@ -97,7 +97,7 @@ class Learner:
             elapsed_sec=lambda: time.monotonic() - float(self.buffers.run_started[0]),
         )
         self.hooks = hooks
-        algorithm = import_class(ALGORITHMS[self.lcfg.algo])
+        algorithm = import_class(self.cfg.algorithm.learner)
         self.policies = [
             LearningPolicy(policy, algorithm(self.cfg, plan.spec, self.device, hooks), ctx.weights(policy))
             for policy in range(self.cfg.policies.num_policies)

@@ -4,9 +4,9 @@ Runs in the policy-worker process (or the runner in serial mode) on the run's de
 (worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
 actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
 token back to the worker.
-Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights). With --algo sac
-and --random_before_learning the rows act uniformly at random while the weights in force are version 0 (the
-learner has published no update yet).
+Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights). With
+--random_before_learning, under an algorithm whose spec acts so (SAC's, TD3's), the rows act uniformly at random
+while the weights in force are version 0 (the learner has published no update yet).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from sf_engine.algo.acting import build_policy
 from sf_engine.algo.base import keep_beating
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.graphed import BucketedForward, bucket_sizes
-from sf_engine.model.policy import build_policy
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.transfer import PinnedRows, to_device, torch_dtype
@@ -45,9 +45,9 @@ class PolicyWorker:
         most_requests = max(cfg.sampler.total_splits, 1)  # one per split at a time
         rows = most_requests * self.envs_per_split
         self.exponents = epsilon_exponents(rows, cfg.q.apex_alpha).reshape(-1, self.envs_per_split)
-        # --algo sac with --random_before_learning: uniform actions while the weights in force are the ones the
-        # learner published before its first update (version 0), as the shared weights' version says
-        self.uniform_before_learning = cfg.learner.algo == "sac" and cfg.sac.random_before_learning
+        # --random_before_learning (where the algorithm's spec acts so): uniform actions while the weights in force are
+        # the ones the learner published before its first update (version 0), as the shared weights' version says
+        self.uniform_before_learning = cfg.algorithm.random_before_learning and cfg.replay.random_before_learning
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]

@@ -9,9 +9,9 @@ waits only when the learner holds the next full slots back to keep the ratio (le
 rollout workers' wait for a free slot says how long). In sync mode the learner takes one slot of every split,
 trains what they allow, publishes, and only then frees them: every sample is acted by the newest policy.
 An algorithm that has `observe` (--algo sac) is handed the observations of each slot's valid steps as the slot is
-inserted (its input normalizer's data). An algorithm that says `sequences` (--algo r2d2) is fed sequences of
---replay_sequence_length steps (sf_engine.replay.sequences) instead of transitions; the rate limiter counts a
-sequence as its L steps.
+inserted (its input normalizer's data). An algorithm whose spec learns from replay sequences (--algo r2d2) is fed
+sequences of --replay_sequence_length steps (sf_engine.replay.sequences) instead of transitions; the rate limiter
+counts a sequence as its L steps.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import ReplayBatch, SequenceBatch
+from sf_engine.config.algorithms import SEQUENCES
 from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.sequences import SequenceSample, SequenceShape
@@ -47,7 +48,7 @@ class ReplayFeed:
         r = self.rcfg
         sequences = SequenceShape(r.burn_in, r.replay_sequence_length, r.n_step)
         algorithm = learner.policies[0].algorithm
-        self.sequences = sequences if getattr(algorithm, "sequences", False) else None
+        self.sequences = sequences if cfg.algorithm.data == SEQUENCES else None
         self.observe = getattr(algorithm, "observe", None)  # SAC's: the observations of each slot inserted
         self.buffer = ReplayBuffer(
             learner.buffers.replay,

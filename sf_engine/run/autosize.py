@@ -109,9 +109,9 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     on the other cores meanwhile."""
     import torch
 
+    from sf_engine.algo.acting import build_policy
     from sf_engine.model.actor_critic import obs_tensors
     from sf_engine.model.flat_state import FlatAdam, flatten_state
-    from sf_engine.model.policy import build_policy
 
     def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
         reps = -(-rows // len(next(iter(obs.values()))))
@@ -136,8 +136,8 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         optimizer = FlatAdam(model, flatten_state(model), lr=1e-6, eps=1e-5)  # the learner's optimizer
 
         forward = _probe_forward(model, train_inputs, minibatch)
-        # DQN's and R2D2's targets: the target network (and with double Q the online one) on the next observations
-        bootstrap_forwards = (1 + cfg.q.double_q) if cfg.learner.algo in ("dqn", "r2d2") else 0
+        # the targets' forwards (DQN's: the target network, and with double Q the online one, on the next observations)
+        bootstrap_forwards = cfg.algorithm.extra_forwards(cfg)
 
         def train_step():
             with torch.no_grad():

@@ -21,7 +21,8 @@ import sys
 import psutil
 
 from sf_engine.algo.pbt import period as pbt_period
-from sf_engine.config.checks import check_env_for_algo, check_flags, check_resolved
+from sf_engine.config.algorithms import algorithm_registration, check_env_for_algorithm
+from sf_engine.config.checks import check_flags, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
@@ -56,9 +57,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     EnvError with one line naming the flag and the fix; nothing on disk is touched."""
     given = parse_flags(argv) if given is None else given
     saved = saved_config(given) if saved is None else saved
-    first = make_config(given, saved=saved)
-    spec = probe_env_spec(first.env.env, first.env.env_backend)
-    cfg = make_config(given, flag_defaults(first.env.env, spec, first.learner.algo), saved)
+    cfg, spec = _configured(given, saved)
     _check_before_resolving(cfg, spec)
     encoder_notes = check_encoder(cfg, spec)  # a user's module built once, before auto sizing builds the model
     cfg, notes = _resolve(cfg, spec)
@@ -107,14 +106,23 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
         tuple(argv if argv is not None else sys.argv[1:]),
         envs,
         tuple(notes),
-        user_registration(cfg.model.encoder),
+        user_registration(cfg.model.encoder) + algorithm_registration(cfg.learner.algo),
     )
+
+
+def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
+    """The flags `given` over the env family's defaults, then the algorithm's for that family (its spec's), then the
+    --config file's; and the env's spec, probed."""
+    first = make_config(given, saved=saved)
+    spec = probe_env_spec(first.env.env, first.env.env_backend)
+    defaults = flag_defaults(first.env.env, spec) | first.algorithm.family_defaults(spec.family)
+    return make_config(given, defaults, saved), spec
 
 
 def _check_before_resolving(cfg: Config, spec: EnvSpec) -> None:
     """The flags, the env against the algorithm and the policies, the tracking: one ConfigError line each."""
     check_flags(cfg)
-    check_env_for_algo(cfg, spec)
+    check_env_for_algorithm(cfg, spec)
     try:
         cfg.policies.check(spec.agents)
     except ValueError as exc:
@@ -252,7 +260,7 @@ def _check_user_encoder_fits(cfg: Config, spec: EnvSpec, resume_from: str | None
     same). One ConfigError line naming the first weight that differs."""
     if resume_from is None or is_builtin(cfg.model.encoder):
         return
-    from sf_engine.model.policy import build_policy
+    from sf_engine.algo.acting import build_policy
     from sf_engine.runtime.checkpoint import load_checkpoint, policy_states
 
     saved = policy_states(load_checkpoint(resume_from))[0].get("model", {})

@@ -20,9 +20,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from sf_engine.config.algorithms import built_in_algorithms
 from sf_engine.config.checks import check_flags
 from sf_engine.config.cli import make_config, parse_flags
-from sf_engine.config.groups import ALGORITHMS, ConfigError
+from sf_engine.config.groups import ConfigError
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.run.experiment import Experiment
@@ -56,7 +57,7 @@ def start_forkserver(env: str, env_backend: str):
             "sf_engine.roles.learner",
             "sf_engine.roles.evaluator",
         ]
-        + [path.partition(":")[0] for path in ALGORITHMS.values()]  # the learner's algorithm, built by name
+        + [spec.learner.partition(":")[0] for spec in built_in_algorithms().values()]  # the learner's, built by name
     )
     multiprocessing.forkserver.ensure_running()
     return mp_context

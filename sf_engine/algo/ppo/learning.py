@@ -21,7 +21,7 @@ import torch
 from sf_engine.algo import base, pbt
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
 from sf_engine.algo.batch import TrajectoryBatch
-from sf_engine.algo.ppo_loss import (
+from sf_engine.algo.ppo.loss import (
     DiscretePPOLoss,
     LossCoefficients,
     discrete_loss_and_grads,
@@ -92,6 +92,11 @@ class PPO:
     """One policy's PPO (sf_engine.algo.base.Algorithm): built from the resolved Config `cfg`, the env's
     EnvSpec, the learner's torch device and the hooks of the process that hosts it."""
 
+    @staticmethod
+    def acting_network(spec, cfg, bf16: bool = False) -> ActorCritic:
+        """The network PPO publishes, as every acting site builds it."""
+        return ActorCritic(spec, cfg.model, bf16)
+
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
         self.model = ActorCritic(spec, cfg.model, cfg.run.bf16).to(device)
@@ -110,7 +115,7 @@ class PPO:
         return self.optimizer.param_groups[0]["lr"]
 
     def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg)
+        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
 
     def set_hyperparameters(self, hyper: dict) -> None:
         """This member's own learning rate, entropy coefficient, gamma and clip ratio (PBT)."""

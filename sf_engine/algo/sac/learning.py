@@ -29,7 +29,10 @@ LOSS_STATS = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs
 class SAC:
     """One policy's SAC (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
 
-    replay = True
+    @staticmethod
+    def acting_network(spec, cfg, bf16: bool = False) -> SACActor:
+        """The network SAC publishes (its actor), as every acting site builds it."""
+        return SACActor(spec, cfg.model, bf16)
 
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.scfg, self.qcfg, self.device, self.hooks = (
@@ -136,11 +139,8 @@ class SAC:
         if self.model.normalizer is not None:
             self.model.update_normalizer({key: torch.as_tensor(rows, device=self.device) for key, rows in obs.items()})
 
-    def train(self, batch, keep) -> TrainResult:
-        raise TypeError("SAC trains from the replay buffer (update), not on trajectory slots")
-
     def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg)
+        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
 
     def set_hyperparameters(self, hyper: dict) -> None:
         self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)

@@ -25,8 +25,6 @@ LOSS_STATS = ("q_loss", "q_mean", "td_abs_mean")  # then grad_norm
 class DQN(QLearning):
     """One policy's DQN (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
 
-    replay = True
-
     def __init__(self, cfg, spec, device, hooks):
         super().__init__(cfg, spec, device, hooks)
         self.qcfg = cfg.q
@@ -86,9 +84,6 @@ class DQN(QLearning):
         next_online = self.model.q_values(batch.next_obs) if self.qcfg.double_q else None
         legal = batch.next_obs[ACTION_MASK_KEY] != 0 if self.model.masked else None
         return double_q_targets(batch.returns, batch.discounts, next_online, next_target, legal, self.qcfg.double_q)
-
-    def train(self, batch, keep) -> TrainResult:
-        raise TypeError("DQN trains from the replay buffer (update), not on trajectory slots")
 
     def weights_replaced(self) -> None:
         """The target network restarts from the weights now in force (not from the ones built at start)."""

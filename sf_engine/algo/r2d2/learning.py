@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import SequenceBatch
-from sf_engine.algo.dqn import DQN
+from sf_engine.algo.dqn.learning import DQN
 from sf_engine.algo.value_targets import double_q_targets, sequence_priorities
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.q_network import QNetwork, inverse_value_rescale, value_rescale
@@ -34,9 +34,6 @@ def _rows(obs: dict, begin: int, end: int | None) -> dict:
 class R2D2(DQN):
     """One policy's R2D2 (sf_engine.algo.base.Algorithm with `replay` and `sequences`: the learner samples
     sequences and trains it by `update`)."""
-
-    replay = True
-    sequences = True  # the replay feed samples SequenceBatch for it (sf_engine.roles.replay_feed)
 
     def __init__(self, cfg, spec, device, hooks):
         super().__init__(cfg, spec, device, hooks)
@@ -110,9 +107,6 @@ class R2D2(DQN):
             self.qcfg.double_q,
         )
         return rescale(targets).view(length, sequences)
-
-    def train(self, batch, keep) -> TrainResult:
-        raise TypeError("R2D2 trains from the replay buffer's sequences (update), not on trajectory slots")
 
 
 def _same(values: torch.Tensor) -> torch.Tensor:

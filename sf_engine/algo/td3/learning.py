@@ -1,0 +1,162 @@
+"""TD3 (--algo td3; Fujimoto, van Hoof and Meger 2018) on the replay buffer: a deterministic actor (the published,
+acting model), twin critics trained on the smaller of their targets' values at a smoothed target action (the target
+actor's, plus clipped Gaussian noise: --target_noise, --target_noise_clip), the actor and the targets updated every
+--policy_delay critic updates (the actor on Q1 at its own action; the targets by Polyak steps of --target_tau).
+Runs in the learner process; the replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update`
+takes one step on one; with --normalize_input it hands `observe` each slot's observations as it inserts them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from sf_engine.algo import pbt
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo.batch import ReplayBatch
+from sf_engine.algo.td3.networks import TD3Actor
+from sf_engine.model.flat_state import FlatAdam, flatten_state
+from sf_engine.model.sac_networks import TwinCritic
+
+LOSS_STATS = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")  # then grad_norm
+
+
+class TD3:
+    """One policy's TD3 (sf_engine.algo.base.Algorithm, trained by `update` on replayed transitions)."""
+
+    @staticmethod
+    def acting_network(spec, cfg, bf16: bool = False):
+        """The network TD3 publishes, as every acting site builds it."""
+        return TD3Actor(spec, cfg, bf16)
+
+    def __init__(self, cfg, spec, device, hooks: TrainingHooks):
+        self.cfg, self.lcfg, self.tcfg, self.device, self.hooks = cfg, cfg.learner, cfg.td3, device, hooks
+        self.model = TD3Actor(spec, cfg).to(device)
+        self.params = flatten_state(self.model)
+        self.actor_target = copy.deepcopy(self.model).requires_grad_(False)
+        self.actor_target_params = flatten_state(self.actor_target)
+        self.actor_target_params.copy_(self.params)
+        self.critic = TwinCritic(spec, cfg.model).to(device)
+        self.critic_params = flatten_state(self.critic)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.target_params = flatten_state(self.target)
+        self.target_params.copy_(self.critic_params)
+        lr, eps = self.lcfg.learning_rate, self.lcfg.adam_eps
+        self.optimizer = FlatAdam(self.model, self.params, lr=lr, eps=eps)  # the actor's
+        self.critic_optimizer = FlatAdam(self.critic, self.critic_params, lr=lr, eps=eps)
+        self.num_updates = 0
+        self.last_actor_loss = torch.zeros((), device=device)
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _set_learning_rate(self, lr: float) -> None:
+        for optimizer in (self.optimizer, self.critic_optimizer):
+            set_learning_rate(optimizer, lr)
+
+    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
+        """One step of the critics on `batch`, and every --policy_delay steps one of the actor and the targets:
+        (its TrainResult, |TD error| [B] for the priorities, the mean of the two critics'). A step whose loss or
+        gradient is not finite is skipped whole (TrainResult.skipped_updates 1, TD errors 0)."""
+        if self.num_updates % 64 == 0:
+            schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
+            self._set_learning_rate(self.learning_rate)
+        actor = self.model
+        x, next_x = actor.inputs(batch.obs), actor.inputs(batch.next_obs)
+        targets = self._targets(next_x, batch)
+
+        self.critic_optimizer.zero_grad()
+        q1, q2 = self.critic(x, actor.distribution.unscale(batch.actions))
+        error1, error2 = q1 - targets, q2 - targets
+        critic_loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        critic_loss.backward()
+        norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
+
+        delayed = self.num_updates % self.tcfg.policy_delay == 0  # the actor and the targets move this step
+        if delayed:  # the actor: maximize Q1 at its own action, through the critic (its weights held)
+            self.optimizer.zero_grad()
+            self.critic.requires_grad_(False)
+            actor_loss = -self.critic(x, actor.squashed(x))[0].mean()
+            actor_loss.backward()
+            self.critic.requires_grad_(True)
+            norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm))
+            self.last_actor_loss = actor_loss.detach()
+
+        td_abs = 0.5 * (error1.detach().abs() + error2.detach().abs())
+        stats = torch.stack([critic_loss.detach(), self.last_actor_loss, q1.detach().mean(), td_abs.mean()])
+        figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack(norms)).reshape(1)]).cpu()
+        if not all_finite(figures):
+            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+        self.critic_optimizer.step()
+        if delayed:
+            self.optimizer.step()
+            for target, online in ((self.target_params, self.critic_params), (self.actor_target_params, self.params)):
+                if all_finite(online):
+                    target.lerp_(online, self.cfg.q.target_tau)
+        self.num_updates += 1
+        return TrainResult(len(td_abs), dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist())), 1, 0), td_abs
+
+    @torch.no_grad()
+    def _targets(self, next_x: torch.Tensor, batch: ReplayBatch) -> torch.Tensor:
+        """[B] the n-step targets: returns + discount x the smaller target critic's value at the target actor's
+        action plus clipped Gaussian noise (target policy smoothing)."""
+        action = self.actor_target.squashed(next_x)
+        noise = (torch.randn_like(action) * self.tcfg.target_noise).clamp(
+            -self.tcfg.target_noise_clip, self.tcfg.target_noise_clip
+        )
+        next_q = torch.minimum(*self.target(next_x, (action + noise).clamp(-1.0, 1.0)))
+        return batch.returns + batch.discounts * next_q
+
+    def observe(self, obs: dict) -> None:
+        """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy): with
+        --normalize_input the actor's running statistics merge them (the target actor follows with the weights)."""
+        if self.model.normalizer is not None:
+            self.model.update_normalizer({key: torch.as_tensor(rows, device=self.device) for key, rows in obs.items()})
+
+    def hyperparameters(self) -> dict:
+        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
+
+    def set_hyperparameters(self, hyper: dict) -> None:
+        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        self._set_learning_rate(self.lcfg.learning_rate)
+
+    def copy_from(self, other: TD3) -> None:
+        pairs = (
+            (self.params, other.params),
+            (self.critic_params, other.critic_params),
+            (self.target_params, other.target_params),
+            (self.actor_target_params, other.actor_target_params),
+        )
+        for mine, theirs in pairs:
+            mine.copy_(theirs)
+        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")
+
+    def weights_replaced(self) -> None:
+        """The actor's weights were overwritten from outside: the critics and the targets are the learner's own."""
+
+    def _optimizer_states(self) -> dict:
+        return {"actor": self.optimizer.state_dict(), "critic": self.critic_optimizer.state_dict()}
+
+    def state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "actor_target": self.actor_target.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizers": self._optimizer_states(),
+            "num_updates": self.num_updates,
+        }
+
+    def load(self, state: dict, source: str) -> None:
+        """Weights, targets and optimizer states from a checkpoint's state of this policy (the optimizers' moments:
+        their settings stay this run's learning rate and --adam_eps)."""
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
+            self.actor_target.load_state_dict(state["actor_target"])
+            self.critic.load_state_dict(state["critic"])
+            self.target.load_state_dict(state["target"])
+            self.num_updates = int(state.get("num_updates", 0))
+        self.optimizer.load_state_dict(state["optimizers"]["actor"])
+        self.critic_optimizer.load_state_dict(state["optimizers"]["critic"])

@@ -1,0 +1,66 @@
+"""What the engine knows of TD3: its spec (sf_engine.config.algorithms) and its flags (the `td3` group)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec, bounded_actions
+from sf_engine.config.fields import flag_field as _f
+
+
+@dataclass(frozen=True)
+class TD3Config:
+    exploration_noise: float = _f(
+        0.1,
+        "--algo td3: the std of the Gaussian noise added to the actor's action when acting, as a fraction of half "
+        "the action range (RL Zoo's 0.1).",
+    )
+    target_noise: float = _f(
+        0.2, "--algo td3: target policy smoothing: the std of the noise on the target actor's action (TD3's 0.2)."
+    )
+    target_noise_clip: float = _f(0.5, "--algo td3: that noise is clipped to +- this (TD3's 0.5).")
+    policy_delay: int = _f(
+        2, "--algo td3: critic updates per update of the actor and the target networks (TD3's delayed updates: 2)."
+    )
+
+
+# Stable-Baselines3's TD3 with RL Zoo's MuJoCo settings (learning rate 1e-3, batch 256, targets moved by 0.005,
+# the noise above), on 256 x 2 ReLU networks (SB3's are 400 and 300) and one update per 4 env steps (SB3's
+# one per env step), as SAC's defaults here: the learner binds on two cores
+_DEFAULTS = {
+    "rnn": "none",
+    "normalize_input": False,
+    "normalize_returns": False,
+    "lr_schedule": "constant",
+    "hidden_size": 256,
+    "activation": "relu",
+    "learning_rate": 1e-3,
+    "adam_eps": 1e-8,
+    "max_grad_norm": 0.0,
+    "batch_size": 256,
+    "replay_size": 1_000_000,
+    "learning_starts": 10_000,
+    "replay_ratio": 64.0,
+    "n_step": 1,
+    "target_tau": 0.005,
+    "target_update_period": 1,
+    "num_envs_per_worker": 4,
+    "rollout": 16,
+    "learner_threads": 2,
+}
+
+SPEC = AlgorithmSpec(
+    learner="sf_engine.algo.td3.learning:TD3",
+    description="TD3 (Fujimoto et al. 2018) for continuous actions on the replay buffer: twin critics, target "
+    "policy smoothing, delayed actor updates, Gaussian exploration",
+    data=TRANSITIONS,
+    actions=("continuous",),
+    images=False,
+    multi_agent=False,
+    several_policies=False,
+    recurrent="never",
+    random_before_learning=True,
+    config=("td3", TD3Config),
+    check_env=bounded_actions,
+    defaults={None: _DEFAULTS},
+)

@@ -1,0 +1,213 @@
+"""Learning algorithms as the engine sees them: each one's AlgorithmSpec, the one place that says which class
+learns (and so which network it publishes), what data it learns from, what it supports, its defaults, its flags,
+its auto-sizing cost, what PBT may explore and its checks. Built-in specs live in their algorithm's folder
+(sf_engine/algo/<name>/spec.py, found there by name: a spec module is pure data of this layer, without torch); a
+user's come from sf_engine.register_algorithm(name, spec) or `--algo module:SPEC`. Runs in every process (the run
+plan carries the user's registrations to the children).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sf_engine.config.fields import ConfigError
+
+SLOTS, TRANSITIONS, SEQUENCES = "trajectory slots", "replay transitions", "replay sequences"
+ACTION_KINDS = ("discrete", "multi_discrete", "continuous")
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """What the engine needs to know of an algorithm. `learner` names its Algorithm (sf_engine.algo.base) as
+    "module:Class"; the class's `acting_network(env_spec, cfg, bf16)` builds the network it publishes, as every
+    acting site builds it."""
+
+    learner: str
+    description: str  # its line in --algo's help
+    data: str = SLOTS  # what it learns from: SLOTS, TRANSITIONS (n-step, from the replay buffer), SEQUENCES
+    acts_on_q: bool = False  # acts epsilon-greedy on Q-values (--epsilon_*, Ape-X's epsilons)
+    actions: tuple = ACTION_KINDS  # the action kinds it takes
+    images: bool = True  # image observations
+    multi_agent: bool = True  # envs of several agents
+    several_policies: bool = True  # --num_policies, --pbt, the opponent pool
+    recurrent: str = "optional"  # a recurrent core (--rnn): "optional", "required" or "never"
+    normalize_input: bool = True  # --normalize_input (its own normalizer, or the encoders')
+    normalize_returns: bool = False  # --normalize_returns
+    vtrace: bool = False  # --with_vtrace
+    value_rescale: bool = False  # --value_rescale
+    random_before_learning: bool = False  # acts uniformly at random until learning starts (--random_before_learning)
+    bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
+    pbt: tuple = ()  # the hyperparameters PBT explores (sf_engine.algo.pbt.RANGES)
+    config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name> (sf_engine.config.groups)
+    defaults: dict = field(default_factory=dict)  # {None: every env family's, family: its own}: flag -> value
+    check: Callable | None = None  # cfg -> None: its own flags' checks, a one-line ConfigError each
+    check_env: Callable | None = None  # (cfg, env_spec) -> None: its own checks of the env
+
+    @property
+    def uses_replay(self) -> bool:
+        return self.data != SLOTS
+
+    def extra_forwards(self, cfg) -> int:
+        return self.bootstrap_forwards(cfg) if callable(self.bootstrap_forwards) else self.bootstrap_forwards
+
+    def family_defaults(self, family: str) -> dict:
+        """Its defaults for an env of `family`: every family's, then the family's own."""
+        return self.defaults.get(None, {}) | self.defaults.get(family, {})
+
+
+_BUILT_IN: dict = {}  # name -> spec, found in sf_engine/algo/<name>/spec.py
+_REGISTERED: dict = {}  # name -> spec, register_algorithm() of this process
+_FROM_MODULES: dict = {}  # "module:SPEC" -> spec, imported once per process
+
+
+def built_in_algorithms() -> dict:
+    """name -> AlgorithmSpec of every algorithm in sf_engine/algo/ (a folder holding a spec.py)."""
+    if not _BUILT_IN:
+        folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algo")
+        for module in pkgutil.iter_modules([folder]):
+            if module.ispkg and os.path.exists(os.path.join(folder, module.name, "spec.py")):
+                _BUILT_IN[module.name] = importlib.import_module(f"sf_engine.algo.{module.name}.spec").SPEC
+    return _BUILT_IN
+
+
+def register_algorithm(name: str, spec: AlgorithmSpec) -> None:
+    """Register `spec` under `name`, usable as `--algo name` (sf_engine.register_algorithm). Call it before the
+    run starts, in the script that starts it."""
+    if not isinstance(spec, AlgorithmSpec):
+        raise ConfigError(f"register_algorithm({name!r}, ...): the spec must be an sf_engine.AlgorithmSpec")
+    if name in built_in_algorithms():
+        raise ConfigError(f"register_algorithm({name!r}, ...): {name} is a built-in algorithm; choose another name")
+    if ":" in name:
+        raise ConfigError(f"register_algorithm({name!r}, ...): a name without ':' (MODULE:SPEC names a module's)")
+    _REGISTERED[name] = spec
+
+
+def algorithm_registration(name: str) -> tuple:
+    """The run plan's registrations for `--algo name`: ((register_algorithm, name, spec),) when it was registered
+    in this process (its children register it again: sf_engine.runtime.role.register_user_code), else ()."""
+    spec = _REGISTERED.get(name)
+    return () if spec is None else ((register_algorithm, name, spec),)
+
+
+def algorithm_names() -> tuple:
+    return tuple(built_in_algorithms()) + tuple(_REGISTERED)
+
+
+def algorithm_spec(name: str) -> AlgorithmSpec:
+    """The spec of `--algo name`: a built-in algorithm, a registered one, or MODULE:SPEC (an AlgorithmSpec in a
+    module, the current directory first); a ConfigError of one line where there is none."""
+    spec = built_in_algorithms().get(name) or _REGISTERED.get(name) or _FROM_MODULES.get(name)
+    if spec is not None:
+        return spec
+    if ":" in name:
+        _FROM_MODULES[name] = _spec_of_module(name)
+        return _FROM_MODULES[name]
+    raise ConfigError(
+        f"--algo {name}: no such algorithm; built in or registered: {', '.join(algorithm_names())} "
+        f"(or MODULE:SPEC, an AlgorithmSpec in your module)"
+    )
+
+
+def _spec_of_module(text: str) -> AlgorithmSpec:
+    from sf_engine.envs.user_code import import_user_module, user_attribute
+
+    module = import_user_module(text, "--algo", ConfigError)
+    spec = user_attribute(module, text, "--algo", ConfigError)
+    if not isinstance(spec, AlgorithmSpec):
+        raise ConfigError(f"--algo {text}: {text.partition(':')[2]!r} of {module.__name__} is not an AlgorithmSpec")
+    return spec
+
+
+def import_class(path: str):
+    """The class of "module:Class" (a spec's learner), its module imported by name (the current directory first
+    for a user's)."""
+    from sf_engine.envs.user_code import import_user_module
+
+    module = import_user_module(path, "--algo", ConfigError)
+    return getattr(module, path.partition(":")[2])
+
+
+# ---- the checks every spec implies (sf_engine.config.checks calls them) ----------------------------------------
+_SPACE_NAMES = {"discrete": "a Discrete", "multi_discrete": "a MultiDiscrete", "continuous": "a Box"}
+# flags that only some algorithms take, and which spec field says that one does
+_OWN_FLAGS = {
+    "with_vtrace": ("learner", lambda spec: spec.vtrace),
+    "normalize_input": ("model", lambda spec: spec.normalize_input),
+    "normalize_returns": ("model", lambda spec: spec.normalize_returns),
+    "value_rescale": ("q", lambda spec: spec.value_rescale),
+}
+
+
+def _those(test) -> str:
+    """'--algo a, --algo b': the algorithms whose spec passes `test`."""
+    return " or ".join(f"--algo {name}" for name in algorithm_names() if test(algorithm_spec(name)))
+
+
+def check_algorithm_flags(cfg) -> None:
+    """What the algorithm of `cfg` does not take: a one-line ConfigError naming the flag and the way out; then
+    the spec's own checks."""
+    name, spec = cfg.learner.algo, cfg.algorithm
+    for flag, (group, takes) in _OWN_FLAGS.items():
+        if getattr(getattr(cfg, group), flag) and not takes(spec):
+            raise ConfigError(f"--{flag} is {_those(takes)}'s: drop it with --algo {name}")
+    rnn = cfg.model.rnn
+    if spec.recurrent == "never" and rnn != "none":
+        twins = [n for n in algorithm_names() if _recurrent_twin(algorithm_spec(n), spec)]
+        kind = "Q-network" if spec.acts_on_q else "policy"
+        raise ConfigError(
+            f"--rnn {rnn} with --algo {name}: a recurrent {kind} is {' and '.join(n.upper() for n in twins)}'s: use "
+            f"{_those(lambda s: _recurrent_twin(s, spec))} or --rnn none"
+        )
+    if spec.recurrent == "required" and rnn == "none":
+        raise ConfigError(f"--algo {name} needs a recurrent core: give --rnn gru or --rnn lstm")
+    p = cfg.policies
+    if not spec.several_policies and (p.num_policies > 1 or p.pbt or p.pool_every_versions):
+        raise ConfigError(
+            f"--algo {name} trains one policy: drop --num_policies, --pbt and --pool_every_versions, or use "
+            f"{_those(lambda s: s.several_policies)}"
+        )
+    if spec.check is not None:
+        spec.check(cfg)
+
+
+def _recurrent_twin(other: AlgorithmSpec, spec: AlgorithmSpec) -> bool:
+    """Whether `other` has a recurrent core and acts as `spec` does (on Q-values, or not)."""
+    return other.recurrent != "never" and other.acts_on_q == spec.acts_on_q
+
+
+def check_env_for_algorithm(cfg, env_spec) -> None:
+    """The env against the algorithm's spec: its action space, images, agents."""
+    name, spec, env = cfg.learner.algo, cfg.algorithm, cfg.env.env
+    kind = env_spec.action.kind
+    if kind not in spec.actions:
+        spaces = " or ".join(_SPACE_NAMES[k] for k in spec.actions)
+        raise ConfigError(
+            f"--algo {name} needs {spaces} action space; {env} has a {kind} one: use "
+            f"{_those(lambda s: kind in s.actions)}"
+        )
+    if not spec.images and env_spec.has_image:
+        raise ConfigError(
+            f"--algo {name} takes vector observations; {env} has images: use {_those(lambda s: s.images)}"
+        )
+    if not spec.multi_agent and (env_spec.num_agents > 1 or env_spec.turn_based):
+        raise ConfigError(
+            f"--algo {name} trains single-agent envs; {env} has {env_spec.num_agents} agents: use "
+            f"{_those(lambda s: s.multi_agent)}"
+        )
+    if spec.check_env is not None:
+        spec.check_env(cfg, env_spec)
+
+
+def bounded_actions(cfg, env_spec) -> None:
+    """A spec's check_env for algorithms that squash their actions into the env's bounds (SAC, TD3)."""
+    if not all(map(math.isfinite, env_spec.action.low + env_spec.action.high)):
+        raise ConfigError(
+            f"--algo {cfg.learner.algo} squashes its actions into the env's bounds; {cfg.env.env} has unbounded Box "
+            f"actions: give its action space finite low and high or use "
+            f"{_those(lambda s: 'continuous' in s.actions and s.check_env is None)}"
+        )

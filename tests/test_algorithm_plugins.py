@@ -1,0 +1,183 @@
+"""Algorithms as plug-ins: every built-in algorithm's spec is all the engine knows of it (no other module names
+one), a user's algorithm registered from their own module trains, and `--algo module:SPEC` finds one."""
+
+import ast
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, read_json, train_error
+
+import sf_engine
+from sf_engine.algo.pbt import RANGES
+from sf_engine.config import algorithms
+from sf_engine.config.algorithms import algorithm_spec, built_in_algorithms
+
+# A2C in one screen, against the engine's public seam: the actor-critic it publishes, one step per batch
+TOY = """
+import torch
+
+import sf_engine
+from sf_engine.algo.base import TrainResult
+from sf_engine.algo.targets import gae
+from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.flat_state import flatten_state
+
+
+class A2C:
+    @staticmethod
+    def acting_network(spec, cfg, bf16=False):
+        return ActorCritic(spec, cfg.model)
+
+    def __init__(self, cfg, spec, device, hooks):
+        self.cfg = cfg
+        self.model = ActorCritic(spec, cfg.model).to(device)
+        self.params = flatten_state(self.model)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learner.learning_rate)
+
+    @property
+    def learning_rate(self):
+        return self.optimizer.param_groups[0]["lr"]
+
+    def train(self, batch, keep):
+        steps, envs = batch.rewards.shape
+        obs = {key: value.reshape(-1, *value.shape[2:]) for key, value in batch.obs.items()}
+        params, values = self.model(obs)
+        values = values.reshape(steps + 1, envs)
+        advantages, returns = gae(
+            batch.rewards, values.detach(), batch.terminated, batch.dones, batch.valid, self.cfg.learner.gamma, 0.95
+        )
+        acted = params.reshape(steps + 1, envs, -1)[:-1].reshape(steps * envs, -1)
+        actions = batch.actions.reshape(steps * envs, *batch.actions.shape[2:])
+        log_probs, entropy = self.model.log_prob_entropy(acted, actions)
+        mask = keep.reshape(-1).float()
+        loss = -(log_probs * advantages.reshape(-1) + 0.01 * entropy) * mask
+        loss = (loss + 0.5 * (values[:-1] - returns).square().reshape(-1) * mask).sum() / mask.sum()
+        self.optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.5)
+        self.optimizer.step()
+        return TrainResult(int(mask.sum()), {"loss": loss.item()}, 1, 0)
+
+    def state(self):
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load(self, state, source):
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def weights_replaced(self):
+        pass
+
+
+SPEC = sf_engine.AlgorithmSpec(learner="toy_a2c:A2C", description="A2C, one step per batch", data="trajectory slots")
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    (tmp_path / "toy_a2c.py").write_text(TOY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(algorithms, "_REGISTERED", {})  # what the test registers goes with it
+    yield tmp_path
+    sys.modules.pop("toy_a2c", None)
+
+
+@pytest.mark.e2e
+def test_a_users_algorithm_registered_from_their_module_trains(user_dir, shm_dir):
+    import toy_a2c  # the user's module, in the current directory (the fixture's)
+
+    sf_engine.register_algorithm("a2c", toy_a2c.SPEC)
+    result = sf_engine.train(
+        algo="a2c",
+        mode="serial",
+        train_dir=str(user_dir / "runs"),
+        shm_dir=shm_dir,
+        train_for_env_steps=150_000,
+        num_envs_per_worker=32,
+        rollout=32,
+        batch_size=1024,
+        num_batches_per_epoch=1,
+        learning_rate=3e-3,
+    )
+    assert result.summary["episode_return_mean"] > 60, result.summary  # a random policy's is about 22
+    policy = sf_engine.load_policy(result.experiment_dir)
+    assert policy.act(__import__("numpy").zeros((2, 4), "float32")).shape == (2,)
+
+
+@pytest.mark.e2e
+def test_algo_module_spec_on_the_command_line(user_dir, shm_dir):
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py"), "--algo", "toy_a2c:SPEC", "--mode", "serial"]
+        + ["--train_dir", "runs", "--shm_dir", shm_dir, "--train_for_env_steps", "5000", "--rollout", "32"],
+        cwd=user_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert read_json(user_dir / "runs" / "default" / "config.json")["learner"]["algo"] == "toy_a2c:SPEC"
+
+
+def test_a_bad_algo_is_one_line(tmp_path, capsys):
+    line = train_error(["--algo", "a3c"], tmp_path, capsys)
+    assert "--algo a3c: no such algorithm" in line and all(name in line for name in built_in_algorithms())
+    with pytest.raises(sf_engine.ConfigError, match="is a built-in algorithm"):
+        sf_engine.register_algorithm("ppo", algorithm_spec("ppo"))
+
+
+def test_every_spec_names_classes_that_exist_and_its_flags():
+    from sf_engine.config.groups import GROUPS
+    from sf_engine.runtime.wiring import import_class
+
+    flags = {fld for cls in GROUPS.values() for fld in cls.__dataclass_fields__}
+    for name, spec in built_in_algorithms().items():
+        learner = import_class(spec.learner)
+        assert callable(getattr(learner, "acting_network", None)), name
+        assert callable(getattr(learner, "update" if spec.uses_replay else "train")), name
+        for family, defaults in spec.defaults.items():
+            assert set(defaults) <= flags, (name, family, set(defaults) - flags)
+        assert set(spec.pbt) <= set(RANGES) and set(spec.pbt) <= flags, name
+
+
+# where an algorithm's name is a word of another flag, or --algo's default: --weight_init's 'ppo' is PPO's
+# orthogonal init, for any algorithm
+NOT_AN_ALGORITHM = {"weight_init", "algo"}
+
+
+def _algorithm_names_in(path: str) -> list:
+    """The string constants of a module that are an algorithm's name, outside the fields and comparisons of
+    NOT_AN_ALGORITHM."""
+    names = set(built_in_algorithms())
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    excluded = set()
+    for node in ast.walk(tree):
+        field = isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) in NOT_AN_ALGORITHM
+        compared = isinstance(node, ast.Compare) and any(
+            getattr(side, "attr", None) in NOT_AN_ALGORITHM - {"algo"} for side in [node.left, *node.comparators]
+        )
+        if field or compared:
+            excluded |= {id(inner) for inner in ast.walk(node)}
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in excluded
+    ]
+
+
+def test_no_module_outside_an_algorithms_folder_names_an_algorithm():
+    found = {}
+    for path in glob.glob(os.path.join(REPO, "sf_engine", "**", "*.py"), recursive=True) + glob.glob(
+        os.path.join(REPO, "envs", "*.py")
+    ):
+        relative = os.path.relpath(path, REPO)
+        if relative.split(os.sep)[:2] == ["sf_engine", "algo"] and len(relative.split(os.sep)) > 3:
+            continue  # an algorithm's own folder
+        names = _algorithm_names_in(path)
+        if names:
+            found[relative] = names
+    assert found == {}
