@@ -108,7 +108,7 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
         _FROM_MODULES[name] = _spec_of_module(name)
         return _FROM_MODULES[name]
     raise ConfigError(
-        f"--algo {name}: no such algorithm; built in or registered: {', '.join(algorithm_names())} "
+        f"--algo {name}: invalid choice, no such algorithm; built in or registered: {', '.join(algorithm_names())} "
         f"(or MODULE:SPEC, an AlgorithmSpec in your module)"
     )
 
@@ -154,7 +154,10 @@ def check_algorithm_flags(cfg) -> None:
     name, spec = cfg.learner.algo, cfg.algorithm
     for flag, (group, takes) in _OWN_FLAGS.items():
         if getattr(getattr(cfg, group), flag) and not takes(spec):
-            raise ConfigError(f"--{flag} is {_those(takes)}'s: drop it with --algo {name}")
+            owners = [n for n in algorithm_names() if takes(algorithm_spec(n))]
+            raise ConfigError(
+                f"--{flag} is {'/'.join(n.upper() for n in owners)}'s ({_those(takes)}): drop it with --algo {name}"
+            )
     rnn = cfg.model.rnn
     if spec.recurrent == "never" and rnn != "none":
         twins = [n for n in algorithm_names() if _recurrent_twin(algorithm_spec(n), spec)]
