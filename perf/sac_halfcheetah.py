@@ -89,7 +89,7 @@ def _off_policy_runs(algo: str, minutes: float, extra: list, skip_sb3: bool, tog
     return runs
 
 
-def draw(runs: dict, path: str, minutes: float) -> None:
+def draw(runs: dict, path: str, minutes: float, together: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -101,7 +101,8 @@ def draw(runs: dict, path: str, minutes: float) -> None:
         ax.plot([s / 60 for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
     ax.set_xlabel("minutes from launch")
     ax.set_ylabel("greedy evaluation return (10 episodes)")
-    ax.set_title(f"{ENV}, {minutes:g} minutes each, 2-core machine")
+    how = "at the same time" if together else "each"
+    ax.set_title(f"{ENV}, {minutes:g} minutes {how}, 2-core machine")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -129,7 +130,7 @@ def main() -> None:
     sb3 = runs.get(f"Stable-Baselines3 {args.algo}")
     if sb3 and sb3["last_eval"] and runs[ours]["last_eval"] is not None:
         result["ratio_last_eval_vs_sb3"] = round(runs[ours]["last_eval"] / sb3["last_eval"], 2)
-    draw(runs, args.out, args.minutes)
+    draw(runs, args.out, args.minutes, args.together)
     result["picture"] = os.path.relpath(args.out, REPO)
     print(json.dumps(result))
 
