@@ -31,6 +31,29 @@ class SACConfig:
     )
 
 
+# Stable-Baselines3's (and RL Zoo's MuJoCo) SAC: 256 x 2 ReLU, Adam 3e-4, batch 256, targets moved by 0.005 each
+# update; but one update per 4 env steps (a replay ratio of 64, SB3's is 256: one per env step) and CleanRL's 1e-3 for
+# the critics and the temperature. The learner binds on two cores, and more env steps per update learn more from the
+# same updates: HalfCheetah-v5 after 15 minutes 7,079 at 64, 6,545 at 128, 6,264 and 5,484 at 256, 5,866 at 32; at 64
+# with the critics at 1e-3: 9,587 and 8,637, against SB3's 4,463 and 4,435 in the same runs (docs/sac.md#figures).
+# TD3's defaults start from the same (sf_engine/algo/td3/spec.py).
+OFF_POLICY_CONTINUOUS = VALUE_BASED | {
+    "hidden_size": 256,
+    "activation": "relu",
+    "adam_eps": 1e-8,
+    "max_grad_norm": 0.0,
+    "batch_size": 256,
+    "replay_size": 1_000_000,
+    "learning_starts": 10_000,
+    "replay_ratio": 64.0,
+    "n_step": 1,
+    "target_tau": 0.005,
+    "target_update_period": 1,
+    "num_envs_per_worker": 4,
+    "rollout": 16,
+    "learner_threads": 2,  # the learner is the busy side: updates/s 108 on one thread, 192 on two
+}
+
 SPEC = AlgorithmSpec(
     learner="sf_engine.algo.sac.learning:SAC",
     description="soft actor-critic for Box action spaces on the replay buffer: a squashed Gaussian actor, twin "
@@ -44,31 +67,5 @@ SPEC = AlgorithmSpec(
     random_before_learning=True,
     config=("sac", SACConfig),
     check_env=bounded_actions,
-    defaults={
-        # Stable-Baselines3's (and RL Zoo's MuJoCo) SAC: 256 x 2 ReLU, Adam 3e-4, batch 256, targets moved by 0.005
-        # each update; but one update per 4 env steps (a replay ratio of 64, SB3's is 256: one per env step) and
-        # CleanRL's 1e-3 for the critics and the temperature. The learner binds on two cores, and more env steps
-        # per update learn more from the same updates: HalfCheetah-v5 after 15 minutes 7,079 at 64, 6,545 at 128,
-        # 6,264 and 5,484 at 256, 5,866 at 32; at 64 with the critics at 1e-3: 9,587 and 8,637, against SB3's
-        # 4,463 and 4,435 in the same runs (docs/sac.md#figures)
-        None: VALUE_BASED
-        | {
-            "hidden_size": 256,
-            "activation": "relu",
-            "learning_rate": 3e-4,
-            "critic_learning_rate": 1e-3,
-            "adam_eps": 1e-8,
-            "max_grad_norm": 0.0,
-            "batch_size": 256,
-            "replay_size": 1_000_000,
-            "learning_starts": 10_000,
-            "replay_ratio": 64.0,
-            "n_step": 1,
-            "target_tau": 0.005,
-            "target_update_period": 1,
-            "num_envs_per_worker": 4,
-            "rollout": 16,
-            "learner_threads": 2,  # the learner is the busy side: updates/s 108 on one thread, 192 on two
-        },
-    },
+    defaults={None: OFF_POLICY_CONTINUOUS | {"learning_rate": 3e-4, "critic_learning_rate": 1e-3}},
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sf_engine.algo.sac.spec import OFF_POLICY_CONTINUOUS
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec, bounded_actions
 from sf_engine.config.fields import flag_field as _f
 
@@ -24,31 +25,6 @@ class TD3Config:
     )
 
 
-# Stable-Baselines3's TD3 with RL Zoo's MuJoCo settings (learning rate 1e-3, batch 256, targets moved by 0.005,
-# the noise above), on 256 x 2 ReLU networks (SB3's are 400 and 300) and one update per 4 env steps (SB3's
-# one per env step), as SAC's defaults here: the learner binds on two cores
-_DEFAULTS = {
-    "rnn": "none",
-    "normalize_input": False,
-    "normalize_returns": False,
-    "lr_schedule": "constant",
-    "hidden_size": 256,
-    "activation": "relu",
-    "learning_rate": 1e-3,
-    "adam_eps": 1e-8,
-    "max_grad_norm": 0.0,
-    "batch_size": 256,
-    "replay_size": 1_000_000,
-    "learning_starts": 10_000,
-    "replay_ratio": 64.0,
-    "n_step": 1,
-    "target_tau": 0.005,
-    "target_update_period": 1,
-    "num_envs_per_worker": 4,
-    "rollout": 16,
-    "learner_threads": 2,
-}
-
 SPEC = AlgorithmSpec(
     learner="sf_engine.algo.td3.learning:TD3",
     description="TD3 (Fujimoto et al. 2018) for continuous actions on the replay buffer: twin critics, target "
@@ -62,5 +38,8 @@ SPEC = AlgorithmSpec(
     random_before_learning=True,
     config=("td3", TD3Config),
     check_env=bounded_actions,
-    defaults={None: _DEFAULTS},
+    # Stable-Baselines3's TD3 with RL Zoo's MuJoCo settings (learning rate 1e-3, batch 256, targets moved by 0.005,
+    # the noise above), on SAC's 256 x 2 ReLU networks and replay ratio (SB3's are 400 and 300, one update per env
+    # step): the learner binds on two cores
+    defaults={None: OFF_POLICY_CONTINUOUS | {"learning_rate": 1e-3}},
 )
