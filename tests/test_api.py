@@ -54,6 +54,9 @@ def test_train_returns_the_run_and_load_policy_acts_as_enjoy_does(tmp_path, shm_
     assert not any(figures.final for figures in recorder.reports[:-1])
     assert "episode/return" in recorder.reports[-1].scalars and "env steps" in recorder.reports[-2].status
     assert recorder.evaluations and {"version", "return_mean", "episodes"} <= set(recorder.evaluations[0])
+    again = _train(tmp_path, shm_dir, experiment="api", train_for_env_steps=30_000)  # its budget is spent
+    assert "has nothing to train" in again.stop_reason
+    assert again.checkpoint == result.checkpoint and again.summary == result.summary
 
     policy = sf_engine.load_policy(result.experiment_dir)
     assert policy.checkpoint == result.checkpoint

@@ -80,9 +80,10 @@ def train(observers=(), **flags) -> RunResult:
         _stop_forkserver(stop_resource_tracker=tracker_before is None)
         _restore_logging(root, handlers, level)
     if isinstance(launched, str):  # nothing to train: the experiment's checkpoint holds its budget
-        return _result(os.path.join(*_experiment(argv)), read_summary, launched)
+        experiment_dir = os.path.join(*_experiment(argv))
+        return _result(experiment_dir, read_summary(os.path.join(experiment_dir, "summary.json")), launched)
     outcome, experiment_dir = launched
-    result = _result(experiment_dir, lambda _: outcome.summary, outcome.reason)
+    result = _result(experiment_dir, outcome.summary, outcome.reason)
     if outcome.observer_error is not None:
         raise outcome.observer_error
     if outcome.exit_code == 130:
@@ -100,8 +101,7 @@ def _experiment(argv: list) -> tuple:
     return cfg.run.train_dir, cfg.run.experiment
 
 
-def _result(experiment_dir: str, read_summary_of, reason: str) -> RunResult:
-    summary = read_summary_of(os.path.join(experiment_dir, "summary.json"))
+def _result(experiment_dir: str, summary: dict, reason: str) -> RunResult:
     path, _ = latest_valid_checkpoint(checkpoint_dir(experiment_dir))
     return RunResult(experiment_dir, summary, path, reason)
 
