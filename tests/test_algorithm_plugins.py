@@ -124,7 +124,8 @@ def test_algo_module_spec_on_the_command_line(user_dir, shm_dir):
 
 def test_a_bad_algo_is_one_line(tmp_path, capsys):
     line = train_error(["--algo", "a3c"], tmp_path, capsys)
-    assert "--algo a3c: invalid choice, no such algorithm" in line and all(name in line for name in built_in_algorithms())
+    assert "--algo a3c: invalid choice, no such algorithm" in line
+    assert all(name in line for name in built_in_algorithms())
     with pytest.raises(sf_engine.ConfigError, match="is a built-in algorithm"):
         sf_engine.register_algorithm("ppo", algorithm_spec("ppo"))
 
