@@ -88,6 +88,9 @@ def test_a_td3_state_round_trips_through_a_checkpoint(tmp_path):
         (["--rnn", "gru"], ["--rnn gru", "--algo td3"]),
         (["--num_policies", "2"], ["--num_policies", "--algo td3", "--algo ppo"]),
         (["--policy_delay", "x"], ["--policy_delay"]),
+        (["--policy_delay", "0"], ["--policy_delay", "at least 1"]),
+        (["--target_noise", "-0.1"], ["--target_noise", ">= 0"]),
+        (["--exploration_noise", "nan"], ["--exploration_noise", "finite"]),
     ],
 )
 def test_what_td3_does_not_take_is_one_line(tmp_path, capsys, flags, words):

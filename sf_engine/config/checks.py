@@ -9,7 +9,7 @@ import math
 import re
 
 from sf_engine.config.algorithms import SEQUENCES, algorithm_spec, check_algorithm_flags
-from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
+from sf_engine.config.groups import GROUPS, ROLLOUT_DEFAULT, Config, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
@@ -64,7 +64,7 @@ def _check_counts(cfg: Config) -> None:
         "--target_update_period": cfg.q.target_update_period,
         "--epsilon_decay_env_steps": cfg.q.epsilon_decay_env_steps,
     }
-    for group in (cfg.env, s, model, lrn, run, cfg.policies, cfg.replay, cfg.q, cfg.sac):
+    for group in (getattr(cfg, name) for name in GROUPS):  # every algorithm's own group too
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
             if isinstance(value, float) and not math.isfinite(value):

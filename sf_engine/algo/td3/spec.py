@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sf_engine.algo.sac.spec import OFF_POLICY_CONTINUOUS
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec, bounded_actions
+from sf_engine.config.fields import ConfigError
 from sf_engine.config.fields import flag_field as _f
 
 
@@ -25,6 +26,16 @@ class TD3Config:
     )
 
 
+def check(cfg) -> None:
+    """Its flags' values: a one-line ConfigError each."""
+    t = cfg.td3
+    if t.policy_delay < 1:
+        raise ConfigError(f"--policy_delay must be at least 1 (got {t.policy_delay}): 1 moves the actor every update")
+    for flag in ("exploration_noise", "target_noise", "target_noise_clip"):
+        if getattr(t, flag) < 0:
+            raise ConfigError(f"--{flag} must be >= 0 (got {getattr(t, flag)})")
+
+
 SPEC = AlgorithmSpec(
     learner="sf_engine.algo.td3.learning:TD3",
     description="TD3 (Fujimoto et al. 2018) for continuous actions on the replay buffer: twin critics, target "
@@ -37,6 +48,7 @@ SPEC = AlgorithmSpec(
     recurrent="never",
     random_before_learning=True,
     config=("td3", TD3Config),
+    check=check,
     check_env=bounded_actions,
     # Stable-Baselines3's TD3 with RL Zoo's MuJoCo settings (learning rate 1e-3, batch 256, targets moved by 0.005,
     # the noise above), on SAC's 256 x 2 ReLU networks and replay ratio (SB3's are 400 and 300, one update per env
