@@ -70,14 +70,14 @@ def train(observers=(), **flags) -> RunResult:
     argv = flags_to_argv(flags)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    tracker_before = _running_resource_tracker()
+    before = _running_helpers()  # multiprocessing's helper processes the user's process ran already: they stay
     try:
         with _main_module_for_children():
             launched = runner.launch(argv, observers=observers, before_processes=_check_children_can_start)
     except EnvError as exc:
         raise ConfigError(str(exc)) from None
     finally:
-        _stop_forkserver(stop_resource_tracker=tracker_before is None)
+        _stop_helpers_started_since(before)
         _restore_logging(root, handlers, level)
     if isinstance(launched, str):  # nothing to train: the experiment's checkpoint holds its budget
         experiment_dir = os.path.join(*_experiment(argv))
@@ -176,21 +176,24 @@ def _main_module_for_children():
         main.__file__ = path
 
 
-def _running_resource_tracker():
-    """The pid of multiprocessing's resource tracker of this process, None while none runs."""
-    return getattr(getattr(multiprocessing.resource_tracker, "_resource_tracker", None), "_pid", None)
+_HELPERS = (  # multiprocessing's helper processes a run starts: (module, its instance, the pid attribute)
+    (multiprocessing.forkserver, "_forkserver", "_forkserver_pid"),
+    (multiprocessing.resource_tracker, "_resource_tracker", "_pid"),
+)
 
 
-def _stop_forkserver(stop_resource_tracker: bool) -> None:
-    """The forkserver the run started (async and sync modes) is stopped, and the resource tracker it started
-    with it where none ran before: the next run starts its own, with the modules its env needs preloaded."""
-    for module, helper, running in (
-        (multiprocessing.forkserver, "_forkserver", "_forkserver_pid"),
-        (multiprocessing.resource_tracker, "_resource_tracker", "_pid" if stop_resource_tracker else None),
-    ):
-        instance = getattr(module, helper, None)
-        if running is not None and getattr(instance, running, None) is not None and hasattr(instance, "_stop"):
-            instance._stop()
+def _running_helpers() -> list:
+    """The pid of each of multiprocessing's helper processes of this process (None: not running)."""
+    return [getattr(getattr(module, name, None), pid, None) for module, name, pid in _HELPERS]
+
+
+def _stop_helpers_started_since(before: list) -> None:
+    """The forkserver (and the resource tracker) the run started are stopped, where they did not run before: the
+    next run starts its own, with the modules its env needs preloaded."""
+    for (module, name, pid), was in zip(_HELPERS, before):
+        helper = getattr(module, name, None)
+        if was is None and getattr(helper, pid, None) is not None and hasattr(helper, "_stop"):
+            helper._stop()
 
 
 def _restore_logging(root, handlers: list, level: int) -> None:
