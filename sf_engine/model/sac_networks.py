@@ -174,8 +174,11 @@ class SACActor(nn.Module):
 
     @torch.no_grad()
     def update_normalizer(self, obs: dict) -> None:
+        """With --normalize_input: merge the observations `obs` (key -> [N, *shape], tensors or NumPy arrays: the
+        steps the replay buffer took in) into the running statistics."""
         if self.normalizer is not None:
-            self.normalizer.update(self._flat(obs))
+            device = self.normalizer.mean.device
+            self.normalizer.update(self._flat({key: torch.as_tensor(rows, device=device) for key, rows in obs.items()}))
 
 
 class TwinCritic(nn.Module):

@@ -136,8 +136,7 @@ class SAC:
         """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy, each
         trainable step once): with --normalize_input the actor's running statistics merge them, so that they
         follow the data as it arrives whatever the minibatches draw (prioritized replay's come in buffer order)."""
-        if self.model.normalizer is not None:
-            self.model.update_normalizer({key: torch.as_tensor(rows, device=self.device) for key, rows in obs.items()})
+        self.model.update_normalizer(obs)
 
     def hyperparameters(self) -> dict:
         return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)

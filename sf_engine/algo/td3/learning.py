@@ -112,8 +112,7 @@ class TD3:
     def observe(self, obs: dict) -> None:
         """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy): with
         --normalize_input the actor's running statistics merge them (the target actor follows with the weights)."""
-        if self.model.normalizer is not None:
-            self.model.update_normalizer({key: torch.as_tensor(rows, device=self.device) for key, rows in obs.items()})
+        self.model.update_normalizer(obs)
 
     def hyperparameters(self) -> dict:
         return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
