@@ -84,12 +84,12 @@ def learner_figures(plan) -> dict:
         valid=~flags(),
         non_finite=flags(),
     )
-    keep = batch.valid
-    algorithm.train(batch, keep)  # warm-up
+    batch.keep = batch.valid
+    algorithm.train(batch)  # warm-up
     train_sec = []
     for _ in range(3 if trajectories * steps <= 8192 else 1):
         start = time.perf_counter()
-        algorithm.train(batch, keep)
+        algorithm.train(batch)
         train_sec.append(time.perf_counter() - start)
     figures = torch.zeros(6)
     updates = cfg.learner.num_epochs * cfg.learner.num_batches_per_epoch

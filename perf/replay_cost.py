@@ -33,7 +33,7 @@ from sf_engine.model.shape import resolve_model_config  # noqa: E402
 from sf_engine.replay.buffer import ReplayBuffer  # noqa: E402
 from sf_engine.replay.layout import REPLAY_FILLED, replay_layout  # noqa: E402
 from sf_engine.replay.sum_tree import SumTree  # noqa: E402
-from sf_engine.roles.replay_feed import ReplayFeed  # noqa: E402
+from sf_engine.roles.replay_source import ReplaySource  # noqa: E402
 
 
 def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = None) -> ReplayBuffer:
@@ -63,23 +63,17 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = 
     return buffer
 
 
-class _Learner:
-    """What ReplayFeed._batch needs of its learner: the device."""
-
-    device = torch.device("cpu")
-
-
 def step_times(algo, buffer: ReplayBuffer, batch: int, seconds: float) -> list:
     """Microseconds of each learner step over `seconds` (after a warm-up)."""
-    feed = ReplayFeed.__new__(ReplayFeed)  # what _batch reads of a feed: transitions of discrete actions
-    feed.learner, feed.sequences, feed.discrete = _Learner(), None, True
+    source = ReplaySource.__new__(ReplaySource)  # what _batch reads of a source: transitions of discrete actions
+    source.device, source.sequences, source.discrete = torch.device("cpu"), None, True
     times = []
     deadline = time.perf_counter() + seconds + 0.5
     while time.perf_counter() < deadline:
         started = time.perf_counter()
         sample = buffer.sample(batch, 0.5)
-        _, td_abs = algo.update(feed._batch(sample))
-        buffer.update_priorities(sample.indices, td_abs.numpy())
+        result = algo.train(source._batch(sample))
+        buffer.update_priorities(sample.indices, result.priorities.numpy())
         times.append((time.perf_counter() - started) * 1e6)
     return times[len(times) // 10 :]
 

@@ -76,10 +76,10 @@ def ours(updates: int, use_kernels: bool) -> float:
     kernels.KERNELS = saved if use_kernels else None
     try:
         for i in range(20):
-            sac.update(batches[i % 16])
+            sac.train(batches[i % 16])
         start = time.perf_counter()
         for i in range(updates):
-            sac.update(batches[i % 16])
+            sac.train(batches[i % 16])
         return updates / (time.perf_counter() - start)
     finally:
         kernels.KERNELS = saved

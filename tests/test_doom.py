@@ -94,7 +94,7 @@ def test_doom_images_arrive_bit_exact_on_the_learner(tmp_path, shm_dir, monkeypa
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     try:
-        batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
+        batch = roles.learner.source.gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
         frames = batch.obs["obs"].numpy()
         assert frames.dtype == np.uint8 and frames.shape[-3:] == (72, 128, 3)
         frames = frames.reshape(-1, 72, 128, 3)

@@ -76,11 +76,13 @@ def test_direct_gradient_update_matches_autograd(tmp_path, monkeypatch, layer_no
     direct.model.q_loss_gradients = lambda obs, loss_and_grad: calls.append(1) or compiled(obs, loss_and_grad)
     before = direct.params.clone()
 
-    ours, our_td = direct.update(batch)
+    ours = direct.train(batch)
+    our_td = ours.priorities
     assert calls == [1]
     monkeypatch.setattr(kernels, "use_kernels", lambda x: False)  # the reference: torch's ops, autograd
     assert not reference.model.direct_gradients(batch.obs)
-    theirs, their_td = reference.update(batch)
+    theirs = reference.train(batch)
+    their_td = theirs.priorities
     assert (ours.samples, ours.updates, ours.skipped_updates) == (theirs.samples, theirs.updates, 0) == (300, 1, 0)
     assert (their_td > 1.0).any() and (their_td < 1.0).any()  # both sides of the Huber loss
     assert direct.optimizer.grad.abs().sum() > 0
@@ -107,7 +109,8 @@ def test_dueling_networks_train_through_autograd(tmp_path, flags):
     assert dqn.model.value_head is not None
     assert not dqn.model.direct_gradients(batch.obs)  # no single compiled stack: the autograd path
     before = dqn.params.clone()
-    result, td_abs = dqn.update(batch)
+    result = dqn.train(batch)
+    td_abs = result.priorities
     assert (result.samples, result.updates, result.skipped_updates) == (300, 1, 0)
     assert all(np.isfinite(value) for value in result.losses.values()) and result.losses["grad_norm"] > 0
     assert td_abs.shape == (300,) and torch.isfinite(td_abs).all() and td_abs.sum() > 0
@@ -124,7 +127,7 @@ def test_the_target_network_is_copied_every_period(tmp_path):
     assert torch.equal(dqn.target_params, dqn.params)
     for update in range(1, 8):
         previous = dqn.target_params.clone()
-        dqn.update(replay_batch(plan.spec, seed=update))
+        dqn.train(replay_batch(plan.spec, seed=update))
         if update % 3 == 0:
             assert torch.equal(dqn.target_params, dqn.params), update
             with torch.no_grad():
@@ -147,7 +150,7 @@ def test_the_target_follows_replaced_weights_and_never_takes_non_finite_ones(tmp
     assert torch.equal(dqn.target_params, dqn.params)
     before = dqn.target_params.clone()
     dqn.optimizer.param_groups[0]["lr"] = float("inf")  # the step leaves non-finite weights
-    dqn.update(replay_batch(plan.spec, seed=5))
+    dqn.train(replay_batch(plan.spec, seed=5))
     assert not torch.isfinite(dqn.params).all()
     assert torch.equal(dqn.target_params, before)
 
@@ -157,7 +160,7 @@ def test_a_polyak_step_moves_the_target_half_way(tmp_path):
     dqn = make_dqn(plan)
     start = dqn.target_params.clone()
     for update in range(1, 4):
-        dqn.update(replay_batch(plan.spec, seed=update))
+        dqn.train(replay_batch(plan.spec, seed=update))
         if update < 3:
             assert torch.equal(dqn.target_params, start)
     assert not torch.equal(dqn.params, start)

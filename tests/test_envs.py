@@ -67,7 +67,7 @@ def test_uint8_images_arrive_bit_exact_and_reset_steps_are_masked(tmp_path, shm_
         tmp_path, shm_dir, "toy_envs:ToyDictEnv", "--rollout", "8", "--batch_size", "64", "--num_batches_per_epoch", "1"
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
-    batch = roles.learner._gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
+    batch = roles.learner.source.gather(roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch])
     image = batch.obs["image"]
     assert image.dtype.is_floating_point is False and str(image.dtype) == "torch.uint8"
     values = image.numpy()[:, :, 0, 0, 0].astype(int)  # [T+1, N]
@@ -99,7 +99,7 @@ def test_next_step_reset_is_never_trained_on(tmp_path, shm_dir, backend):
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
-    batch = roles.learner._gather(slots)
+    batch = roles.learner.source.gather(slots)
     dones = (batch.terminated | batch.truncated).numpy()
     valid = batch.valid.numpy()
     assert dones.any()

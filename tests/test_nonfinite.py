@@ -57,15 +57,16 @@ def test_an_update_with_a_non_finite_loss_is_skipped_and_counted(tmp_path, shm_d
     run = SerialRun(serial_plan(tmp_path, shm_dir, "CartPole-v1", *flags), tmp_path)
     try:
         algorithm = run.learner.policies[0].algorithm
-        batch = run.learner._gather(run.full_slots(run.cfg.slots_per_batch))
+        batch = run.learner.source.gather(run.full_slots(run.cfg.slots_per_batch))
+        batch.keep = batch.valid
         before = algorithm.params.clone()
         clean = batch.rewards.clone()
         batch.rewards[:] = float("nan")  # every minibatch's loss is NaN
-        result = algorithm.train(batch, batch.valid)
+        result = algorithm.train(batch)
         assert (result.updates, result.skipped_updates) == (0, 2)  # 1 epoch x 2 minibatches
         assert torch.equal(algorithm.params, before) and result.losses == {}
         batch.rewards[:] = clean
-        result = algorithm.train(batch, batch.valid)
+        result = algorithm.train(batch)
         assert (result.updates, result.skipped_updates) == (2, 0)
         assert bool(torch.isfinite(algorithm.params).all()) and not torch.equal(algorithm.params, before)
     finally:

@@ -20,9 +20,9 @@ def _recorded_training(learner) -> list:
     for policy_learner in learner.policies:
         original = policy_learner.algorithm.train
 
-        def train(batch, keep, _original=original, _policy=policy_learner.policy):
-            calls.append((_policy, keep.clone(), batch))
-            return _original(batch, keep)
+        def train(batch, _original=original, _policy=policy_learner.policy):
+            calls.append((_policy, batch.keep.clone(), batch))
+            return _original(batch)
 
         policy_learner.algorithm.train = train
     return calls

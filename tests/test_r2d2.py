@@ -252,7 +252,8 @@ def test_the_learners_targets_against_a_reference(tmp_path, rescale):
     huber = np.where(error < 1.0, 0.5 * error**2, error - 0.5) * batch.trainable.numpy()
     loss = (batch.weights.numpy() * huber.sum(0) / batch.trainable.numpy().sum(0).clip(min=1)).mean()
     before = r2d2.params.clone()
-    result, priorities = r2d2.update(batch)
+    result = r2d2.train(batch)
+    priorities = result.priorities
     assert result.updates == 1 and result.samples == length * sequences
     np.testing.assert_allclose(result.losses["q_loss"], loss, rtol=1e-4, atol=1e-6)
     reference = sequence_priorities(torch.from_numpy(error), batch.trainable, 0.9)

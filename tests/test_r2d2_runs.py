@@ -91,7 +91,7 @@ def test_a_sampler_nodes_slots_enter_the_replay_buffer_with_their_states(tmp_pat
     head = SerialRun(plan, tmp_path)
     node = SamplerNode(head.plan, str(tmp_path / "node_segment"))
     try:
-        learner, feed = head.learner.policies[0], head.learner.feed
+        learner, feed = head.learner.policies[0], head.learner.source
         for _ in range(200):
             node.set_weights(0, learner.params.numpy(), learner.version)
             payloads, _ = node.collect(1)

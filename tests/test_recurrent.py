@@ -87,7 +87,7 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
-    batch = roles.learner._gather(slots)  # acted with version 0, which the learner still has (no lag)
+    batch = roles.learner.source.gather(slots)  # acted with version 0, which the learner still has (no lag)
     model = roles.learner.model
     starts = batch.episode_start[:-1]
     assert starts[1:].any()  # episodes started inside the slots (random CartPole episodes are short)
@@ -151,7 +151,7 @@ def test_sequences_are_never_split_across_minibatches(tmp_path, shm_dir):
     )
     cfg, roles = plan.cfg, SerialRun(plan, tmp_path)
     slots = roles.full_slots(cfg.slots_per_batch)[: cfg.slots_per_batch]
-    batch = roles.learner._gather(slots)
+    batch = roles.learner.source.gather(slots)
     steps, trajectories = batch.rewards.shape
     # tag every sample with its place: obs = (t, n)
     t_grid, n_grid = torch.meshgrid(torch.arange(steps + 1.0), torch.arange(trajectories * 1.0), indexing="ij")

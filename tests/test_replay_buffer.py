@@ -299,7 +299,7 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_a_corrupt_file_raises_and_leaves_the_buffer_empty(tmp_path, corruption):
-    """ReplayFeed.load_replay catches what comes out (a zipfile.BadZipFile, an EOFError or a ValueError) and
+    """ReplaySource.load catches what comes out (a zipfile.BadZipFile, an EOFError or a ValueError) and
     refills from the envs: the buffer must then be empty, not half loaded (counters that promise data the
     priorities do not hold would fail every prioritized sample)."""
     path = str(tmp_path / "replay.npz")

@@ -77,7 +77,7 @@ def test_the_rate_limiter_holds_the_replay_ratio_in_a_serial_run(tmp_path, shm_d
 
     run = _serial_run(tmp_path, shm_dir, "--replay_ratio", ratio, "--batch_size", "32")
     try:
-        limiter = run.learner.feed.limiter
+        limiter = run.learner.source.limiter
         for _ in range(300):
             for worker in run.workers:
                 worker.step(0)
@@ -203,7 +203,7 @@ def test_a_sampler_nodes_slots_enter_the_replay_buffer_like_local_ones(tmp_path,
     assert not any(name.startswith("replay.") for name in on_node.layout)
     node = SamplerNode(on_node, str(tmp_path / "node_segment"))
     try:
-        learner, feed = head.learner.policies[0], head.learner.feed
+        learner, feed = head.learner.policies[0], head.learner.source
         returns = []
         for _ in range(3000):
             node.set_weights(0, learner.params.numpy(), learner.version)

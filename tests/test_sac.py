@@ -203,7 +203,8 @@ def test_one_update_matches_a_plain_torch_sac_step(tmp_path, monkeypatch, compil
         sac.optimizer.param.detach().clone(),
     )
     torch.manual_seed(7)
-    result, td_abs = sac.update(batch)
+    result = sac.train(batch)
+    td_abs = result.priorities
     assert (result.samples, result.updates, result.skipped_updates) == (200, 1, 0)
     assert_grads(sac.critic, expected["critic"])
     assert_grads(sac.model, expected["actor"])
@@ -230,7 +231,7 @@ def test_the_critics_and_the_temperature_step_at_the_critic_learning_rate(tmp_pa
         sac.critic_optimizer.param.detach().clone(),
         sac.optimizer.param.detach().clone(),
     )
-    sac.update(sac_batch())
+    sac.train(sac_batch())
     for optimizer, before, lr in ((sac.critic_optimizer, critic_params, 3e-3), (sac.optimizer, actor_params, 1e-3)):
         step = lr * optimizer.grad / (optimizer.grad.abs() + 1e-8)  # Adam's first step
         torch.testing.assert_close(optimizer.param.detach(), before - step, rtol=1e-5, atol=1e-7)
@@ -248,7 +249,7 @@ def test_the_target_critics_take_a_polyak_step_every_period(tmp_path, period):
     assert torch.equal(sac.target_params, sac.critic_params)
     for update in range(1, 5):
         previous = sac.target_params.clone()
-        sac.update(sac_batch(seed=update))
+        sac.train(sac_batch(seed=update))
         if update % period == 0:
             assert not torch.equal(sac.target_params, previous)
             expected = previous + 0.005 * (sac.critic_params - previous)
@@ -263,7 +264,7 @@ def test_a_fixed_temperature_stays(tmp_path):
     sac = make_sac(sac_plan(tmp_path, "--alpha", "0.2", "--tune_alpha", "false"))
     actor = sac.params.clone()
     for seed in range(3):
-        result, _ = sac.update(sac_batch(seed=seed))
+        result = sac.train(sac_batch(seed=seed))
         assert result.losses["alpha"] == pytest.approx(0.2)
     assert sac.log_alpha.item() == pytest.approx(math.log(0.2), abs=1e-7) and not sac.log_alpha.grad.any()
     assert not torch.equal(sac.params, actor)
@@ -276,12 +277,14 @@ def test_a_non_finite_batch_skips_the_whole_update(tmp_path):
     batch = sac_batch()
     batch.returns[5] = float("nan")
     before = [t.detach().clone() for t in (sac.params, sac.critic_params, sac.target_params, sac.log_alpha)]
-    result, td_abs = sac.update(batch)
+    result = sac.train(batch)
+    td_abs = result.priorities
     assert (result.samples, result.updates, result.skipped_updates) == (0, 0, 1)
     assert torch.equal(td_abs, torch.zeros(200)) and sac.num_updates == 0
     after = (sac.params, sac.critic_params, sac.target_params, sac.log_alpha.detach())
     assert all(torch.equal(old, new) for old, new in zip(before, after))
-    result, td_abs = sac.update(sac_batch(seed=1))
+    result = sac.train(sac_batch(seed=1))
+    td_abs = result.priorities
     assert (result.updates, result.skipped_updates) == (1, 0) and torch.isfinite(td_abs).all()
     assert all(torch.isfinite(t).all() for t in (sac.params, sac.critic_params, sac.target_params, sac.log_alpha))
 
@@ -294,7 +297,7 @@ def test_a_loaded_state_acts_and_updates_identically(tmp_path):
     trained, fresh = make_sac(plan, seed=0), make_sac(plan, seed=1)
     for seed in range(3):
         trained.observe({"obs": sac_batch(seed=seed).obs["obs"].numpy() * 2 + 1})  # the statistics move
-        trained.update(sac_batch(seed=seed))
+        trained.train(sac_batch(seed=seed))
     saved = io.BytesIO()
     torch.save(trained.state(), saved)
     assert not torch.equal(fresh.params, trained.params)
@@ -310,8 +313,8 @@ def test_a_loaded_state_acts_and_updates_identically(tmp_path):
         results = []
         for sac in (trained, fresh):
             torch.manual_seed(seed)
-            results.append(sac.update(sac_batch(seed=seed)))
-        assert results[0][0].losses == results[1][0].losses and torch.equal(results[0][1], results[1][1])
+            results.append(sac.train(sac_batch(seed=seed)))
+        assert results[0].losses == results[1].losses and torch.equal(results[0].priorities, results[1].priorities)
     for name in ("params", "critic_params", "target_params", "log_alpha", "num_updates"):
         assert torch.equal(torch.as_tensor(getattr(fresh, name)), torch.as_tensor(getattr(trained, name))), name
 
@@ -354,7 +357,7 @@ def test_normalized_inputs_follow_the_observed_steps_and_the_critics_see_them(tm
     sac.observe({"obs": raw[:120].numpy()})
     sac.observe({"obs": raw[120:].numpy()})
     statistics = [tensor.clone() for tensor in (normalizer.mean, normalizer.var, normalizer.count)]
-    sac.update(batch)
+    sac.train(batch)
     assert all(torch.equal(a, b) for a, b in zip(statistics, (normalizer.mean, normalizer.var, normalizer.count)))
     torch.testing.assert_close(normalizer.mean, raw.mean(0), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(normalizer.var, raw.var(0, unbiased=False), rtol=1e-3, atol=1e-3)

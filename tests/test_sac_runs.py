@@ -113,7 +113,7 @@ def test_enjoy_and_export_of_a_sac_checkpoint_act_on_the_squashed_mean(tmp_path,
     assert_exported_squashed_mean(tmp_path / "scaled", model, obs)
 
 
-def test_the_replay_feed_gives_sac_the_box_actions_the_workers_took(tmp_path, shm_dir):
+def test_the_replay_source_gives_sac_the_box_actions_the_workers_took(tmp_path, shm_dir):
     """Stepped by hand (serial mode's roles): the minibatches SAC trains on carry the stored actions, [B, 1]
     float32 torques within [-2, 2], not cast to integers."""
     from conftest import SerialRun, serial_plan
@@ -124,8 +124,8 @@ def test_the_replay_feed_gives_sac_the_box_actions_the_workers_took(tmp_path, sh
     run = SerialRun(plan, tmp_path)
     try:
         algorithm, batches = run.learner.policies[0].algorithm, []
-        update = algorithm.update
-        algorithm.update = lambda batch: batches.append(batch) or update(batch)
+        train = algorithm.train
+        algorithm.train = lambda batch: batches.append(batch) or train(batch)
         for _ in range(300):
             run.worker.step(0)
             run.policy.step(0)
@@ -135,7 +135,7 @@ def test_the_replay_feed_gives_sac_the_box_actions_the_workers_took(tmp_path, sh
         actions = batches[0].actions
         assert actions.dtype == torch.float32 and actions.shape == (32, 1)
         assert (actions.abs() <= 2.0).all() and (actions != actions.round()).any()
-        stored = run.learner.feed.buffer.arrays["actions"]
+        stored = run.learner.source.buffer.arrays["actions"]
         assert np.isin(actions.numpy(), stored).all()
     finally:
         run.close()
@@ -164,7 +164,7 @@ def test_the_input_normalizer_learns_each_inserted_step_once_under_prioritized_r
             if algorithm.num_updates >= 40:
                 break
         assert algorithm.num_updates >= 40
-        buffer = run.learner.feed.buffer
+        buffer = run.learner.source.buffer
         filled = int(buffer.counters[REPLAY_FILLED])
         assert filled * buffer.rollout == buffer.size < buffer.capacity  # nothing overwritten yet
         rows = buffer.obs["obs"][:filled, :-1][buffer.arrays["trainable"][:filled]].astype(np.float64)

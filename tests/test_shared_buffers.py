@@ -80,7 +80,7 @@ def test_no_slot_is_handed_out_twice(tmp_path):
             worker.step(0)
         policy.step(0)
         full = get_many(queues.full_slots, 0)
-        places = [s for w in workers for s in w.slot if s >= 0] + full + learner.pending_slots
+        places = [s for w in workers for s in w.slot if s >= 0] + full + learner.source.pending
         places += _free_queue_contents(queues)
         assert sorted(places) == list(range(cfg.num_slots)), places
         if full:
@@ -166,13 +166,13 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
 
 def test_the_trajectory_batch_holds_every_slot_field(tmp_path):
     """SLOT_FIELDS is the one list of a slot's fields: the learner's TrajectoryBatch has a field for each
-    (after the observations), in the same order, and a feed-forward single-agent run's buffers lay out its
+    (after the observations), in the same order, then the learner's `keep` mark, and a feed-forward single-agent run's buffers lay out its
     observations and exactly the fields every run has."""
     import dataclasses
 
     from sf_engine.algo.batch import ALWAYS, SLOT_FIELDS, TrajectoryBatch
     from sf_engine.runtime.shared_buffers import slot_fields
 
-    assert [f.name for f in dataclasses.fields(TrajectoryBatch)] == ["obs"] + [f.name for f in SLOT_FIELDS]
+    assert [f.name for f in dataclasses.fields(TrajectoryBatch)] == ["obs"] + [f.name for f in SLOT_FIELDS] + ["keep"]
     always = [f.name for f in SLOT_FIELDS if f.present == ALWAYS]
     assert list(slot_fields(small_plan(tmp_path).layout)) == ["obs.obs"] + always

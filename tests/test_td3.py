@@ -43,7 +43,8 @@ def test_the_actor_and_the_targets_move_every_policy_delay_updates_and_the_criti
     moved = []
     for step in range(4):
         before = [t.clone() for t in (td3.params, td3.critic_params, td3.target_params, td3.actor_target_params)]
-        result, td_abs = td3.update(_batch(seed=step))
+        result = td3.train(_batch(seed=step))
+        td_abs = result.priorities
         after = (td3.params, td3.critic_params, td3.target_params, td3.actor_target_params)
         moved.append(tuple(not torch.equal(b, a) for b, a in zip(before, after)))
         assert result.updates == 1 and td_abs.shape == (32,) and set(result.losses) >= {"critic_loss", "actor_loss"}
@@ -68,7 +69,7 @@ def test_target_policy_smoothing_keeps_the_noise_within_its_clip_and_acting_expl
 def test_a_td3_state_round_trips_through_a_checkpoint(tmp_path):
     td3, _ = _td3(tmp_path)
     for step in range(3):
-        td3.update(_batch(seed=step))
+        td3.train(_batch(seed=step))
     other, _ = _td3(tmp_path, "--seed", "7")
     other.load(td3.state(), "test")
     for mine, theirs in (

@@ -1,12 +1,13 @@
 """The seam between the learner role and a learning algorithm.
 
-The learner role (sf_engine.roles.learner) gathers whole trajectory slots into a TrajectoryBatch, and
-for each policy of the run hands its algorithm the batch and the samples it may train on (`keep`: the
-policy's own, valid, within the lag bound). The algorithm trains its model and returns a TrainResult;
-the role then publishes the algorithm's `params` (the model's whole state as one flat vector) as the
-policy's next version, frees the slots and writes checkpoints of `state()`. Version tags, lag, shared
-weights, checkpoints on disk and PBT's rounds stay with the role: an algorithm is the maths and its
-training state.
+The learner role (sf_engine.roles.learner) takes its data from a source (sf_engine.roles.sources: whole
+trajectory slots, or minibatches of a replay buffer) and hands each batch to a policy's algorithm through one
+method, `train(batch) -> TrainResult`: a TrajectoryBatch marks the samples the policy may train on (`keep`:
+its own, valid, within the lag bound); a replay minibatch is all trainable and its result carries the new
+priorities. The algorithm trains its model; the role then publishes the algorithm's `params` (the model's
+whole state as one flat vector) as the policy's next version and writes checkpoints of `state()`. Version
+tags, lag, shared weights, checkpoints on disk and PBT's rounds stay with the role: an algorithm is the maths
+and its training state.
 
 An algorithm is a class built as `cls(cfg, spec, device, hooks)` (the resolved Config, the EnvSpec, a
 torch.device, TrainingHooks), named by its spec (sf_engine.config.algorithms.AlgorithmSpec), which --algo picks.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from sf_engine.algo.batch import TrajectoryBatch
+    from sf_engine.algo.batch import ReplayBatch, SequenceBatch, TrajectoryBatch
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,36 @@ class TrainingHooks:
 
 @dataclass
 class TrainResult:
-    """One training iteration of one policy: samples trained, the mean of each loss statistic over its
+    """What one call of an algorithm's `train` did: samples trained, the mean of each loss statistic over its
     optimizer steps (policy_loss, value_loss, entropy, approx_kl, clip_fraction, grad_norm for PPO; none
     without a step), the optimizer steps taken (`updates`) and those skipped for a non-finite loss or
     gradient (`skipped_updates`: the weights stay as they were; the role counts them, and stops the run
-    after --max_bad_updates in a row)."""
+    after --max_bad_updates in a row). On a replay minibatch, `priorities` [B]: the new priority of each of
+    its samples (|TD error|; zeros after a skipped step)."""
 
     samples: int
     losses: dict = field(default_factory=dict)
     updates: int = 0
     skipped_updates: int = 0
+    priorities: Tensor | None = None
+
+    @staticmethod
+    def total(results: list[TrainResult]) -> TrainResult:
+        """The results of one round's calls as one: counts summed, each loss statistic averaged over the calls
+        that report it, weighted by their optimizer steps (one result stays as it is)."""
+        if len(results) == 1:
+            return results[0]
+        total, sums, weights = TrainResult(0), {}, {}
+        for result in results:
+            total.samples += result.samples
+            total.updates += result.updates
+            total.skipped_updates += result.skipped_updates
+            for name, value in result.losses.items():
+                weight = max(result.updates, 1)
+                sums[name] = sums.get(name, 0.0) + value * weight
+                weights[name] = weights.get(name, 0) + weight
+        total.losses = {name: value / weights[name] for name, value in sums.items()}
+        return total
 
 
 @contextlib.contextmanager
@@ -113,14 +134,12 @@ class Algorithm(Protocol):
     def acting_network(spec, cfg, bf16: bool = False):
         """The network it publishes, as every acting site builds it (sf_engine.algo.acting.build_policy)."""
 
-    def train(self, batch: TrajectoryBatch, keep: Tensor) -> TrainResult:
-        """An algorithm on trajectory slots (its spec's data): train on the samples of `batch` that `keep` [T, N]
-        marks; `params` holds the new weights after. An update whose loss or gradient is not finite is skipped (no
+    def train(self, batch: TrajectoryBatch | ReplayBatch | SequenceBatch) -> TrainResult:
+        """Train on `batch`, the data its spec learns from (sf_engine.roles.sources hands it over): a
+        TrajectoryBatch of whole slots, its samples to train on marked by `batch.keep` [T, N]; a ReplayBatch of
+        transitions or a SequenceBatch of sequences, one minibatch (the result carries their `priorities`).
+        `params` holds the new weights after. An update whose loss or gradient is not finite is skipped (no
         step) and counted in the result."""
-
-    def update(self, batch) -> tuple[TrainResult, Tensor]:
-        """An algorithm on the replay buffer: one step on a minibatch (a ReplayBatch, or R2D2's SequenceBatch):
-        its TrainResult and the |TD errors| [B] (the priorities)."""
 
     @property
     def learning_rate(self) -> float:

@@ -71,6 +71,7 @@ class TrajectoryBatch:
     policy_id: Tensor | None = None  # [T+1, N], several policies or an opponent pool
     episode_start: Tensor | None = None  # [T+1, N], a recurrent core
     rnn_states: Tensor | None = None  # [T+1, N, H], a recurrent core
+    keep: Tensor | None = None  # [T, N]: the samples the policy handed this batch trains on (the learner's mark)
 
     @property
     def dones(self) -> Tensor:

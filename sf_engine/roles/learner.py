@@ -1,14 +1,14 @@
-"""Learner: gathers whole trajectory slots, hands each policy's algorithm its part, publishes weights.
+"""Learner: one loop over a data source, each policy's algorithm trained on its batches, its weights published.
 
-Runs in the learner process (or the runner in serial mode) on the run's device. A training batch is
-`slots_per_batch` slots, i.e. T = rollout steps x N = slots x envs per split trajectories, gathered
-into a TrajectoryBatch (sf_engine.algo.batch). Each policy of the run (one unless --num_policies) has
-its own learning algorithm (--algo, sf_engine.algo.base.Algorithm: PPO by default) and trains on the
-samples it acted in the batch (`policy_id`); a row changes hands only at the first observation of an
-episode (or while its agent is absent), where the advantage recursion is cut anyway, so each policy's
-targets are those of its own trajectories. After its update a policy's new weights are copied into its
-shared tensor under the seqlock and its version is bumped; only then are the slots returned to the free
-pool (so in sync mode no slot is ever filled by an older policy).
+Runs in the learner process (or the runner in serial mode) on the run's device. Its data source is the one its
+algorithm's spec learns from (sf_engine.roles.sources): whole trajectory slots (`slots_per_batch` slots, i.e.
+T = rollout steps x N = slots x envs per split trajectories, gathered into a TrajectoryBatch) or minibatches of a
+replay buffer. Each policy of the run (one unless --num_policies) has its own learning algorithm (--algo,
+sf_engine.algo.base.Algorithm: PPO by default) and trains on the samples it acted (`policy_id`); a row changes
+hands only at the first observation of an episode (or while its agent is absent), where the advantage recursion
+is cut anyway, so each policy's targets are those of its own trajectories. After a policy's batches of a round
+its new weights are copied into its shared tensor under the seqlock and its version is bumped; only then does
+the source free what the round held.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from sf_engine.algo.base import Algorithm, TrainingHooks, TrainResult, all_finite
-from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
 from sf_engine.config.algorithms import import_class
 from sf_engine.roles.population import Population
-from sf_engine.roles.replay_feed import ReplayFeed
+from sf_engine.roles.replay_source import ReplaySource
+from sf_engine.roles.sources import DataSource, TrajectorySource
 from sf_engine.runtime.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
@@ -35,10 +34,9 @@ from sf_engine.runtime.checkpoint import (
 )
 from sf_engine.runtime.role import RoleContext, RunStopped
 from sf_engine.runtime.slot_pool import SlotPool
-from sf_engine.runtime.transfer import to_device
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import weight_readers
-from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Recycled, Training
+from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
 
@@ -112,12 +110,12 @@ class Learner:
             self.population.share(weight_readers(self.cfg))
         if self.recovered:  # logged by the main process
             self.ctx.send(Recovered(self.recovered))
-        self.pending_slots: list = []
         self.last_save_time = time.monotonic()
         self.timer = StageTimer(*LearnerStage)
-        self.feed = ReplayFeed(self) if self.cfg.uses_replay and share else None  # --algo dqn's loop
-        if self.feed is not None and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
-            self.feed.load_replay(self.checkpoint_dir)
+        replay = self.cfg.uses_replay and share and not self.cfg.run.sampling_only
+        self.source: DataSource = ReplaySource(self) if replay else TrajectorySource(self)
+        if replay and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
+            self.source.load(self.checkpoint_dir)
 
     # policy 0's model and version: a single-policy run's own
     model = property(lambda self: self.policies[0].algorithm.model)
@@ -169,27 +167,40 @@ class Learner:
         return self.env_steps_base + int(self.buffers.env_steps.sum())
 
     def step(self, timeout_sec: float) -> None:
-        """Wait (at most `timeout_sec`) for full slots; train once a whole batch has arrived."""
-        needed = self.cfg.slots_per_batch - len(self.pending_slots)
+        """Take what the source has (waiting at most `timeout_sec`); train a round when there is one."""
         self.timer.start()
         self.ctx.beat()
         for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
             learner.weights.serve_requests()
         self.population.serve_requests()
-        if self.feed is not None and not self.cfg.run.sampling_only:
-            self.feed.step(timeout_sec)
-            self._save_when_due()
-            return
-        self.pending_slots += self.pool.take_full(needed, timeout_sec)  # freed by the supervisor if this one dies
-        self.timer.lap(LearnerStage.WAIT_DATA)
-        if self.cfg.run.sampling_only:
-            if self.pending_slots:
-                self.ctx.send(Recycled(self.pool.recycle(self.pending_slots)))
-            self.pending_slots = []
-        elif len(self.pending_slots) == self.cfg.slots_per_batch:
-            slots, self.pending_slots = self.pending_slots, []
-            self.train_on(slots)
+        if self.source.take(timeout_sec):
+            self.train_round()
         self._save_when_due()
+
+    def train_on(self, slots: list) -> None:
+        """One round on `slots`, full trajectory slots already taken (a sampler node's, or a test's)."""
+        self.source.hold(slots)
+        self.train_round()
+
+    def train_round(self) -> None:
+        """Each policy trains on its batches of the source's round, then publishes its new version when an
+        optimizer step was taken (weights with a non-finite value never are: the last published ones come
+        back); then the source frees what the round held."""
+        for learner in self.policies:
+            started = time.perf_counter()
+            results = []
+            for batch in self.source.batches(learner):
+                result = learner.algorithm.train(batch)
+                self.source.trained(learner, batch, result)
+                results.append(result)
+            train_sec = time.perf_counter() - started
+            self.timer.lap(LearnerStage.TRAIN)
+            total = TrainResult.total(results) if results else TrainResult(0)
+            published = learner.publish() if total.updates else True
+            self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
+            self.source.report(learner, total, train_sec)
+            self._count_bad_updates(learner, total, published)
+        self.source.done()
 
     def _save_when_due(self) -> None:
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
@@ -198,95 +209,13 @@ class Learner:
             self.timer.lap(LearnerStage.CHECKPOINT)
 
     def finish(self) -> None:
-        """The run stops: a last checkpoint (and with a replay buffer, the books of its last inserts)."""
-        if self.feed is not None:
-            self.feed.finish()
+        """The run stops: a last checkpoint (and what the source booked and has not reported)."""
+        self.source.finish()
         if not self.cfg.run.sampling_only:
             self.save()
 
     def close(self) -> None:
         pass
-
-    def _gather(self, slots: list) -> TrajectoryBatch:
-        """Copy the slots out of shared memory, time-major: obs[key] [T+1, N, *shape], the step fields
-        [T, N, ...] (N = slots x envs per split); every field of SLOT_FIELDS the run has."""
-        index = np.asarray(slots)
-
-        def time_major(array):  # [S, R, E, ...] -> [R, S * E, ...]
-            picked = array[index].swapaxes(0, 1)
-            return to_device(picked, self.device).reshape(picked.shape[0], -1, *picked.shape[3:])
-
-        fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
-        return TrajectoryBatch(
-            obs={key: time_major(array) for key, array in self.buffers.obs.items()},
-            **{name: time_major(array) for name, array in fields.items() if array is not None},
-        )
-
-    def train_on(self, slots: list) -> None:
-        """One training iteration on `slots`: each policy on the samples it acted (all of them with one
-        policy), then its new version published (weights with a non-finite value never are: the last
-        published ones come back); then the slots go back to the free pool."""
-        self.timer.start()
-        batch = self._gather(slots)
-        valid = batch.valid
-        self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
-        books = self._not_trainable(batch)  # booked once per batch, with its first report
-        for learner in self.policies:
-            mine = valid if batch.policy_id is None else valid & (batch.policy_id[:-1] == learner.policy)
-            if len(self.policies) > 1 and not bool(mine.any()):
-                continue  # no sample of this policy in the batch: nothing to train, no new version
-            lag = learner.version - batch.policy_version
-            keep = mine & (lag <= self.lcfg.max_policy_lag) & (batch.policy_version >= learner.min_version)
-            started = time.perf_counter()
-            result = learner.algorithm.train(batch, keep)
-            train_sec = time.perf_counter() - started
-            self.timer.lap(LearnerStage.TRAIN)
-            published = learner.publish()
-            self.population.trained(learner.policy, int(mine.sum()))
-            self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-            self._send_training(learner, result, books, train_sec, mine, keep, lag)
-            books = (0, 0)
-            self._count_bad_updates(learner, result, published)
-        if any(books):  # no policy trained on this batch: its books still count
-            self._send_training(self.policies[0], TrainResult(0), books)
-        self.population.step()  # a PBT round or a pool snapshot when one is due
-        self.pool.recycle(slots)
-        self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-
-    def _send_training(self, learner, result: TrainResult, books: tuple, train_sec=0.0, mine=None, keep=None, lag=None):
-        """The Training message of `learner`'s part of a batch: `mine` [T, N] its samples, `keep` those it
-        trained on, `lag` their policy lag; without them, of a batch no policy trained on. `books`: the
-        batch's (not trainable, skipped non-finite) steps, or zeros once they went with another message."""
-        mine_lag = lag[mine].float() if mine is not None and bool(mine.any()) else torch.zeros(1)
-        self.ctx.send(
-            Training(
-                self.timer.report("learner"),
-                version=learner.version,
-                samples=result.samples,
-                dropped_lag=0 if mine is None else int((mine & ~keep).sum()),
-                not_trainable=books[0],
-                lag_count=0 if mine is None else int(mine.sum()),
-                lag_min=float(mine_lag.min()),
-                lag_mean=float(mine_lag.mean()),
-                lag_max=float(mine_lag.max()),
-                learning_rate=learner.algorithm.learning_rate,
-                losses=result.losses,
-                policy=learner.policy,
-                train_sec=train_sec,
-                skipped_non_finite=books[1],
-                skipped_updates=result.skipped_updates,
-            )
-        )
-
-    def _not_trainable(self, batch: TrajectoryBatch) -> tuple[int, int]:
-        """(steps not trainable, steps skipped for a non-finite value): reset steps and absent agents, and
-        the steps the opponent pool's snapshots acted; the steps a rollout worker skipped (`non_finite`,
-        never valid) apart."""
-        skipped = int(batch.non_finite.sum())
-        not_trainable = int((~batch.valid).sum()) - skipped
-        if batch.policy_id is not None:
-            not_trainable += int((batch.valid & (batch.policy_id[:-1] >= len(self.policies))).sum())
-        return not_trainable, skipped
 
     def _count_bad_updates(self, learner: LearningPolicy, result: TrainResult, published: bool) -> None:
         """Count `learner`'s updates in a row that had a non-finite loss or gradient (the algorithm skipped
@@ -348,8 +277,7 @@ class Learner:
             self.ctx.send(CheckpointFailed(str(exc.strerror or exc)))
             return None
         self.ctx.send(CheckpointWritten(path))
-        if self.feed is not None and self.cfg.replay.save_replay:
-            self.feed.save_replay(self.checkpoint_dir)
+        self.source.save(self.checkpoint_dir)
         return path
 
 

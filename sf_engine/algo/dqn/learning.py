@@ -2,7 +2,7 @@
 (--dueling), n-step returns and prioritized replay (the buffer's: Ape-X's recipe), a target network copied
 every --target_update_period updates or moved by Polyak steps (--target_tau), the Huber loss (--huber_delta)
 weighted by prioritized replay's importance weights, gradient clipping. Runs in the learner process; the
-learner's replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update` takes one optimizer
+learner's replay source (sf_engine.roles.replay_source) samples the minibatches, and `train` takes one optimizer
 step on one.
 """
 
@@ -34,8 +34,8 @@ class DQN(QLearning):
         self.target_params.copy_(self.params)
         self.num_updates = 0
 
-    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
-        """One optimizer step on `batch`: (its TrainResult, |TD error| [B] for the priorities). A step whose
+    def train(self, batch: ReplayBatch) -> TrainResult:
+        """One optimizer step on `batch`: its TrainResult, with |TD error| [B] as the priorities. A step whose
         loss or gradient is not finite is skipped (TrainResult.skipped_updates 1, TD errors 0)."""
         if self.num_updates % 64 == 0:
             self.scheduled_learning_rate()
@@ -67,15 +67,15 @@ class DQN(QLearning):
 
         figures = self.optimizer_step(gradients)
         if figures is None:
-            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
-        return self.step_taken(figures, len(td_abs)), td_abs
+            return TrainResult(0, {}, 0, 1, priorities=torch.zeros_like(td_abs))
+        return self.step_taken(figures, len(td_abs), td_abs)
 
-    def step_taken(self, figures: torch.Tensor, samples: int) -> TrainResult:
+    def step_taken(self, figures: torch.Tensor, samples: int, priorities: torch.Tensor) -> TrainResult:
         """After an optimizer step on `samples` samples: the update counted, the target network following the
-        online one, the TrainResult of its loss statistics `figures` (LOSS_STATS, then grad_norm)."""
+        online one, the TrainResult of its loss statistics `figures` (LOSS_STATS, then grad_norm) and `priorities`."""
         self.num_updates += 1
         follow_online(self.target_params, self.params, self.num_updates, self.qcfg)
-        return TrainResult(samples, dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist())), 1, 0)
+        return TrainResult(samples, dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist())), 1, 0, priorities)
 
     @torch.no_grad()
     def _targets(self, batch: ReplayBatch) -> torch.Tensor:

@@ -147,9 +147,10 @@ class PPO:
             "hyperparameters": self.hyperparameters(),
         }
 
-    def train(self, batch: TrajectoryBatch, keep: torch.Tensor) -> TrainResult:
-        """Targets of the whole batch, then PPO epochs over its samples that `keep` [T, N] marks (this
+    def train(self, batch: TrajectoryBatch) -> TrainResult:
+        """Targets of the whole batch, then PPO epochs over its samples that `batch.keep` [T, N] marks (this
         policy's, valid and within the lag bound)."""
+        keep = batch.keep
         advantages, returns = self._targets(batch)
         index = keep.reshape(-1).nonzero().squeeze(1)
         flat = lambda x: x.reshape(-1, *x.shape[2:]).index_select(0, index)  # noqa: E731  [T, N, ...] -> kept

@@ -23,9 +23,9 @@ class PQN(QLearning):
 
     replay = False
 
-    def train(self, batch: TrajectoryBatch, keep: torch.Tensor) -> TrainResult:
+    def train(self, batch: TrajectoryBatch) -> TrainResult:
         """Q(lambda) targets of the whole batch, then --num_epochs passes of --num_batches_per_epoch
-        minibatches over the samples `keep` [T, N] marks."""
+        minibatches over the samples `batch.keep` [T, N] marks."""
         self.scheduled_learning_rate()
         steps, envs = batch.rewards.shape
         flat_obs = {key: obs.reshape(-1, *obs.shape[2:]) for key, obs in batch.obs.items()}  # [(T+1) N, ...]
@@ -40,7 +40,7 @@ class PQN(QLearning):
             self.lcfg.gamma,
             self.cfg.q.q_lambda,
         )
-        picked = keep.reshape(-1).nonzero().squeeze(1)
+        picked = batch.keep.reshape(-1).nonzero().squeeze(1)
         obs = {key: value[: steps * envs].index_select(0, picked) for key, value in flat_obs.items()}
         actions = batch.actions.reshape(steps * envs, -1)[:, 0].index_select(0, picked)
         targets = targets.reshape(-1).index_select(0, picked)

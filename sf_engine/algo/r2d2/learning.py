@@ -1,8 +1,8 @@
 """R2D2 (--algo r2d2; Kapturowski et al. 2019, "Recurrent Experience Replay in Distributed Reinforcement
 Learning"): the DQN family with a recurrent core (--rnn), trained on fixed-length sequences replayed from the
-recurrent state stored when they were acted. Runs in the learner process; the learner's replay feed
-(sf_engine.roles.replay_feed) samples the sequences (sf_engine.replay.sequences), and `update` takes one optimizer
-step on a batch of them.
+recurrent state stored when they were acted. Runs in the learner process; the learner's replay source
+(sf_engine.roles.replay_source) samples the sequences (sf_engine.replay.sequences), and `train` takes one
+optimizer step on a batch of them.
 
 Each sequence's window is unrolled by the online and the target network from its stored state, the state zeroed
 where an episode starts (as the policy worker zeroed it when acting): first the --burn_in rows, without gradient,
@@ -41,8 +41,8 @@ class R2D2(DQN):
             raise ValueError("R2D2 needs a recurrent core (--rnn gru or lstm)")
         self.eta = cfg.replay.priority_eta
 
-    def update(self, batch: SequenceBatch) -> tuple[TrainResult, torch.Tensor]:
-        """One optimizer step on `batch`: (its TrainResult, the sequences' priorities [B]). A step whose loss or
+    def train(self, batch: SequenceBatch) -> TrainResult:
+        """One optimizer step on `batch`: its TrainResult, with the sequences' priorities [B]. A step whose loss or
         gradient is not finite is skipped (TrainResult.skipped_updates 1, priorities 0)."""
         if self.num_updates % 64 == 0:
             self.scheduled_learning_rate()
@@ -66,8 +66,8 @@ class R2D2(DQN):
 
         figures = self.optimizer_step(gradients)
         if figures is None:
-            return TrainResult(0, {}, 0, 1), torch.zeros_like(priorities)
-        return self.step_taken(figures, length * sequences), priorities
+            return TrainResult(0, {}, 0, 1, torch.zeros_like(priorities))
+        return self.step_taken(figures, length * sequences, priorities)
 
     def _unroll(self, net: QNetwork, batch: SequenceBatch) -> torch.Tensor:
         """Q-values [W - burn_in, B, A] of `net` over the window's rows after the burn-in, from the stored state;

@@ -4,7 +4,7 @@ Polyak-averaged targets (--target_tau every --target_update_period updates), the
 toward --target_entropy per action dimension (--tune_alpha) or fixed (--alpha). Each update: the critics on
 the n-step soft targets (weighted by prioritized replay's importance weights), then the actor, then the
 temperature, each with its own Adam (the actor's at --learning_rate, the others' at --critic_learning_rate).
-Runs in the learner process; the replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update`
+Runs in the learner process; its replay source (sf_engine.roles.replay_source) samples the minibatches, and `train`
 takes one step on one; with --normalize_input it hands `observe` each slot's observations as it inserts them.
 """
 
@@ -72,9 +72,9 @@ class SAC:
         for optimizer in (self.critic_optimizer, self.alpha_optimizer):
             set_learning_rate(optimizer, lr * critic_lr / self.lcfg.learning_rate if critic_lr > 0 else lr)
 
-    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
-        """One step of the critics, the actor and the temperature on `batch`: (its TrainResult, |TD error| [B]
-        for the priorities, the mean of the two critics'). A step whose loss or gradient is not finite is skipped
+    def train(self, batch: ReplayBatch) -> TrainResult:
+        """One step of the critics, the actor and the temperature on `batch`: its TrainResult, with |TD error| [B]
+        as the priorities (the mean of the two critics'). A step whose loss or gradient is not finite is skipped
         whole (TrainResult.skipped_updates 1, TD errors 0)."""
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
@@ -111,7 +111,7 @@ class SAC:
         figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack([critic_norm, actor_norm])).reshape(1)])
         figures = figures.cpu()
         if not all_finite(figures):
-            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+            return TrainResult(0, {}, 0, 1, torch.zeros_like(td_abs))
         self.critic_optimizer.step()
         self.optimizer.step()
         if self.scfg.tune_alpha:  # toward the target entropy: alpha grows while the entropy is below it
@@ -122,7 +122,7 @@ class SAC:
         self.num_updates += 1
         follow_online(self.target_params, self.critic_params, self.num_updates, self.qcfg)
         losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
-        return TrainResult(len(td_abs), losses, 1, 0), td_abs
+        return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
     @torch.no_grad()
     def _targets(self, next_x: torch.Tensor, batch: ReplayBatch, alpha: torch.Tensor) -> torch.Tensor:

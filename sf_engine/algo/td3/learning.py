@@ -2,7 +2,7 @@
 acting model), twin critics trained on the smaller of their targets' values at a smoothed target action (the target
 actor's, plus clipped Gaussian noise: --target_noise, --target_noise_clip), the actor and the targets updated every
 --policy_delay critic updates (the actor on Q1 at its own action; the targets by Polyak steps of --target_tau).
-Runs in the learner process; the replay feed (sf_engine.roles.replay_feed) samples the minibatches, and `update`
+Runs in the learner process; its replay source (sf_engine.roles.replay_source) samples the minibatches, and `train`
 takes one step on one; with --normalize_input it hands `observe` each slot's observations as it inserts them.
 """
 
@@ -56,9 +56,9 @@ class TD3:
         for optimizer in (self.optimizer, self.critic_optimizer):
             set_learning_rate(optimizer, lr)
 
-    def update(self, batch: ReplayBatch) -> tuple[TrainResult, torch.Tensor]:
+    def train(self, batch: ReplayBatch) -> TrainResult:
         """One step of the critics on `batch`, and every --policy_delay steps one of the actor and the targets:
-        (its TrainResult, |TD error| [B] for the priorities, the mean of the two critics'). A step whose loss or
+        its TrainResult, with |TD error| [B] as the priorities (the mean of the two critics'). A step whose loss or
         gradient is not finite is skipped whole (TrainResult.skipped_updates 1, TD errors 0)."""
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
@@ -88,7 +88,7 @@ class TD3:
         stats = torch.stack([critic_loss.detach(), self.last_actor_loss, q1.detach().mean(), td_abs.mean()])
         figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack(norms)).reshape(1)]).cpu()
         if not all_finite(figures):
-            return TrainResult(0, {}, 0, 1), torch.zeros_like(td_abs)
+            return TrainResult(0, {}, 0, 1, torch.zeros_like(td_abs))
         self.critic_optimizer.step()
         if delayed:
             self.optimizer.step()
@@ -96,7 +96,8 @@ class TD3:
                 if all_finite(online):
                     target.lerp_(online, self.cfg.q.target_tau)
         self.num_updates += 1
-        return TrainResult(len(td_abs), dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist())), 1, 0), td_abs
+        losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
+        return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
     @torch.no_grad()
     def _targets(self, next_x: torch.Tensor, batch: ReplayBatch) -> torch.Tensor:

@@ -1,18 +1,17 @@
-"""The learner's loop with a replay buffer (--algo dqn, r2d2, sac): full trajectory slots copied into the buffer and
-freed, minibatches sampled out and trained on, the replay ratio held by the rate limiter, the new weights published.
+"""The learner's data source with a replay buffer (an algorithm whose spec learns from replay transitions or
+sequences): full trajectory slots copied into the buffer and freed, minibatches sampled out and trained on, the
+replay ratio held by the rate limiter (sf_engine.roles.sources says how the learner's loop uses a source).
 
-Runs in the learner process (or the runner in serial mode), as the step of sf_engine.roles.learner.Learner when
-its algorithm learns from replay (one policy). Each step either takes full slots (when the ratio allows no
-training: learning waits for data) or trains: minibatches while the ratio allows one, for at most CHUNK_SEC,
-then one publication of the weights. In async mode a slot is freed as soon as it is copied in, so sampling
-waits only when the learner holds the next full slots back to keep the ratio (learning is the slower side: the
-rollout workers' wait for a free slot says how long). In sync mode the learner takes one slot of every split,
-trains what they allow, publishes, and only then frees them: every sample is acted by the newest policy.
-An algorithm that has `observe` (--algo sac) is handed the observations of each slot's valid steps as the slot is
-inserted (its input normalizer's data). An algorithm whose spec learns from replay sequences (--algo r2d2) is fed
-sequences of --replay_sequence_length steps (sf_engine.replay.sequences) instead of transitions; the rate limiter
-counts a sequence as its L steps.
-"""
+Runs in the learner process (or the runner in serial mode), for one policy. Each step of the learner either
+takes full slots (when the ratio allows no training: learning waits for data) or trains a round: minibatches
+while the ratio allows one, for at most CHUNK_SEC, then one publication of the weights. In async mode a slot is
+freed as soon as it is copied in, so sampling waits only when the learner holds the next full slots back to keep
+the ratio (learning is the slower side: the rollout workers' wait for a free slot says how long). In sync mode
+the learner takes one slot of every split, trains what they allow, publishes, and only then frees them: every
+sample is acted by the newest policy. An algorithm that has `observe` is handed the observations of each slot's
+valid steps as the slot is inserted (its input normalizer's data). An algorithm whose spec learns from replay
+sequences is fed sequences of --replay_sequence_length steps (sf_engine.replay.sequences) instead of
+transitions; the rate limiter counts a sequence as its L steps."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import logging
 import math
 import os
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -40,14 +40,18 @@ REPLAY_SEED_OFFSET = 7_919  # the buffer's sampling stream, apart from the envs'
 TRAINABLE, NOT_TRAINABLE, SKIPPED = range(3)  # the books of the steps inserted (SharedBuffers.replay_books)
 
 
-class ReplayFeed:
+class ReplaySource:
     def __init__(self, learner):
-        """`learner`: the Learner this feed steps for (its pool, timer, policy, context)."""
+        """`learner`: the Learner this source feeds (its context, slot pool, stage timer, device, policy and clock
+        are read, never its data)."""
         cfg = learner.cfg
-        self.learner, self.cfg, self.rcfg = learner, cfg, cfg.replay
+        self.ctx, self.cfg, self.rcfg = learner.ctx, cfg, cfg.replay
+        self.pool, self.timer, self.buffers = learner.pool, learner.timer, learner.buffers
+        self.device, self.hooks = learner.device, learner.hooks
         r = self.rcfg
         sequences = SequenceShape(r.burn_in, r.replay_sequence_length, r.n_step)
-        algorithm = learner.policies[0].algorithm
+        self.policy = learner.policies[0]  # a replay run trains one policy
+        algorithm = self.policy.algorithm
         self.sequences = sequences if cfg.algorithm.data == SEQUENCES else None
         self.observe = getattr(algorithm, "observe", None)  # SAC's: the observations of each slot inserted
         self.buffer = ReplayBuffer(
@@ -65,50 +69,78 @@ class ReplayFeed:
         )
         self.sync = cfg.run.mode == "sync"
         self.discrete = learner.ctx.plan.spec.action.kind == "discrete"  # else Box actions [B, A] float32 (SAC)
+        self.pending: list = []  # full slots taken, not all of --slots_per_batch yet
         self.held: list = []  # sync mode: the round's slots, inserted, freed after its training
+        self.sample = None  # the minibatch handed out last, and the policy lag of those trained this round
+        self.ages: list = []
         self.learner_waited_sec = 0.0  # waiting for full slots while the ratio allowed no training
         # env steps inserted and not yet reported (TRAINABLE, NOT_TRAINABLE, SKIPPED), in the shared memory: a
         # learner killed between an insert and its report leaves them to the one restarted after it
         self.unreported = learner.buffers.replay_books
         self.last_report = time.monotonic()
 
-    def step(self, timeout_sec: float) -> None:
-        """Insert when the ratio allows no training, else train a chunk (see the module's docstring)."""
-        learner = self.learner
+    def take(self, timeout_sec: float) -> bool:
+        """True while the ratio allows training; else full slots inserted (and freed, in async mode)."""
         if self.limiter.can_train():
-            self._train_chunk()
-            return
+            return True
         if self.held:  # sync: the round is trained; its slots go back now
-            learner.pool.recycle(self.held)
+            self.pool.recycle(self.held)
             self.held = []
         started = time.monotonic()
-        needed = learner.cfg.slots_per_batch - len(learner.pending_slots)
-        learner.timer.start()
-        learner.pending_slots += learner.pool.take_full(needed, timeout_sec)
-        learner.timer.lap(LearnerStage.WAIT_DATA)
+        needed = self.cfg.slots_per_batch - len(self.pending)
+        self.timer.start()
+        self.pending += self.pool.take_full(needed, timeout_sec)
+        self.timer.lap(LearnerStage.WAIT_DATA)
         self.learner_waited_sec += time.monotonic() - started  # for full slots, with the ratio allowing no training
-        if len(learner.pending_slots) < learner.cfg.slots_per_batch:
-            return
-        slots, learner.pending_slots = learner.pending_slots, []
+        if len(self.pending) < self.cfg.slots_per_batch:
+            return False
+        slots, self.pending = self.pending, []
         for slot in slots:
             self._insert(slot)
-        learner.timer.lap(LearnerStage.BATCH_ASSEMBLY)
+        self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
         if self.sync:
             self.held = slots
         else:
-            learner.pool.recycle(slots)
+            self.pool.recycle(slots)
         if not self.limiter.started and time.monotonic() - self.last_report > REPORT_SEC:
-            self._report(learner.policies[0], TrainResult(0), np.zeros(0), 0.0)  # the buffer filling up
+            self._report(self.policy, TrainResult(0), np.zeros(0), 0.0)  # the buffer filling up
+        return False
+
+    def batches(self, policy) -> Iterator[ReplayBatch | SequenceBatch]:
+        """Minibatches while the ratio allows one, for at most CHUNK_SEC."""
+        self.ages = []
+        beta = self._beta() if self.rcfg.prioritized else 1.0
+        draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample
+        # --deterministic: the round ends where the ratio does, not where the clock does (the same publications)
+        deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
+        while self.limiter.can_train() and time.perf_counter() < deadline and not self.ctx.stopping:
+            self.sample = draw(self.cfg.learner.batch_size, beta)
+            yield self._batch(self.sample)
+
+    def trained(self, policy, batch, result: TrainResult) -> None:
+        """The minibatch's new priorities (not after a skipped update: its TD errors say nothing of its
+        transitions), the limiter's count, the policy lag of its samples."""
+        sample = self.sample
+        if result.updates:
+            self.buffer.update_priorities(sample.indices, result.priorities.cpu().numpy())
+        self.limiter.trained(len(sample.indices) * self.steps_per_sample)
+        self.ages.append(policy.version - sample.policy_version.reshape(-1))
+
+    def report(self, policy, total: TrainResult, train_sec: float) -> None:
+        self._report(policy, total, np.concatenate(self.ages) if self.ages else np.zeros(0), train_sec)
+
+    def done(self) -> None:
+        pass
 
     def finish(self) -> None:
         """The run stops: the books of the slots inserted since the last report go out (every env step booked)."""
         if self.unreported.any():
-            self._report(self.learner.policies[0], TrainResult(0), np.zeros(0), 0.0)
+            self._report(self.policy, TrainResult(0), np.zeros(0), 0.0)
 
     def _insert(self, slot: int) -> None:
         """Copy one full slot into the buffer; its steps that may not be trained (reset steps, absent agents,
         skipped non-finite steps) are booked apart."""
-        b = self.learner.buffers
+        b = self.buffers
         valid, non_finite = b.valid[slot], b.non_finite[slot]
         self.buffer.insert(
             {key: array[slot] for key, array in b.obs.items()},
@@ -129,7 +161,7 @@ class ReplayFeed:
         self.unreported += (trainable, valid.size - trainable - skipped, skipped)
 
     def _batch(self, sample: ReplaySample | SequenceSample) -> ReplayBatch | SequenceBatch:
-        device = self.learner.device
+        device = self.device
 
         def tensor(array):
             return to_device(array, device)
@@ -161,53 +193,19 @@ class ReplayFeed:
 
     def _beta(self) -> float:
         """Prioritized replay's importance exponent, annealed linearly from --per_beta to 1 over the budget."""
-        used = self.cfg.run.budget_used(self.learner.env_steps, self.learner.hooks.elapsed_sec())
+        used = self.cfg.run.budget_used(self.hooks.env_steps(), self.hooks.elapsed_sec())
         return self.rcfg.per_beta + (1.0 - self.rcfg.per_beta) * used
 
-    def _train_chunk(self) -> None:
-        """Minibatches while the ratio allows one (at most CHUNK_SEC), then one publication."""
-        learner = self.learner
-        policy = learner.policies[0]
-        learner.timer.start()
-        learner.ctx.beat()
-        total = TrainResult(0)
-        sums: dict = {}
-        ages = []
-        beta = self._beta() if self.rcfg.prioritized else 1.0
-        # --deterministic: the chunk ends where the ratio does, not where the clock does (the same publications)
-        deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
-        started = time.perf_counter()
-        while self.limiter.can_train() and time.perf_counter() < deadline and not learner.ctx.stopping:
-            draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample
-            sample = draw(self.cfg.learner.batch_size, beta)
-            result, td_abs = policy.algorithm.update(self._batch(sample))
-            if result.updates:  # a skipped update's TD errors say nothing of its transitions
-                self.buffer.update_priorities(sample.indices, td_abs.cpu().numpy())
-            self.limiter.trained(len(sample.indices) * self.steps_per_sample)
-            ages.append(policy.version - sample.policy_version.reshape(-1))
-            total.samples += result.samples
-            total.updates += result.updates
-            total.skipped_updates += result.skipped_updates
-            for name, value in result.losses.items():
-                sums[name] = sums.get(name, 0.0) + value
-        train_sec = time.perf_counter() - started
-        learner.timer.lap(LearnerStage.TRAIN)
-        total.losses = {name: value / total.updates for name, value in sums.items()} if total.updates else {}
-        published = policy.publish() if total.updates else True
-        learner.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-        self._report(policy, total, np.concatenate(ages) if ages else np.zeros(0), train_sec)
-        learner._count_bad_updates(policy, total, published)
-
     def _report(self, policy, result: TrainResult, ages: np.ndarray, train_sec: float) -> None:
-        """The chunk's Training message and the buffer's ReplayStatus; `ages` [samples] the policy lag of the
+        """The round's Training message and the buffer's ReplayStatus; `ages` [samples] the policy lag of the
         transitions trained on (none: no lag figures)."""
-        learner, books = self.learner, self.unreported.copy()
+        books = self.unreported.copy()
         ages = ages if len(ages) else np.zeros(1)  # the figures below need a value; lag_count says there was none
         count = len(ages) if result.samples else 0
         self.last_report = time.monotonic()
-        learner.ctx.send(
+        self.ctx.send(
             Training(
-                learner.timer.report("learner"),
+                self.timer.report("learner"),
                 version=policy.version,
                 samples=result.samples,
                 dropped_lag=0,
@@ -225,7 +223,7 @@ class ReplayFeed:
             )
         )
         self.unreported -= books
-        learner.ctx.send(
+        self.ctx.send(
             ReplayStatus(
                 inserted=self.limiter.inserted,
                 sampled=self.limiter.sampled,
@@ -241,8 +239,11 @@ class ReplayFeed:
         )
 
     # --- --save_replay ----------------------------------------------------------------------------------------
-    def save_replay(self, checkpoint_dir: str) -> None:
-        """The buffer beside the checkpoint just written (atomically); on a full disk the previous file stays."""
+    def save(self, checkpoint_dir: str) -> None:
+        """--save_replay: the buffer beside the checkpoint just written (atomically); on a full disk the previous
+        file stays."""
+        if not self.rcfg.save_replay:
+            return
         path = os.path.join(checkpoint_dir, REPLAY_FILE)
         started = time.monotonic()
         try:
@@ -252,7 +253,7 @@ class ReplayFeed:
             return
         logging.debug("replay buffer written to %s in %.1f s", path, time.monotonic() - started)
 
-    def load_replay(self, checkpoint_dir: str) -> None:
+    def load(self, checkpoint_dir: str) -> None:
         """A resumed run with --save_replay refills from the saved buffer, when there is one that fits."""
         path = os.path.join(checkpoint_dir, REPLAY_FILE)
         if not os.path.exists(path):
