@@ -166,8 +166,8 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
 
 def test_the_trajectory_batch_holds_every_slot_field(tmp_path):
     """SLOT_FIELDS is the one list of a slot's fields: the learner's TrajectoryBatch has a field for each
-    (after the observations), in the same order, then the learner's `keep` mark, and a feed-forward single-agent run's buffers lay out its
-    observations and exactly the fields every run has."""
+    (after the observations), in the same order, then the learner's `keep` mark, and a feed-forward
+    single-agent run's buffers lay out its observations and exactly the fields every run has."""
     import dataclasses
 
     from sf_engine.algo.batch import ALWAYS, SLOT_FIELDS, TrajectoryBatch
