@@ -4,7 +4,7 @@
   python perf/sac_updates.py                    # ours with the compiled MLP kernels and with torch ops, then SB3
   python perf/sac_updates.py --threads 2 --no_baseline
 
-Ours: sf_engine.algo.sac.learning.SAC.update on random minibatches as the replay buffer gives them (the learner's step
+Ours: sf_engine.algo.sac.learning.SAC.train on random minibatches as the replay buffer gives them (the learner's step
 without sampling). SB3: SAC('MlpPolicy').train(gradient_steps, 256) over a replay buffer of random transitions,
 in its own venv (../shared/baselines/sb3.sh makes it; $SB3_BASELINE_VENV or ~/.cache/sb3-baseline-venv).
 Prints one JSON line: updates/s of each and the ratios.

@@ -144,10 +144,10 @@ def _check_run(cfg: Config) -> None:
     for flag, value in unit.items():
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
-    if run.deterministic and run.mode != "serial":
+    if run.deterministic and run.mode not in ("serial", "sync"):
         raise ConfigError(
-            f"--deterministic true is built for --mode serial: a {run.mode} run's processes interleave by the clock "
-            f"(docs/api.md, reproducible runs); use --mode serial or drop --deterministic"
+            f"--deterministic true needs --mode serial or sync: a {run.mode} run's policy lag follows the clock "
+            f"(docs/api.md, reproducible runs); use --mode sync or drop --deterministic"
         )
     if run.stop_at_eval_return is not None and not run.eval_every_sec:
         raise ConfigError("--stop_at_eval_return needs evaluations: give --eval_every_sec too (e.g. 5)")
@@ -196,6 +196,12 @@ def check_resolved(cfg: Config) -> None:
             f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
     _check_sequences(cfg)
+    if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
+        raise ConfigError(
+            f"--deterministic true in --mode sync trains on one round of every env group: --batch_size x "
+            f"--num_batches_per_epoch ({train_batch}) must be --num_workers x --num_envs_per_worker x --rollout "
+            f"({s.total_splits * cfg.samples_per_slot})"
+        )
     if cfg.run.mode == "sync" and cfg.slots_per_batch > 4 * s.total_splits:
         raise ConfigError(
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "

@@ -218,10 +218,12 @@ class RunConfig:
     )
     deterministic: bool = _f(
         False,
-        "Reproducible runs (--mode serial): two runs of the same flags and --seed give the same figures and "
-        "bit-identical weights on the CPU (torch's deterministic algorithms; episode figures reported at every "
-        "step). Budget such runs in env steps: a time budget, and the times of evaluations and checkpoints, "
-        "follow the clock. docs/api.md says what sync and async runs can promise.",
+        "Reproducible runs (--mode serial or sync): two runs of the same flags and --seed give the same figures "
+        "and bit-identical weights on the CPU (torch's deterministic algorithms; episodes counted in the order "
+        "they ended; in sync mode each forward waits for every env group, and a training batch is one round of "
+        "them). Budget such runs in env steps (sync mode stops at the end of the round that reaches it): a time "
+        "budget, and the times of evaluations and checkpoints, follow the clock. Refused in async mode, whose "
+        "policy lag follows the clock (docs/api.md).",
     )
     train_for_env_steps: int | None = _f(
         None,

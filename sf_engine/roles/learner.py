@@ -39,6 +39,8 @@ from sf_engine.runtime.wiring import weight_readers
 from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
+DRAIN_WAIT_SEC = 0.1  # --deterministic in --mode sync, at the stop: how long the learner waits for a slot still due
+
 
 @dataclass
 class LearningPolicy:
@@ -209,10 +211,25 @@ class Learner:
             self.timer.lap(LearnerStage.CHECKPOINT)
 
     def finish(self) -> None:
-        """The run stops: a last checkpoint (and what the source booked and has not reported)."""
+        """The run stops: a last checkpoint (and what the source booked and has not reported). --deterministic in
+        --mode sync: the sampling has stopped at the end of a round (slot_pool.deterministic_rounds), which is
+        trained first, as it would be in any run of the same seed."""
+        if self.cfg.run.deterministic and self.cfg.run.mode == "sync":
+            self._train_what_is_left()
         self.source.finish()
         if not self.cfg.run.sampling_only:
             self.save()
+
+    def _train_what_is_left(self) -> None:
+        """Every full slot handed over trained on as the loop would: until the source twice has nothing."""
+        idle = 0
+        while idle < 2:
+            self.ctx.beat()
+            if self.source.take(DRAIN_WAIT_SEC):
+                self.train_round()
+                idle = 0
+            else:
+                idle += 1
 
     def close(self) -> None:
         pass

@@ -62,6 +62,10 @@ class PolicyWorker:
         self.num_forwards, self.num_samples = 0, 0
         self.policy_sec: dict = defaultdict(float)  # several policies: policy -> seconds of its forwards
         self.last_stats_time = time.monotonic()
+        # --deterministic in --mode sync: a forward waits for one request of every split and takes them in the order
+        # of (worker, split), so that its batch, its random draws and the epsilons' env steps follow no clock
+        self.round: list | None = [] if cfg.run.deterministic and cfg.run.mode == "sync" else None
+        self.round_size = cfg.sampler.total_splits
 
     def _bucketed(self, model, sizes: list) -> BucketedForward:
         """--compile: `model`'s acting forward captured (CUDA graphs) or compiled at `sizes` rows, now."""
@@ -93,6 +97,8 @@ class PolicyWorker:
         if not connected:
             return
         requests = get_many(self.queues.policy_requests, timeout_sec)
+        if self.round is not None:
+            requests = self._whole_round(requests)
         self.timer.lap(InferenceStage.WAIT_REQUESTS)
         if requests:
             for policy, weights in enumerate(self.weights):
@@ -105,6 +111,15 @@ class PolicyWorker:
             self._serve(requests)
         if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
+
+    def _whole_round(self, requests: list) -> list:
+        """--deterministic in --mode sync: no request until every split has made one (all of them wait for their
+        actions then: the env steps are those of the same step every time), then all of them in a fixed order."""
+        self.round += requests
+        if len(self.round) < self.round_size:
+            return []
+        requests, self.round = sorted(self.round), []
+        return requests
 
     def finish(self) -> None:
         self.send_stats()

@@ -29,6 +29,7 @@ from sf_engine.config.algorithms import SEQUENCES
 from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.sequences import SequenceSample, SequenceShape
+from sf_engine.roles.sources import in_fill_order
 from sf_engine.runtime.transfer import to_device
 from sf_engine.stats.messages import ReplayStatus, Training
 from sf_engine.stats.stages import LearnerStage
@@ -94,7 +95,7 @@ class ReplaySource:
         self.learner_waited_sec += time.monotonic() - started  # for full slots, with the ratio allowing no training
         if len(self.pending) < self.cfg.slots_per_batch:
             return False
-        slots, self.pending = self.pending, []
+        slots, self.pending = in_fill_order(self.buffers, self.pending, self.cfg.run.deterministic), []
         for slot in slots:
             self._insert(slot)
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
@@ -113,7 +114,8 @@ class ReplaySource:
         draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample
         # --deterministic: the round ends where the ratio does, not where the clock does (the same publications)
         deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
-        while self.limiter.can_train() and time.perf_counter() < deadline and not self.ctx.stopping:
+        stops = not self.cfg.run.deterministic  # else the round is the ratio's, even the last one (Learner.finish)
+        while self.limiter.can_train() and time.perf_counter() < deadline and not (stops and self.ctx.stopping):
             self.sample = draw(self.cfg.learner.batch_size, beta)
             yield self._batch(self.sample)
 

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from sf_engine.envs import make_batch_env
-from sf_engine.runtime.slot_pool import SlotPool
+from sf_engine.runtime.slot_pool import SlotPool, deterministic_rounds
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import StageTimer, WorkerStage
 
@@ -113,7 +113,10 @@ class RolloutWorker:
         self._plan_policies(cfg, ctx.plan.spec)
         self.timer = StageTimer(*WorkerStage)
         self.last_stats_time = time.monotonic()
-        self.every_step_stats = cfg.run.deterministic  # the episodes of a reproducible run reported as they end
+        # --deterministic: each episode's key (its split's step, worker, env) for the order RunStats takes them in
+        self.finished_order: list | None = [] if cfg.run.deterministic else None
+        # --deterministic in --mode sync: the slots each split fills before it stops (the run ends at the same step)
+        self.rounds_left = [deterministic_rounds(cfg, ctx.plan.env_steps_base)] * self.num_splits
         try:
             self._reset()
         except BaseException:  # the caller gets no worker to close: close the envs here
@@ -199,6 +202,8 @@ class RolloutWorker:
         for on the shared queue (see ipc: a killed waiter would break it for everybody)."""
         self.timer.start()
         self.ctx.beat()
+        if not self.waiting_for_slot and not self.num_awaiting_actions:  # every split done (deterministic_rounds)
+            time.sleep(timeout_sec)
         if self.waiting_for_slot:
             # with no actions awaited there is nothing else to do: poll for a free slot until the timeout
             self._take_free_slots(timeout_sec if self.num_awaiting_actions == 0 else 0.0)
@@ -211,7 +216,7 @@ class RolloutWorker:
                 if generation == self.generation:  # else: the reply to a dead predecessor's request
                     self.num_awaiting_actions -= 1
                     self._advance(split)
-        if self.every_step_stats or time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
+        if time.monotonic() - self.last_stats_time > STATS_EVERY_SEC:
             self.send_stats()
 
     def _take_free_slots(self, timeout_sec: float = 0.0) -> None:
@@ -302,8 +307,13 @@ class RolloutWorker:
         self.pending_valid[split] = next_valid
         self.pending_first[split] = first
         self.pending_acting[split] = result.acting
+        buf.slot_filler[slot] = self.idx * self.num_splits + split
         self.pool.hand_over(slot)
         self.slot[split] = -1
+        if self.rounds_left[split] is not None:
+            self.rounds_left[split] -= 1
+            if self.rounds_left[split] <= 0:  # the run's last round: this split stops here
+                return
         self.waiting_for_slot.append(split)
         self._take_free_slots()
 
@@ -337,6 +347,9 @@ class RolloutWorker:
             self.finished_lengths.extend(self.episode_length[split, ended].tolist())
             self.finished_policies.extend(self.row_policy[split, ended].tolist())
             self.finished_seats.extend((ended % self.num_agents).tolist())
+            if self.finished_order is not None:
+                step, first_env = self.guard.steps[split], split * self.envs_per_split
+                self.finished_order.extend([step, self.idx, first_env + env] for env in ended.tolist())
             if self.buffers.policy_episodes is not None:  # PBT's objective per policy
                 objective = (
                     self.episode_return[split, ended]
@@ -349,18 +362,23 @@ class RolloutWorker:
             self.episode_length[split, ended] = 0
 
     def send_stats(self) -> None:
-        """Episodes finished since the last call (the last 100 of them in full) and stage times."""
+        """Episodes finished since the last call (the last 100 of them in full; --deterministic: every one, with
+        its key) and stage times."""
+        last = slice(-100, None) if self.finished_order is None else slice(None)
         self.ctx.send(
             Episodes(
                 self.timer.report(self.ctx.name),
                 len(self.finished_returns),
-                self.finished_returns[-100:],
-                self.finished_lengths[-100:],
+                self.finished_returns[last],
+                self.finished_lengths[last],
                 {name: values[-100:] for name, values in self.finished_extra.items()},
-                self.finished_policies[-100:] if self.num_policies > 1 else [],
-                self.finished_seats[-100:] if self.num_agents > 1 else [],
+                self.finished_policies[last] if self.num_policies > 1 else [],
+                self.finished_seats[last] if self.num_agents > 1 else [],
+                *(() if self.finished_order is None else (self.finished_order, self.idx, min(self.guard.steps))),
             )
         )
+        if self.finished_order is not None:
+            self.finished_order = []
         self.finished_returns, self.finished_lengths, self.finished_extra = [], [], {}
         self.finished_policies, self.finished_seats = [], []
         self.last_stats_time = time.monotonic()

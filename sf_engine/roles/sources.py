@@ -53,6 +53,12 @@ class DataSource(Protocol):
         """Beside a checkpoint just written: whatever the source keeps across runs."""
 
 
+def in_fill_order(buffers, slots: list, deterministic: bool) -> list:
+    """`slots` as they came, or under --deterministic in the order of the splits that filled them (their arrival
+    follows the clock; a batch's order is that of its floating-point sums, a replay buffer's of its inserts)."""
+    return sorted(slots, key=lambda slot: int(buffers.slot_filler[slot])) if deterministic else slots
+
+
 class TrajectorySource:
     def __init__(self, learner):
         """`learner`: the Learner this source feeds (its context, slot pool, stage timer, policies and
@@ -77,7 +83,7 @@ class TrajectorySource:
             return False
         if len(self.pending) < self.cfg.slots_per_batch:
             return False
-        slots, self.pending = self.pending, []
+        slots, self.pending = in_fill_order(self.buffers, self.pending, self.cfg.run.deterministic), []
         self.hold(slots)
         return True
 

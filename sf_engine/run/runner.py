@@ -34,7 +34,7 @@ from sf_engine.runtime.ipc import drain_into, make_lifeline
 from sf_engine.runtime.role import RunStopped
 from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
-from sf_engine.runtime.slot_pool import SlotPool
+from sf_engine.runtime.slot_pool import SlotPool, env_step_stop
 from sf_engine.runtime.wiring import make_queues
 from sf_engine.stats.report import Reporter
 from sf_engine.stats.run_stats import RunStats
@@ -78,7 +78,7 @@ def env_step_budget_reached(budget: int) -> str:
 def _stop_reason(cfg, stats: RunStats, start_time: float):
     """Why the run stops now (a budget that applies is reached, or the return target), or None."""
     steps, seconds = cfg.run.train_for_env_steps, cfg.run.train_for_seconds
-    if steps is not None and stats.env_steps >= steps:
+    if steps is not None and stats.env_steps >= env_step_stop(cfg, stats.env_steps_base):
         return env_step_budget_reached(steps)
     if seconds is not None and time.monotonic() - start_time >= seconds:
         return f"time budget reached ({seconds:g} s; --train_for_seconds raises it)"
@@ -133,7 +133,12 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
                 cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
             )
             SlotPool(buffers, queues).fill()
-            stats = RunStats(plan.env_steps_base, buffers.env_steps, on_gpu=cfg.run.device.startswith("cuda"))
+            stats = RunStats(
+                plan.env_steps_base,
+                buffers.env_steps,
+                on_gpu=cfg.run.device.startswith("cuda"),
+                ordered_workers=cfg.sampler.num_workers if cfg.run.deterministic else 0,
+            )
             reporter = Reporter(
                 stats,
                 cfg,

@@ -122,6 +122,19 @@ def set_torch_threads(role: str, cfg) -> None:
         keep_freed_memory()
 
 
+def make_reproducible(role: str, cfg) -> None:
+    """--deterministic, in the process that runs `role` (one with torch; serial mode: sf_engine.run.serial): torch's
+    deterministic algorithms (cuBLAS needs its fixed workspace for that, set before use), and torch's generator
+    seeded from --seed and the role (the policy worker's samples actions; the learner seeds its own again)."""
+    if not cfg.run.deterministic or ROLES[role].torch_threads is None:
+        return
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed((cfg.env.seed * 1_000_003 + heartbeat_index(role) + 1) % 2**63)  # any integer --seed
+
+
 def pin_to_cores(role: str, cfg) -> None:
     """--cpu_affinity learner: the learner runs on the last --learner_threads of the usable cores, every
     other process on the rest, so that the sampler's processes never preempt the learner (and never
@@ -153,6 +166,7 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     _init_child(role, index, plan.paths.log_path)
     register_user_code(plan)
     set_torch_threads(role, plan.cfg)
+    make_reproducible(role, plan.cfg)
     pin_to_cores(role, plan.cfg)
     buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
     ctx = RoleContext(plan, role, index, buffers, queues, generation)

@@ -20,10 +20,12 @@ num_workers + i: the env steps sampler node i reported, written by the receiver)
 param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py),
 stop [1] int64, heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
 wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver,
-NO_OWNER when none; see slot_pool), slot_rows [S] int64 (env-step rows written into a slot and not trained
-yet), params_wanted [P, readers] int64 (set by the supervisor when a restarted reader needs a policy's
-shared weights again), weights_generation [P] int64 (bumped each time a learner makes a policy's shared
-vector, or by the supervisor when the learner died: a reader holding an older one takes the new one),
+NO_OWNER when none; see slot_pool), slot_filler [S] int64 (worker x splits + split: the split that filled a slot
+last, written as it hands the slot over; --deterministic orders a round's slots by it), slot_rows [S] int64
+(env-step rows written into a slot and not trained yet), params_wanted [P, readers] int64 (set by the supervisor
+when a restarted reader needs a policy's shared weights again), weights_generation [P] int64 (bumped each time a
+learner makes a policy's shared vector, or by the supervisor when the learner died: a reader holding an older one
+takes the new one),
 published_copy [P] int64 (the version + 1 whose weights the file below holds, 0: none), run_started [1]
 float64 (time.monotonic() when this run started: the same clock in every process).
 Beside the file, `<file>.weights` (created empty with it, sized by the learner, which knows the model):
@@ -97,6 +99,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "stop": ((1,), "int64"),
         "heartbeat": ((HEARTBEAT_ROLES + workers,), "float64"),
         "slot_owner": ((slots,), "int64"),
+        "slot_filler": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
         "params_wanted": ((policies, len(WEIGHT_READERS)), "int64"),
         "weights_generation": ((policies,), "int64"),

@@ -77,3 +77,27 @@ class SlotPool:
     def owned_by(self, owners) -> list:
         """The slots held by any of `owners` (rollout worker indices, WRITING or LEARNING)."""
         return np.flatnonzero(np.isin(self.buffers.slot_owner, owners)).tolist()
+
+
+def deterministic_rounds(cfg, env_steps_base: int) -> int | None:
+    """--deterministic in --mode sync with an env-step budget: the rounds of a run (a round: every split fills
+    one slot, config.checks makes a training batch one round), each split stopping after its last, so that the run
+    ends at the same env step every time; None otherwise (no split stops by itself)."""
+    budget = cfg.run.train_for_env_steps
+    if not (cfg.run.deterministic and cfg.run.mode == "sync") or budget is None:
+        return None
+    return max(0, -(-(budget - env_steps_base) // round_env_steps(cfg)))
+
+
+def round_env_steps(cfg) -> int:
+    """Env steps of one round of every split (one slot each)."""
+    return cfg.sampler.total_splits * cfg.samples_per_slot
+
+
+def env_step_stop(cfg, env_steps_base: int) -> int | None:
+    """The env steps the run stops at: --train_for_env_steps, or under --deterministic in --mode sync the end of
+    the round that reaches it (deterministic_rounds); None without an env-step budget."""
+    rounds = deterministic_rounds(cfg, env_steps_base)
+    if rounds is None:
+        return cfg.run.train_for_env_steps
+    return env_steps_base + rounds * round_env_steps(cfg)

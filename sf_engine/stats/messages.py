@@ -30,6 +30,11 @@ class Episodes:
     extra: dict = field(default_factory=dict)
     policies: list = field(default_factory=list)  # --num_policies > 1: the policy of each of `returns`
     seats: list = field(default_factory=list)  # multi-agent envs: the seat (agent index) of each of `returns`
+    # --deterministic: each of `returns`' (step of its split, worker, env) and the worker's index; every episode of
+    # it that ended before its step `through` is reported (RunStats takes them in that order, not as they arrive)
+    order: list = field(default_factory=list)
+    worker: int = -1
+    through: int = 0
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sf_engine.stats import messages as msg
 from sf_engine.stats.bottleneck import diagnose, subtract
+from sf_engine.stats.episode_order import EpisodeOrder
 from sf_engine.stats.rates import RateWindow
 from sf_engine.stats.replay_figures import ReplayFigures
 
@@ -109,8 +110,11 @@ class PolicyBooks:
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
-    def __init__(self, env_steps_base: int, env_step_counters, on_gpu: bool = False):
+    def __init__(self, env_steps_base: int, env_step_counters, on_gpu: bool = False, ordered_workers: int = 0):
+        """`ordered_workers`: --deterministic, the rollout workers whose episodes are taken in the order they ended
+        (EpisodeOrder), every one of them, even after the stop (the run's processes stop at the same step)."""
         self.env_steps_base, self.counters = env_steps_base, env_step_counters
+        self.order = EpisodeOrder(ordered_workers) if ordered_workers else None
         self.start_time = time.monotonic()
         self.throughput = Throughput(env_steps_base)
         self.returns, self.lengths = deque(maxlen=100), deque(maxlen=100)
@@ -212,17 +216,31 @@ class RunStats:
             self._handlers[type(message)](message)
 
     def _episodes(self, m: msg.Episodes) -> None:
-        if not self.stopped:
-            self.episodes += m.count
-            self.returns.extend(m.returns)
-            self.lengths.extend(m.lengths)
-            for name, values in m.extra.items():
-                self.extra.setdefault(name, deque(maxlen=100)).extend(values)
-            for policy, value in zip(m.policies, m.returns[-len(m.policies) :] if m.policies else []):
-                self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
-            for seat, value in zip(m.seats, m.returns[-len(m.seats) :] if m.seats else []):
-                self.seat_returns.setdefault(seat, deque(maxlen=100)).append(value)
-            self.stages[m.stages.role] = m.stages
+        if self.stopped and self.order is None:
+            return
+        self.episodes += m.count
+        for name, values in m.extra.items():
+            self.extra.setdefault(name, deque(maxlen=100)).extend(values)
+        self.stages[m.stages.role] = m.stages
+        if self.order is not None and m.worker >= 0:
+            for episode in self.order.add(m):
+                self._episode(*episode)
+            return
+        self.returns.extend(m.returns)
+        self.lengths.extend(m.lengths)
+        for policy, value in zip(m.policies, m.returns[-len(m.policies) :] if m.policies else []):
+            self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
+        for seat, value in zip(m.seats, m.returns[-len(m.seats) :] if m.seats else []):
+            self.seat_returns.setdefault(seat, deque(maxlen=100)).append(value)
+
+    def _episode(self, value: float, length: int, policy=None, seat=None) -> None:
+        """One episode's return and length (--deterministic: in the order of EpisodeOrder)."""
+        self.returns.append(value)
+        self.lengths.append(length)
+        if policy is not None:
+            self.policy_returns.setdefault(policy, deque(maxlen=100)).append(value)
+        if seat is not None:
+            self.seat_returns.setdefault(seat, deque(maxlen=100)).append(value)
 
     def _training(self, m: msg.Training) -> None:
         self.training = m
@@ -350,8 +368,11 @@ class RunStats:
         self.throughput.stopped_at = self.throughput.latest()
 
     def finish(self) -> None:
-        """After the stop: a run shorter than one bottleneck window is judged whole."""
+        """After the stop: a run shorter than one bottleneck window is judged whole; --deterministic: the episodes
+        still held for their order are counted."""
         self.sample()
+        for episode in self.order.flush() if self.order is not None else ():
+            self._episode(*episode)
         if self.diagnosis is None and self.stages:
             self.diagnosis = diagnose(
                 self.stage_sec, time.monotonic() - self.start_time, self.replay.ratio_target, self.on_gpu
