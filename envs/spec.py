@@ -132,6 +132,18 @@ def observation_space(obs: tuple):
     return spaces.Dict(boxes) if [key for key, _, _ in obs] != ["obs"] else boxes["obs"]
 
 
+def action_space(action: ActionSpec):
+    """The Gymnasium space of `action` (Discrete with its start, MultiDiscrete, or a Box of float32): what a user's
+    whole network (sf_engine.model.user_model) is given, in any process."""
+    from gymnasium import spaces
+
+    if action.kind == "discrete":
+        return spaces.Discrete(action.nvec[0], start=action.start[0] if action.start else 0)
+    if action.kind == "multi_discrete":
+        return spaces.MultiDiscrete(list(action.nvec), start=list(action.start) if action.start else None)
+    return spaces.Box(np.asarray(action.low, np.float32), np.asarray(action.high, np.float32), dtype=np.float32)
+
+
 def action_spec(env_id: str, space) -> ActionSpec:
     from gymnasium import spaces
 

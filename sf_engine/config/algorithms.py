@@ -40,6 +40,7 @@ class AlgorithmSpec:
     normalize_returns: bool = False  # --normalize_returns
     vtrace: bool = False  # --with_vtrace
     value_rescale: bool = False  # --value_rescale
+    user_model: bool = False  # --model: a whole network of the user (its acting_network builds it)
     random_before_learning: bool = False  # acts uniformly at random until learning starts (--random_before_learning)
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
     pbt: tuple = ()  # the hyperparameters PBT explores (sf_engine.algo.pbt.RANGES)
@@ -140,6 +141,7 @@ _OWN_FLAGS = {
     "normalize_input": ("model", lambda spec: spec.normalize_input),
     "normalize_returns": ("model", lambda spec: spec.normalize_returns),
     "value_rescale": ("q", lambda spec: spec.value_rescale),
+    "model": ("model", lambda spec: spec.user_model),
 }
 
 

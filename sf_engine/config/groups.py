@@ -115,6 +115,12 @@ class ModelConfig:
     rnn_size: int | str = _f(
         "auto", "Units of the recurrent core; 'auto': 256 with image observations, 64 otherwise.", type=int_or_auto
     )
+    model: Optional[str] = _f(
+        None,
+        "Your whole network in place of the encoder and heads (PPO): MODULE:CLASS, found like --env MODULE:Class; "
+        "Class(observation_space, action_space) -> torch.nn.Module, forward(obs) -> (distribution parameters "
+        "[B, P], values [B]); feed-forward (docs/api.md, your own network).",
+    )
 
 
 @dataclass(frozen=True)

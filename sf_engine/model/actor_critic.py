@@ -1,4 +1,6 @@
-"""The actor-critic: its encoders (sf_engine.model.features), recurrent cores, heads and action distribution.
+"""The actor-critic: its encoders (sf_engine.model.features), recurrent cores, heads and action distribution; and
+PolicyValueModel, what every acting site and PPO's learner call on it, which a user's whole network
+(sf_engine.model.user_model) implements too.
 
 Runs in the policy worker (inference), the learner (training), the evaluator, enjoy.py and export (greedy).
 Observations arrive as a dict key -> [B, *shape] in their stored dtype (uint8 images are converted and scaled
@@ -17,11 +19,99 @@ from sf_engine.model.distributions import ActionDistribution
 from sf_engine.model.features import Encoder, RunningMeanStd
 from sf_engine.model.kernels import mlp
 from sf_engine.model.recurrent import RecurrentCore
+from sf_engine.model.user_model import user_model
 
 MASKED_LOGIT = -1e9  # an illegal action's logit: probability 0 in float32, its log-probability still finite
 
 
-class ActorCritic(nn.Module):
+class PolicyValueModel(nn.Module):
+    """What the policy worker, the learner, the evaluator, enjoy.py, load_policy and export call on a network of
+    distribution parameters [B, P] and normalized values [B]: a subclass sets `distribution` (ActionDistribution),
+    `masked` (whether obs holds the action mask), `log_std` (a Gaussian's learned log-std, else None),
+    `return_normalizer` (RunningMeanStd, or None) and `input_encoder` (the Encoder that prepares and normalizes the
+    observations), and implements forward(obs) -> (params, values). Feed-forward here; ActorCritic adds its cores
+    and fast paths."""
+
+    recurrent = False
+    state_size = 0
+
+    def initial_state(self, batch: int, device="cpu"):
+        """The state of `batch` envs at an episode's start: zeros [batch, state_size], None without a core."""
+        return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
+
+    def refresh_bf16_acting(self) -> None:
+        """--bf16 acting: nothing to prepare (ActorCritic's bfloat16 copies)."""
+
+    def greedy(self, obs: dict):
+        """(the most likely action [B] or [B, K] (a Gaussian's mean [B, A], unclipped), its denormalized value [B]):
+        export's function."""
+        params, values = self(obs)
+        return self.distribution.mode(params), self.denormalize_values(values)
+
+    def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
+        """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask
+        (obs[ACTION_MASK_KEY], 0 = illegal): they are never sampled, and the log-probs and entropies
+        cover the legal actions only. A (sub-)action with no legal value at all is left unmasked: a
+        categorical of only -1e9 logits has no meaning, and float32 cannot normalize it."""
+        if not self.masked:
+            return params
+        illegal = obs[ACTION_MASK_KEY].reshape(params.shape) == 0
+        none_legal = torch.cat(
+            [part.all(-1, keepdim=True).expand_as(part) for part in illegal.split(self.distribution.nvec, dim=-1)],
+            dim=-1,
+        )
+        return params.masked_fill(illegal & ~none_legal, MASKED_LOGIT)
+
+    def direct_gradients(self, obs: dict) -> bool:
+        """Whether loss_gradients (a training step without autograd) runs for `obs`: ActorCritic's CPU kernels."""
+        return False
+
+    def take_auxiliary_loss(self):
+        """The auxiliary loss of the last forward with gradients (a user's network's third output), once; None
+        without one. The learner adds it to the minibatch's loss."""
+        return None
+
+    def values(self, obs: dict) -> torch.Tensor:
+        """Normalized values [B] (feed-forward models)."""
+        return self(obs)[1]
+
+    def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return values if rn is None else values * torch.sqrt(rn.var + 1e-8) + rn.mean
+
+    def normalize_returns(self, returns: torch.Tensor) -> torch.Tensor:
+        rn = self.return_normalizer
+        return returns if rn is None else (returns - rn.mean) / torch.sqrt(rn.var + 1e-8)
+
+    def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
+        """Learner only: merge a batch's observation and return statistics (valid samples only)."""
+        encoder = self.input_encoder
+        for key, normalizer in encoder.normalizers.items():
+            if key in encoder.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
+                normalizer.update(obs[key][::4].float().div_(255.0))
+            else:
+                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+        if self.return_normalizer is not None:
+            self.return_normalizer.update(returns)
+
+    def outputs(self, obs: dict, state=None):
+        """(params, normalized values, new state): forward's outputs with or without a core (the new
+        state is None without one)."""
+        return self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
+
+    def sample(self, obs: dict, state=None, forward=None):
+        """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
+        a core; `state` [B, state_size] already zeroed where an episode starts). `forward`: what runs
+        `outputs` (--compile's graphed.BucketedForward), None: outputs itself."""
+        params, values, new_state = (forward or self.outputs)(obs, state)
+        actions, log_probs = self.distribution.sample(params, self.log_std)
+        return actions, log_probs, self.denormalize_values(values), new_state
+
+    def log_prob_entropy(self, params, actions):
+        return self.distribution.log_prob_entropy(params, actions, self.log_std)
+
+
+class ActorCritic(PolicyValueModel):
     """Policy and value function; `actor_critic` 'shared' (one encoder) or 'separate' (two); with
     --rnn a recurrent core after each encoder, whose state [B, state_size] the caller carries."""
 
@@ -71,9 +161,9 @@ class ActorCritic(nn.Module):
     def recurrent(self) -> bool:
         return self.actor_core is not None
 
-    def initial_state(self, batch: int, device="cpu"):
-        """The state of `batch` envs at an episode's start: zeros [batch, state_size], None without a core."""
-        return torch.zeros(batch, self.state_size, device=device) if self.recurrent else None
+    @property
+    def input_encoder(self):
+        return self.actor_encoder
 
     def refresh_bf16_acting(self) -> None:
         """--bf16 acting (the policy worker, after each weight reload): bfloat16 copies of the image
@@ -159,20 +249,6 @@ class ActorCritic(nn.Module):
         value = self.denormalize_values(self.value_head(critic_out).squeeze(-1))
         return (action, value) if new_state is None else (action, value, new_state)
 
-    def legal(self, params: torch.Tensor, obs: dict) -> torch.Tensor:
-        """`params` with the logits of illegal actions at MASKED_LOGIT where the env gives an action mask
-        (obs[ACTION_MASK_KEY], 0 = illegal): they are never sampled, and the log-probs and entropies
-        cover the legal actions only. A (sub-)action with no legal value at all is left unmasked: a
-        categorical of only -1e9 logits has no meaning, and float32 cannot normalize it."""
-        if not self.masked:
-            return params
-        illegal = obs[ACTION_MASK_KEY].reshape(params.shape) == 0
-        none_legal = torch.cat(
-            [part.all(-1, keepdim=True).expand_as(part) for part in illegal.split(self.distribution.nvec, dim=-1)],
-            dim=-1,
-        )
-        return params.masked_fill(illegal & ~none_legal, MASKED_LOGIT)
-
     def forward_sequence(self, obs: dict, state: torch.Tensor, episode_start: torch.Tensor):
         """The core re-run over sequences, as the policy worker ran it step by step. obs: key ->
         [R * B, ...] time-major; state [B, state_size] before the first step; episode_start [R, B] (the
@@ -223,42 +299,55 @@ class ActorCritic(nn.Module):
         encoder = self.critic_encoder or self.actor_encoder
         return self.value_head(encoder(obs)).squeeze(-1)
 
-    def denormalize_values(self, values: torch.Tensor) -> torch.Tensor:
-        rn = self.return_normalizer
-        return values if rn is None else values * torch.sqrt(rn.var + 1e-8) + rn.mean
-
-    def normalize_returns(self, returns: torch.Tensor) -> torch.Tensor:
-        rn = self.return_normalizer
-        return returns if rn is None else (returns - rn.mean) / torch.sqrt(rn.var + 1e-8)
-
     def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
-        """Learner only: merge a batch's observation and return statistics (valid samples only)."""
-        for key, normalizer in self.actor_encoder.normalizers.items():
-            if key in self.actor_encoder.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
-                normalizer.update(obs[key][::4].float().div_(255.0))
-            else:
-                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+        """Learner only: the actor encoder's and the returns' statistics merged; a critic encoder takes a copy."""
+        super().update_normalizers(obs, returns)
         if self.critic_encoder is not None:
             for key, normalizer in self.critic_encoder.normalizers.items():
                 normalizer.load_state_dict(self.actor_encoder.normalizers[key].state_dict())
-        if self.return_normalizer is not None:
-            self.return_normalizer.update(returns)
 
-    def outputs(self, obs: dict, state=None):
-        """(params, normalized values, new state): forward's outputs with or without a core (the new
-        state is None without one)."""
-        return self.forward(obs, state) if self.recurrent else (*self.forward(obs), None)
 
-    def sample(self, obs: dict, state=None, forward=None):
-        """Acting: actions, log-probs [B], (denormalized) values [B] and the new state (None without
-        a core; `state` [B, state_size] already zeroed where an episode starts). `forward`: what runs
-        `outputs` (--compile's graphed.BucketedForward), None: outputs itself."""
-        params, values, new_state = (forward or self.outputs)(obs, state)
-        actions, log_probs = self.distribution.sample(params, self.log_std)
-        return actions, log_probs, self.denormalize_values(values), new_state
+class UserActorCritic(PolicyValueModel):
+    """PPO's network around a user's whole network (--model, sf_engine.model.user_model): the module takes what a
+    user's encoder takes (Encoder.user_inputs: float32, uint8 scaled, normalized with --normalize_input) and
+    returns (params [B, P], values [B]); the action mask, the distribution and --normalize_returns stay the
+    engine's. Under --bf16 the module runs under bfloat16 autocast, its outputs back in float32."""
 
-    def log_prob_entropy(self, params, actions):
-        return self.distribution.log_prob_entropy(params, actions, self.log_std)
+    def __init__(self, spec, mcfg, bf16: bool = False):
+        """`mcfg`: a resolved ModelConfig naming the network (mcfg.model)."""
+        super().__init__()
+        self.bf16 = bf16
+        self.distribution = ActionDistribution(spec.action)
+        self.masked = spec.action_mask
+        self.inputs = Encoder(spec, mcfg, networks=False)
+        self.network = user_model(mcfg.model, spec)
+        self.log_std = (
+            nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
+        )
+        self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
+        self.auxiliary_loss = None  # the third output of the last forward with gradients
+
+    @property
+    def input_encoder(self):
+        return self.inputs
+
+    def take_auxiliary_loss(self):
+        loss, self.auxiliary_loss = self.auxiliary_loss, None
+        return loss
+
+    def forward(self, obs: dict):
+        """Distribution parameters [B, P] (illegal actions masked) and normalized values [B]; a third output of
+        the module, its auxiliary loss, is kept for the learner when gradients are on (take_auxiliary_loss)."""
+        inputs = self.inputs.user_inputs(obs)
+        if self.bf16:
+            with torch.autocast(next(iter(obs.values())).device.type, dtype=torch.bfloat16):
+                outputs = self.network(inputs)
+        else:
+            outputs = self.network(inputs)
+        params, values = outputs[0], outputs[1]
+        if len(outputs) == 3 and torch.is_grad_enabled():
+            self.auxiliary_loss = outputs[2].float()
+        return self.legal(params.float(), obs), values.float()
 
 
 def obs_tensors(obs: dict, device="cpu") -> dict:

@@ -160,6 +160,19 @@ def sample_inputs(spec, rows: int = SAMPLE_ROWS):
     return inputs if spec.is_dict else inputs["obs"]
 
 
+def described(sample) -> str:
+    """'obs [2, 4]', or 'image [2, 3, 8, 8], vector [2, 2]': the shapes of sample_inputs' `sample`, for an error."""
+    entries = sample.items() if isinstance(sample, dict) else [("obs", sample)]
+    return ", ".join(f"{key} {list(x.shape)}" for key, x in entries)
+
+
+def libraries() -> tuple:
+    """The folders of torch and sf_engine: not the user's code, which an error names the line of."""
+    import torch
+
+    return os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))
+
+
 def user_network(name: str, spec) -> tuple:
     """(the module of the user's encoder `--encoder name` for the env of `spec`, its features F): the factory
     called on the observation space (sf_engine.envs.spec.observation_space), then the module run once, in eval
@@ -167,25 +180,23 @@ def user_network(name: str, spec) -> tuple:
     line where it does not."""
     import torch
 
-    libraries = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))  # not the user's code
     factory = encoder_factory(name)
     called = f"--encoder {name}: {getattr(factory, '__name__', type(factory).__name__)}(observation_space)"
     try:
         network = factory(observation_space(spec.obs))
     except Exception as exc:
-        raise ConfigError(f"{called} raised {describe_exception(exc, libraries)}") from None
+        raise ConfigError(f"{called} raised {describe_exception(exc, libraries())}") from None
     if not isinstance(network, torch.nn.Module):
         raise ConfigError(f"{called} returned a {type(network).__name__}, not a torch.nn.Module")
     sample, training = sample_inputs(spec), network.training
-    entries = sample.items() if isinstance(sample, dict) else [("obs", sample)]
-    shapes = ", ".join(f"{key} {list(x.shape)}" for key, x in entries)
+    shapes = described(sample)
     try:
         with torch.no_grad():
             features = network.eval()(sample)
     except Exception as exc:
         raise ConfigError(
             f"--encoder {name}: its module failed on a sample batch of float32 observations ({shapes}): "
-            f"{describe_exception(exc, libraries)}"
+            f"{describe_exception(exc, libraries())}"
         ) from None
     finally:
         network.train(training)

@@ -93,11 +93,12 @@ class Encoder(nn.Module):
     image entry (or an MLP, under --encoder mlp), concatenated. A user's: its module over all entries, which
     receives what `user_inputs` says."""
 
-    def __init__(self, spec, mcfg, layer_norm: bool = False):
+    def __init__(self, spec, mcfg, layer_norm: bool = False, networks: bool = True):
         """`mcfg`: a resolved ModelConfig; `layer_norm`: a built-in encoder's LayerNorm after each hidden layer
-        (each convolution and linear layer: PQN's)."""
+        (each convolution and linear layer: PQN's). Without `networks`, the inputs of a user's whole network
+        (--model, sf_engine.model.user_model): `user_inputs` and the normalizers, no network of its own."""
         super().__init__()
-        factory = encoder_factory(mcfg.encoder)
+        factory = encoder_factory(mcfg.encoder) if networks else None
         builtin = factory if isinstance(factory, BuiltinEncoder) else None
         self.keys, self.image_keys, self.hwc_keys, self.shapes = [], set(), set(), {}
         self.nets = nn.ModuleDict()  # a built-in encoder's, per entry
@@ -123,11 +124,11 @@ class Encoder(nn.Module):
                 if mcfg.normalize_input and dtype != "uint8":
                     self.normalizers[key] = RunningMeanStd((size,))
         self.is_dict = spec.is_dict  # a user's module takes a dict, or the tensor of a plain Box observation
-        self.user = None
-        if builtin is None:
-            self.user, self.out_size = user_network(mcfg.encoder, spec)
-        else:
+        self.user, self.out_size = None, 0
+        if builtin is not None:
             self.out_size = sum(net.out_size for net in self.nets.values())
+        elif networks:
+            self.user, self.out_size = user_network(mcfg.encoder, spec)
 
     @property
     def bf16_copies(self) -> bool:

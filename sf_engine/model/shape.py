@@ -16,8 +16,9 @@ def resolve_model_config(mcfg, spec):
     """The model's shape decisions, made once by the main process for the run plan: --encoder auto is
     the Nature CNN for image observations ('mlp' without images); --actor_critic auto is 'separate'
     for feed-forward models of vector observations, 'shared' otherwise; --rnn_size auto is 256 where an
-    encoder sees images whole (a CNN, a user's module), 64 otherwise. Returns a ModelConfig without 'auto'."""
-    encoder = mcfg.encoder if mcfg.encoder != "auto" else ("nature_cnn" if spec.has_image else "mlp")
+    encoder sees images whole (a CNN, a user's module), 64 otherwise. Returns a ModelConfig without 'auto' (but
+    for --encoder auto beside --model: a user's whole network has no encoder)."""
+    encoder = mcfg.encoder if mcfg.encoder != "auto" or mcfg.model else ("nature_cnn" if spec.has_image else "mlp")
     actor_critic = mcfg.actor_critic
     if actor_critic == "auto":
         actor_critic = "separate" if mcfg.rnn == "none" and not spec.has_image else "shared"

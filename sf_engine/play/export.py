@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from sf_engine.play.enjoy import experiment_parser
-from sf_engine.play.loading import EnjoyError, load_policy, resolve_checkpoint
+from sf_engine.play.loading import EnjoyError, first_line, load_policy, resolve_checkpoint
 
 FORMATS = ("onnx", "torchscript", "both")
 OPSET = 18
@@ -112,6 +113,20 @@ def export_torchscript(policy: GreedyPolicy, path: str) -> None:
     torch.jit.trace(policy, example_inputs(policy.model, policy.spec), check_trace=False).save(path)
 
 
+def _exported(name: str, other: str, write) -> None:
+    """`write()` the file of format `name`, or an EnjoyError of one line where the exporter cannot trace the model
+    (a user's whole network, --model, may hold what it does not know)."""
+    try:
+        write()
+    except Exception as exc:
+        while exc.__cause__ is not None:  # the exporter's own error wraps the one that names the operator
+            exc = exc.__cause__
+        why = re.sub(r"\x1b\[[0-9;]*m", "", first_line(exc))  # without the exporter's terminal colours
+        raise EnjoyError(
+            f"the {name} export failed ({exc.__class__.__name__}: {why}): --format {other} writes the other file alone"
+        ) from None
+
+
 def export(model, spec, out_dir: str, formats: str = "both") -> list:
     """Write the greedy policy of `model` (an acting model on the CPU) to `out_dir`; returns the paths."""
     policy = GreedyPolicy(model.cpu().eval(), spec).eval()
@@ -123,10 +138,10 @@ def export(model, spec, out_dir: str, formats: str = "both") -> list:
         warnings.simplefilter("ignore")  # torch's notes on its own deprecations
         if formats in ("onnx", "both"):
             written.append(os.path.join(out_dir, "policy.onnx"))
-            export_onnx(policy, info, written[-1])
+            _exported("ONNX", "torchscript", lambda: export_onnx(policy, info, written[-1]))
         if formats in ("torchscript", "both"):
             written.append(os.path.join(out_dir, "policy.torchscript.pt"))
-            export_torchscript(policy, written[-1])
+            _exported("TorchScript", "onnx", lambda: export_torchscript(policy, written[-1]))
     written.append(os.path.join(out_dir, "policy.json"))
     with open(written[-1], "w") as f:
         json.dump(info, f, indent=2)

@@ -30,6 +30,7 @@ from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_e
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
 from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
+from sf_engine.model.user_model import BUILT_IN_NETWORK_FLAGS, check_model
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
 from sf_engine.runtime.checkpoint import (
@@ -59,9 +60,10 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     saved = saved_config(given) if saved is None else saved
     cfg, spec = _configured(given, saved)
     _check_before_resolving(cfg, spec)
-    encoder_notes = check_encoder(cfg, spec)  # a user's module built once, before auto sizing builds the model
+    # a user's module built once, before auto sizing builds the model
+    user_notes = check_model(cfg, spec) + check_encoder(cfg, spec)
     cfg, notes = _resolve(cfg, spec)
-    notes = encoder_notes + notes
+    notes = user_notes + notes
     check_resolved(cfg)
     if cfg.sampler.envs_per_split % spec.num_agents:
         raise ConfigError(
@@ -88,7 +90,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     layout = buffer_layout(cfg, spec, state_size(cfg.model))
     _check_resources(cfg, layout, paths.experiment_dir)
     resume_from, skipped, changes = _resume_point(cfg, spec, paths)
-    _check_user_encoder_fits(cfg, spec, resume_from)
+    _check_user_network_fits(cfg, spec, resume_from)
     notes += [f"warning: {reason}: using the checkpoint before it" for _, reason in skipped]
     if changes:  # resuming with other flags than the run before: the user sees which, old -> new
         notes.append(
@@ -116,6 +118,8 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     first = make_config(given, saved=saved)
     spec = probe_env_spec(first.env.env, first.env.env_backend)
     defaults = flag_defaults(first.env.env, spec) | first.algorithm.family_defaults(spec.family)
+    if first.model.model:  # a user's whole network: the built-in networks' encoder and core are not its defaults
+        defaults = {name: value for name, value in defaults.items() if name not in BUILT_IN_NETWORK_FLAGS}
     return make_config(given, defaults, saved), spec
 
 
@@ -254,12 +258,13 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
     return resume_from, skipped, changes
 
 
-def _check_user_encoder_fits(cfg: Config, spec: EnvSpec, resume_from: str | None) -> None:
-    """A user's encoder builds what its file says now: where that was edited since the checkpoint to resume was
-    written, its weights no longer fit the model (a built-in encoder's do whenever the model flags are the
-    same). One ConfigError line naming the first weight that differs."""
-    if resume_from is None or is_builtin(cfg.model.encoder):
+def _check_user_network_fits(cfg: Config, spec: EnvSpec, resume_from: str | None) -> None:
+    """A user's encoder or whole network (--model) builds what its file says now: where that was edited since the
+    checkpoint to resume was written, its weights no longer fit the model (a built-in encoder's do whenever the
+    model flags are the same). One ConfigError line naming the first weight that differs."""
+    if resume_from is None or (is_builtin(cfg.model.encoder) and not cfg.model.model):
         return
+    flag = f"--model {cfg.model.model}" if cfg.model.model else f"--encoder {cfg.model.encoder}"
     from sf_engine.algo.acting import build_policy
     from sf_engine.runtime.checkpoint import load_checkpoint, policy_states
 
@@ -269,7 +274,7 @@ def _check_user_encoder_fits(cfg: Config, spec: EnvSpec, resume_from: str | None
         then, now = (list(d[name].shape) if name in d else "absent" for d in (saved, expected))
         if then != now:
             raise ConfigError(
-                f"--encoder {cfg.model.encoder}: its module is not the one of the checkpoint to resume, "
+                f"{flag}: its module is not the one of the checkpoint to resume, "
                 f"{os.path.basename(resume_from)} ({name} is {then} in it, {now} now): restore the module, pass "
                 f"--restart to start over or choose another --experiment"
             )

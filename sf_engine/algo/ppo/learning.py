@@ -30,7 +30,7 @@ from sf_engine.algo.ppo.loss import (
     sequence_index,
 )
 from sf_engine.algo.targets import gae, vtrace
-from sf_engine.model.actor_critic import ActorCritic
+from sf_engine.model.actor_critic import ActorCritic, PolicyValueModel, UserActorCritic
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 
 LOSS_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
@@ -93,14 +93,15 @@ class PPO:
     EnvSpec, the learner's torch device and the hooks of the process that hosts it."""
 
     @staticmethod
-    def acting_network(spec, cfg, bf16: bool = False) -> ActorCritic:
-        """The network PPO publishes, as every acting site builds it."""
-        return ActorCritic(spec, cfg.model, bf16)
+    def acting_network(spec, cfg, bf16: bool = False) -> PolicyValueModel:
+        """The network PPO publishes, as every acting site builds it: the actor-critic, or a user's whole network
+        (--model: the spec's user_model)."""
+        return (UserActorCritic if cfg.model.model else ActorCritic)(spec, cfg.model, bf16)
 
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.device, self.hooks = cfg, cfg.learner, device, hooks
-        self.model = ActorCritic(spec, cfg.model, cfg.run.bf16).to(device)
-        encoder = self.model.actor_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
+        self.model = self.acting_network(spec, cfg, cfg.run.bf16).to(device)
+        encoder = self.model.input_encoder  # [C, H, W] images: kept as [H, W, C] rows for the minibatches,
         self.chw_images = encoder.image_keys - encoder.hwc_keys  # reordered once per batch, not per minibatch
         self.params = flatten_state(self.model)
         # --compile: the feed-forward minibatches' forward through torch.compile (the same parameters; a
@@ -327,6 +328,9 @@ class PPO:
             if batch.values.numel() < 2:
                 return None
             loss, stats = self._loss(batch)
+            auxiliary = self.model.take_auxiliary_loss()  # a user's network's own loss term (--model)
+            if auxiliary is not None:
+                loss = loss + auxiliary
             self.optimizer.zero_grad()
             loss.backward()
             return stats

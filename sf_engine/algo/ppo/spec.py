@@ -11,5 +11,6 @@ SPEC = AlgorithmSpec(
     data=SLOTS,
     normalize_returns=True,
     vtrace=True,
+    user_model=True,
     pbt=("learning_rate", "entropy_coeff", "gamma", "ppo_clip_ratio"),
 )
