@@ -66,10 +66,10 @@ class PolicyValueModel(nn.Module):
         """Whether loss_gradients (a training step without autograd) runs for `obs`: ActorCritic's CPU kernels."""
         return False
 
-    def take_auxiliary_loss(self):
-        """The auxiliary loss of the last forward with gradients (a user's network's third output), once; None
-        without one. The learner adds it to the minibatch's loss."""
-        return None
+    def plus_auxiliary_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The learner's minibatch `loss` plus the auxiliary loss of the last forward with gradients (a user's
+        network's third output), taken once; `loss` itself without one."""
+        return loss
 
     def values(self, obs: dict) -> torch.Tensor:
         """Normalized values [B] (feed-forward models)."""
@@ -331,13 +331,13 @@ class UserActorCritic(PolicyValueModel):
     def input_encoder(self):
         return self.inputs
 
-    def take_auxiliary_loss(self):
-        loss, self.auxiliary_loss = self.auxiliary_loss, None
-        return loss
+    def plus_auxiliary_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        auxiliary, self.auxiliary_loss = self.auxiliary_loss, None
+        return loss if auxiliary is None else loss + auxiliary
 
     def forward(self, obs: dict):
         """Distribution parameters [B, P] (illegal actions masked) and normalized values [B]; a third output of
-        the module, its auxiliary loss, is kept for the learner when gradients are on (take_auxiliary_loss)."""
+        the module, its auxiliary loss, is kept for the learner when gradients are on (plus_auxiliary_loss)."""
         inputs = self.inputs.user_inputs(obs)
         if self.bf16:
             with torch.autocast(next(iter(obs.values())).device.type, dtype=torch.bfloat16):

@@ -94,8 +94,7 @@ class PPO:
 
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False) -> PolicyValueModel:
-        """The network PPO publishes, as every acting site builds it: the actor-critic, or a user's whole network
-        (--model: the spec's user_model)."""
+        """The network PPO publishes, as every acting site builds it: the actor-critic, or a user's (--model)."""
         return (UserActorCritic if cfg.model.model else ActorCritic)(spec, cfg.model, bf16)
 
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
@@ -328,9 +327,7 @@ class PPO:
             if batch.values.numel() < 2:
                 return None
             loss, stats = self._loss(batch)
-            auxiliary = self.model.take_auxiliary_loss()  # a user's network's own loss term (--model)
-            if auxiliary is not None:
-                loss = loss + auxiliary
+            loss = self.model.plus_auxiliary_loss(loss)  # a user's network's own loss term (--model)
             self.optimizer.zero_grad()
             loss.backward()
             return stats
