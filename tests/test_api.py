@@ -202,13 +202,27 @@ EXPECTED = {
     "optuna_study.py": "best: {'learning_rate':",
     "my_training.py": "checkpoint_",
 }
+DOC_MODULES = {"my_model.py": ["--model", "my_model:Trunk"]}  # modules the docs name in a command: trained with it
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_documented_scripts_run_as_written(tmp_path, name):
-    assert set(EXAMPLES) == set(EXPECTED)
+    assert set(EXAMPLES) == set(EXPECTED) | set(DOC_MODULES)
     (tmp_path / name).write_text(EXAMPLES[name])
     out = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert EXPECTED[name] in out.stdout.strip().splitlines()[-1], out.stdout[-2000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", sorted(DOC_MODULES))
+def test_the_documented_modules_train_as_written(tmp_path, shm_dir, name):
+    """A module of the docs (a user's whole network) in the user's directory, trained by the documented flags."""
+    (tmp_path / name).write_text(EXAMPLES[name])
+    flags = ["--env", "CartPole-v1", "--train_for_env_steps", "20000", "--num_workers", "1", "--shm_dir", shm_dir]
+    where = ["--train_dir", str(tmp_path / "runs"), "--experiment", "doc"]
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), *DOC_MODULES[name], *flags, *where]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert os.listdir(tmp_path / "runs" / "doc" / "checkpoints") and os.listdir(shm_dir) == []
