@@ -76,6 +76,18 @@ def test_two_sync_runs_of_the_same_seed_are_the_same(tmp_path, shm_dir, algo):
     assert _same_weights(weights, weights_again)
 
 
+@pytest.mark.e2e
+def test_a_sync_run_trains_its_last_round_whole_when_its_training_outlasts_the_stop(tmp_path, shm_dir):
+    """PPO's 300 epochs on the last of 2 rounds take longer than the sampling processes take to stop: the learner,
+    stopped meanwhile, still takes every update of that round (a stopping learner skips the rest of a round)."""
+    flags = SYNC | {"num_epochs": 300, "train_for_env_steps": 1024}
+    figures, weights = _run(tmp_path, shm_dir, "ppo", 3, "first", **flags)
+    again, weights_again = _run(tmp_path, shm_dir, "ppo", 3, "second", **flags)
+    assert figures["env_steps"] == 1024 and figures["learner_version"] == 2
+    assert figures == again
+    assert _same_weights(weights, weights_again)
+
+
 def test_deterministic_in_async_mode_is_one_line(tmp_path, capsys):
     line = train_error(["--deterministic", "true", "--mode", "async"], tmp_path, capsys)
     assert "--deterministic true needs --mode serial or sync" in line and "--mode sync" in line

@@ -146,7 +146,7 @@ def _check_run(cfg: Config) -> None:
             raise ConfigError(f"{flag} must be within [0, 1] (got {value})")
     if run.deterministic and run.mode not in ("serial", "sync"):
         raise ConfigError(
-            f"--deterministic true needs --mode serial or sync: a {run.mode} run's policy lag follows the clock "
+            f"--deterministic true needs --mode serial or sync: a --mode {run.mode} run's policy lag follows the clock "
             f"(docs/api.md, reproducible runs); use --mode sync or drop --deterministic"
         )
     if run.stop_at_eval_return is not None and not run.eval_every_sec:

@@ -93,7 +93,8 @@ class Learner:
         hooks = TrainingHooks(
             env_steps=lambda: self.env_steps,
             beat=ctx.beat,
-            stopping=lambda: ctx.stopping,
+            # --deterministic: a round is trained whole wherever the stop finds it, its updates the same every run
+            stopping=lambda: ctx.stopping and not self.cfg.run.deterministic,
             elapsed_sec=lambda: time.monotonic() - float(self.buffers.run_started[0]),
         )
         self.hooks = hooks
