@@ -151,6 +151,32 @@ def check_encoder(cfg, spec) -> list:
     ]
 
 
+def built_and_tried(flag: str, called: str, build, spec):
+    """A user's module made by `build()` and run once, in eval mode without gradients, on a sample batch of the env
+    of `spec`: (the module, its outputs). ConfigError with one line where `build` raises or returns no
+    torch.nn.Module, or the module fails on the batch (`flag`: '--encoder NAME'; `called`: the call as it reads)."""
+    import torch
+
+    try:
+        network = build()
+    except Exception as exc:
+        raise ConfigError(f"{called} raised {describe_exception(exc, libraries())}") from None
+    if not isinstance(network, torch.nn.Module):
+        raise ConfigError(f"{called} returned a {type(network).__name__}, not a torch.nn.Module")
+    sample, training = sample_inputs(spec), network.training
+    try:
+        with torch.no_grad():
+            outputs = network.eval()(sample)
+    except Exception as exc:
+        raise ConfigError(
+            f"{flag}: its module failed on a sample batch of float32 observations ({described(sample)}): "
+            f"{describe_exception(exc, libraries())}"
+        ) from None
+    finally:
+        network.train(training)
+    return network, outputs
+
+
 def sample_inputs(spec, rows: int = SAMPLE_ROWS):
     """A user's module's input for a batch of `rows` zero observations of `spec`: float32 [rows, *shape] per
     entry (sf_engine.model.features.Encoder.user_inputs), a dict of them for a Dict observation."""
@@ -182,24 +208,8 @@ def user_network(name: str, spec) -> tuple:
 
     factory = encoder_factory(name)
     called = f"--encoder {name}: {getattr(factory, '__name__', type(factory).__name__)}(observation_space)"
-    try:
-        network = factory(observation_space(spec.obs))
-    except Exception as exc:
-        raise ConfigError(f"{called} raised {describe_exception(exc, libraries())}") from None
-    if not isinstance(network, torch.nn.Module):
-        raise ConfigError(f"{called} returned a {type(network).__name__}, not a torch.nn.Module")
-    sample, training = sample_inputs(spec), network.training
-    shapes = described(sample)
-    try:
-        with torch.no_grad():
-            features = network.eval()(sample)
-    except Exception as exc:
-        raise ConfigError(
-            f"--encoder {name}: its module failed on a sample batch of float32 observations ({shapes}): "
-            f"{describe_exception(exc, libraries())}"
-        ) from None
-    finally:
-        network.train(training)
+    network, features = built_and_tried(f"--encoder {name}", called, lambda: factory(observation_space(spec.obs)), spec)
+    shapes = described(sample_inputs(spec))
     shape = list(features.shape) if isinstance(features, torch.Tensor) else None
     if shape is None or len(shape) != 2 or shape[0] != SAMPLE_ROWS or shape[1] < 1 or not features.is_floating_point():
         got = f"a {features.dtype} tensor {shape}" if shape is not None else f"a {type(features).__name__}"

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs.spec import action_space, observation_space
-from sf_engine.envs.user_code import describe_exception, import_user_module, user_attribute
-from sf_engine.model.encoders import SAMPLE_ROWS, described, libraries, sample_inputs
+from sf_engine.envs.user_code import import_user_module, user_attribute
+from sf_engine.model.encoders import SAMPLE_ROWS, built_and_tried, described, sample_inputs
 
 FORM = "module:Class"
 # the model flags of the built-in networks that env families and algorithms set defaults for: a run with --model
@@ -85,23 +85,9 @@ def user_model(name: str, spec):
 
     cls = model_class(name)
     called = f"--model {name}: {getattr(cls, '__name__', type(cls).__name__)}(observation_space, action_space)"
-    try:
-        network = cls(observation_space(spec.obs), action_space(spec.action))
-    except Exception as exc:
-        raise ConfigError(f"{called} raised {describe_exception(exc, libraries())}") from None
-    if not isinstance(network, torch.nn.Module):
-        raise ConfigError(f"{called} returned a {type(network).__name__}, not a torch.nn.Module")
-    sample, training = sample_inputs(spec), network.training
-    try:
-        with torch.no_grad():
-            outputs = network.eval()(sample)
-    except Exception as exc:
-        raise ConfigError(
-            f"--model {name}: its module failed on a sample batch of float32 observations ({described(sample)}): "
-            f"{describe_exception(exc, libraries())}"
-        ) from None
-    finally:
-        network.train(training)
+    build = lambda: cls(observation_space(spec.obs), action_space(spec.action))  # noqa: E731
+    network, outputs = built_and_tried(f"--model {name}", called, build, spec)
+    sample = sample_inputs(spec)
     wanted = [[SAMPLE_ROWS, ActionDistribution(spec.action).num_params], [SAMPLE_ROWS]]
     if isinstance(outputs, (tuple, list)) and len(outputs) == 3:
         wanted.append([])  # the auxiliary loss, a scalar
