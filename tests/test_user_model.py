@@ -129,7 +129,8 @@ def test_a_serial_run_learns_cartpole_and_plays_through_load_policy_enjoy_and_ex
     from sf_engine.run.runner import run
 
     where = ["--train_dir", str(tmp_path / "train"), "--experiment", "whole", "--shm_dir", shm_dir]
-    budget = ["--stop_at_return", "150", "--train_for_env_steps", "300000", "--num_envs_per_worker", "16"]
+    # trained on to 250 (its last greedy episodes are played below: a policy just past 150 may still act badly greedily)
+    budget = ["--stop_at_return", "250", "--train_for_env_steps", "500000", "--num_envs_per_worker", "16"]
     plan = build_plan(FLAGS + FAST + budget + where)
     assert any(n.startswith("--model my_model:Trunk: a user's whole network (") for n in plan.notes), plan.notes
     assert plan.cfg.model.encoder == "auto"
