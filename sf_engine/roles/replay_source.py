@@ -114,8 +114,8 @@ class ReplaySource:
         draw = self.buffer.sample_sequences if self.sequences else self.buffer.sample
         # --deterministic: the round ends where the ratio does, not where the clock does (the same publications)
         deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
-        stops = not self.cfg.run.deterministic  # else the round is the ratio's, even the last one (Learner.finish)
-        while self.limiter.can_train() and time.perf_counter() < deadline and not (stops and self.ctx.stopping):
+        # the learner's hooks: a stopping run ends the round, except under --deterministic (trained whole)
+        while self.limiter.can_train() and time.perf_counter() < deadline and not self.hooks.stopping():
             self.sample = draw(self.cfg.learner.batch_size, beta)
             yield self._batch(self.sample)
 
