@@ -3,7 +3,8 @@ from sf_engine (the engine depends on envs, never the other way)."""
 
 from .doom import reap_orphaned_games
 from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults
-from .registry import BatchEnv, EnvError, StepResult, make_batch_env, probe_env_spec, register_env
+from .probe import probe_env_spec
+from .registry import BatchEnv, EnvError, StepResult, make_batch_env, register_env
 from .spec import ActionSpec, EnvSpec
 
 

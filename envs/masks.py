@@ -19,11 +19,20 @@ from .spec import ACTION_MASK_KEY, EnvSpec
 def random_actions(spec: EnvSpec, obs: dict, rng: np.random.Generator, rows=None) -> np.ndarray:
     """Uniformly random actions of `rows` (all rows when None; the policy's values, 0..n-1), legal ones
     where the observation has an action mask (a row with no legal action: any)."""
-    action = spec.action
     count = len(next(iter(obs.values()))) if rows is None else len(rows)
+    return _random(spec.action, count, rng, obs if spec.action_mask else None, rows)
+
+
+def _random(action, count: int, rng: np.random.Generator, obs, rows) -> np.ndarray:
+    """`count` random actions of the ActionSpec `action`, legal ones by obs[ACTION_MASK_KEY] where `obs` is given."""
+    if action.kind == "composite":  # each part's columns side by side, as float32
+        parts = [_random(part, count, rng, None, rows) for part in action.parts]
+        return np.concatenate([p.reshape(count, -1).astype(np.float32) for p in parts], axis=1)
     if action.kind == "continuous":
         return rng.uniform(action.low, action.high, (count, *action.shape)).astype(np.float32)
-    if spec.action_mask and action.kind == "discrete":
+    if action.kind == "multi_binary":
+        return rng.integers(0, 2, (count, *action.shape))
+    if obs is not None and action.kind == "discrete":
         mask = np.asarray(obs[ACTION_MASK_KEY])
         legal = (mask if rows is None else mask[rows]) > 0
         legal[~legal.any(1)] = True
@@ -38,8 +47,9 @@ def check_action_mask(env_id: str, spec: EnvSpec, error) -> None:
     if not spec.action_mask:
         return
     shape = next(shape for key, shape, _ in spec.obs if key == ACTION_MASK_KEY)
-    if spec.action.kind == "continuous" or shape != (sum(spec.action.nvec),):
-        size = "no mask (continuous actions)" if spec.action.kind == "continuous" else f"({sum(spec.action.nvec)},)"
+    maskable = spec.action.kind in ("discrete", "multi_discrete")
+    if not maskable or shape != (sum(spec.action.nvec),):
+        size = f"({sum(spec.action.nvec)},)" if maskable else f"no mask ({spec.action.kind} actions)"
         raise error(
             f"--env {env_id}: observation {ACTION_MASK_KEY!r} has shape {shape}; the action space "
             f"{spec.action.kind} {spec.action.nvec or spec.action.shape} takes {size}: one 0/1 per action"

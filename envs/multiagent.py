@@ -93,10 +93,6 @@ class MultiAgentBatchEnv:
         self._gone = [set() for _ in range(self.num_games)]  # AECEnv: agents reported done, not yet stepped out
         self._stats: list = []  # (row, episode_extra_stats) given by this step's infos (ParallelEnv)
 
-    def _env_action(self, action):
-        action = self.spec.action.env_actions(action)
-        return int(action) if self.spec.action.kind == "discrete" else action
-
     def _write_obs(self, game: int, agent, value) -> None:
         row = game * self.num_agents + self.row_of[str(agent)]
         if isinstance(value, dict):
@@ -188,7 +184,7 @@ class MultiAgentBatchEnv:
 
     def _step_parallel(self, game: int, actions, rewards, terminated, truncated) -> None:
         env = self.games[game]
-        moves = {agent: self._env_action(actions[self.row_of[str(agent)]]) for agent in env.agents}
+        moves = {agent: self.spec.action.env_action(actions[self.row_of[str(agent)]]) for agent in env.agents}
         obs, step_rewards, terms, truncs, infos = env.step(moves)
         self._raw[game] = obs
         self._clear_game(game)
@@ -209,7 +205,7 @@ class MultiAgentBatchEnv:
         the step ended keeps its last obs, is reported done once and leaves the game (PettingZoo's None
         action, when it is selected)."""
         env, gone = self.games[game], self._gone[game]
-        env.step(self._env_action(actions[self.row_of[str(env.agent_selection)]]))
+        env.step(self.spec.action.env_action(actions[self.row_of[str(env.agent_selection)]]))
         self._clear_game(game)
         playing = [agent for agent in env.agents if agent not in gone]
         for agent in playing:

@@ -1,15 +1,15 @@
 """Env registry, env families and the batched-env interface.
 
-Batched envs run in rollout workers; probing and family detection run in the runner. A `BatchEnv`
+Batched envs run in rollout workers; probing an env and its family (envs.probe) runs in the runner. A `BatchEnv`
 steps `num_envs` envs at once and follows the Gymnasium 1.x / EnvPool convention: an env that ends
 (terminated or truncated) is reset on the *next* step, whose action is ignored and which returns the
 first observation of the new episode with reward 0. The worker marks that step invalid.
 
 Families (each with its own flag defaults, see envs.families):
-  atari       EnvPool Atari ids (Pong-v5, ...): 84x84 gray, frameskip 4, 4 stacked frames, up to 30
-              no-op starts; for training also episodic life and reward clipping, while the true game
-              score of whole games is what gets reported.
-  image       other envs with a uint8 image observation (Gymnasium ALE ids, MiniGrid-style views, ...).
+  atari       EnvPool Atari ids (Pong-v5, ...) and Gymnasium's ALE ids (ale_py:ALE/Pong-v5, made alike by
+              envs.gym_atari): 84x84 gray, frameskip 4, 4 stacked frames, up to 30 no-op starts; for training
+              also episodic life and reward clipping, while the true game score of whole games is reported.
+  image       other envs with a uint8 image observation (MiniGrid-style views, ...).
   continuous  Box action spaces (EnvPool MuJoCo such as HalfCheetah-v4, or Gymnasium ids).
   doom        VizDoom scenarios by Gymnasium id or Sample Factory name (envs/doom.py): 128x72 RGB,
               frameskip 4, Sample Factory's reward scaling and shaping, conv encoder + GRU.
@@ -19,7 +19,6 @@ Families (each with its own flag defaults, see envs.families):
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -28,18 +27,19 @@ import warnings
 from typing import Callable
 
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
-from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom import DoomFactory
 from .doom import missing as doom_missing
 from .doom_duel import MultiplayerFactory
 from .doom_scenarios import is_doom
 from .doom_scenarios import scenario as doom_scenario
 from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults  # noqa: F401  (importable here too)
-from .masks import MaskFromInfo, check_action_mask, mask_in_info, with_mask_space
-from .multiagent import MultiAgentBatchEnv, is_multiagent, is_pettingzoo_class, probe_spaces
+from .gym_atari import AtariFactory, gym_atari_id
+from .masks import MaskFromInfo
+from .multiagent import MultiAgentBatchEnv, is_pettingzoo_class
+from .observations import FlatObservationFactory
 from .partially_observed import MASKED_ENVS, MaskedObsBatchEnv
-from .spec import TO_MOVE_KEY, EnvError, EnvSpec, action_spec, check_same_spaces, obs_entries
-from .user_code import describe_exception, import_user_module, user_attribute
+from .spec import EnvError, EnvSpec, check_same_spaces
+from .user_code import import_user_module, user_attribute
 
 _REGISTRY: dict[str, Callable] = {}
 
@@ -56,7 +56,7 @@ def registered_envs() -> dict:
 
 
 # ---- backends ---------------------------------------------------------------------------------
-def _envpool():
+def envpool_module():
     """The envpool module, or EnvError with the install command (its wheels are for Linux x86-64)."""
     try:
         import envpool
@@ -68,8 +68,8 @@ def _envpool():
     return envpool
 
 
-def _envpool_ids() -> set:
-    return set(_envpool().list_all_envs())
+def envpool_ids() -> set:
+    return set(envpool_module().list_all_envs())
 
 
 def _is_user_class(env_id: str) -> bool:
@@ -116,7 +116,7 @@ def resolve_backend(env_id: str, backend: str) -> str:
         return backend
     if not may_use_envpool(env_id, backend) or importlib.util.find_spec("envpool") is None:
         return "gymnasium"  # 'auto' without EnvPool installed: Gymnasium's implementation
-    return "envpool" if env_id in _envpool_ids() else "gymnasium"
+    return "envpool" if env_id in envpool_ids() else "gymnasium"
 
 
 def _user_factory(env_id: str) -> Callable:
@@ -136,7 +136,7 @@ def _user_factory(env_id: str) -> Callable:
     return target
 
 
-def _gym_factory(env_id: str) -> Callable:
+def gym_factory(env_id: str) -> Callable:
     import gymnasium as gym
 
     if env_id in _REGISTRY:
@@ -146,6 +146,8 @@ def _gym_factory(env_id: str) -> Callable:
         if reason:
             raise EnvError(reason)
         return MultiplayerFactory(env_id) if doom_scenario(env_id).players > 1 else DoomFactory(env_id)
+    if gym_atari_id(env_id) and importlib.util.find_spec("ale_py") is not None:  # the Atari family's preprocessing
+        return AtariFactory(gym_atari_id(env_id), training=False)
     if _is_user_class(env_id):
         return _user_factory(env_id)
     try:
@@ -162,11 +164,29 @@ def _gym_factory(env_id: str) -> Callable:
                 f"--env {env_id}: its package is not installed: pip install {package}, then pass "
                 f"--env {module}:{env_id}"
             ) from None
+        known = set(gym.registry) | set(_REGISTRY)
+        if importlib.util.find_spec("envpool") is not None:
+            known |= envpool_ids()
         raise EnvError(
-            f"--env {env_id}: unknown environment id ({exc.__class__.__name__}); check the "
-            f"spelling, or name the package that registers it as --env package:{env_id}"
+            f"--env {env_id}: unknown environment id ({exc.__class__.__name__}){did_you_mean(env_id, known)}; "
+            f"check the spelling, or name the package that registers it as --env package:{env_id}"
         ) from None
     return _GymId(env_id)
+
+
+def did_you_mean(env_id: str, known) -> str:
+    """', did you mean X?' for the id of `known` closest to `env_id` (case and punctuation aside), or ''."""
+    import difflib
+
+    def plain(name: str) -> str:
+        return "".join(c for c in name.lower() if c.isalnum())
+
+    by_plain = {}
+    for name in sorted(known):
+        by_plain.setdefault(plain(name), name)
+    exact = [name for key, name in by_plain.items() if key == plain(env_id) or key.startswith(plain(env_id) + "v")]
+    close = exact or [by_plain[key] for key in difflib.get_close_matches(plain(env_id), by_plain, n=1, cutoff=0.75)]
+    return f", did you mean --env {max(close)}?" if close else ""
 
 
 # Gymnasium namespaces whose envs a separate package registers: (pip package, module to import)
@@ -217,7 +237,7 @@ def make_batch_env(
         return MaskedObsBatchEnv(base, keep)
     backend = resolve_backend(env_id, backend)
     if backend == "envpool":
-        envpool = _envpool()
+        envpool = envpool_module()
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
             warnings.simplefilter("ignore")
             env = envpool.make(
@@ -231,115 +251,46 @@ def make_batch_env(
             env.observation_space  # built (and cached) on first use
         return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
     if spec.agents:  # a PettingZoo env: every agent of every game is a row
-        return MultiAgentBatchEnv(_gym_factory(env_id), num_envs, spec, seed, render_mode)
+        return MultiAgentBatchEnv(gym_factory(env_id), num_envs, spec, seed, render_mode)
     import gymnasium as gym
 
     if render_mode is None and has_native_vector_env(env_id) and not spec.mask_from_info:  # one env, whole batch
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
     else:
-        factory = _gym_factory(env_id)
+        factory = gym_factory(env_id)
+        if isinstance(factory, AtariFactory):
+            factory = AtariFactory(factory.name, training)
+        if spec.layout is not None:  # Discrete, text or nested parts: each env's observations made flat entries
+            factory = FlatObservationFactory(factory, spec.layout)
         if spec.mask_from_info:
             factory = MaskFromInfo(factory, sum(spec.action.nvec))
-        make = (lambda: factory(render_mode=render_mode)) if render_mode else factory
+        make = _rendering(env_id, factory, render_mode) if render_mode else factory
         env = gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     env.reset(seed=seed)
     if not check:
-        return BatchEnv(env, num_envs, spec)
+        return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
     try:  # a user's env may come out otherwise here than where it was probed (in another process)
         planned, spaces = (spec.obs, spec.action), (env.single_observation_space, env.single_action_space)
         check_same_spaces(env_id, planned, *spaces, f"the env made in process {os.getpid()}", "the probed env")
     except EnvError:
         env.close()
         raise
-    return BatchEnv(env, num_envs, spec)
+    return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
 
 
-def _make_probe_env(env_id: str):
-    """One env of `env_id`; a Gymnasium id whose extra is not installed (Box2D, MuJoCo, ...) is one line
-    with Gymnasium's install command."""
-    import gymnasium as gym
+def _rendering(env_id: str, factory: Callable, render_mode: str) -> Callable:
+    """`factory` called with `render_mode` (enjoy.py --video's 'rgb_array'); a factory without that parameter is an
+    EnvError of one line saying how to give it one."""
 
-    factory = _gym_factory(env_id)
-    try:
-        return factory()
-    except gym.error.DependencyNotInstalled as exc:
-        raise EnvError(f"--env {env_id}: {(str(exc).splitlines() or ['a dependency is missing'])[0]}") from None
-    except Exception as exc:  # a user's factory or class: its own error, where it was raised
-        raise EnvError(f"--env {env_id}: making the env raised {describe_exception(exc)}") from None
-
-
-def _check_gym_api(env_id: str, env) -> dict:
-    """reset() must return (obs, info) as in Gymnasium, the observation within observation_space, and
-    the spaces must stay as they are at the next reset(); returns the first reset's info."""
-    infos, spaces = [], []
-    for seed in (0, 1):
+    def make():
         try:
-            result = env.reset(seed=seed)
-        except Exception as exc:  # a user's env: any failure is reported as such
-            raise EnvError(f"--env {env_id}: reset() raised {describe_exception(exc)}") from None
-        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            return factory(render_mode=render_mode)
+        except TypeError as exc:
+            if "render_mode" not in str(exc):
+                raise
             raise EnvError(
-                f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, "
-                f"got {type(result).__name__}"
-            )
-        if not env.observation_space.contains(result[0]):
-            raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
-        infos.append(result[1])
-        spaces.append((obs_entries(env_id, env.observation_space), action_spec(env_id, env.action_space)))
-    check_same_spaces(env_id, spaces[0], env.observation_space, env.action_space, "the second reset()", "the first")
-    return infos[0]
+                f"--env {env_id}: its factory takes no render_mode, which --video passes ({render_mode!r}): give it "
+                f"a render_mode=None parameter and pass it on to the env it makes"
+            ) from None
 
-
-def probe_env_spec(env_id: str, backend: str) -> EnvSpec:
-    """Observation entries, action spec and family, checked against what the engine handles."""
-    if env_id in MASKED_ENVS:
-        base_id, keep = MASKED_ENVS[env_id]
-        base = probe_env_spec(base_id, backend)
-        ((key, _, dtype),) = base.obs
-        return EnvSpec(
-            obs=((key, (len(keep),), dtype),), action=base.action, family=base.family, frameskip=base.frameskip
-        )
-    backend = resolve_backend(env_id, backend)
-    if backend == "envpool":
-        envpool = _envpool()
-        if env_id not in _envpool_ids():
-            raise EnvError(f"--env {env_id}: EnvPool has no such id (use --env_backend gymnasium for Gymnasium ids)")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pool_spec = envpool.make_spec(env_id)
-            obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
-        is_atari, info = type(pool_spec).__name__ == "AtariEnvSpec", None  # VizDoom has episodic_life too
-        agents, turn_based = (), False
-        frameskip = int(pool_spec.config.frame_skip) if is_atari else 1
-    else:
-        env = _make_probe_env(env_id)
-        try:
-            if is_multiagent(env):
-                obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
-                info = None
-            else:
-                info = _check_gym_api(env_id, env)
-                obs_space, action_space, agents, turn_based = env.observation_space, env.action_space, (), False
-        finally:
-            env.close()
-        is_atari, frameskip = False, (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
-    action = action_spec(env_id, action_space)
-    from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)
-    if from_info:  # the env's info['action_mask'] becomes an observation entry
-        obs_space = with_mask_space(obs_space, sum(action.nvec))
-    obs = obs_entries(env_id, obs_space)
-    if turn_based:  # whose turn it is: the policy and value see it (a board alone may not say it)
-        obs += ((TO_MOVE_KEY, (1,), "float32"),)
-    spec = EnvSpec(
-        obs=obs, action=action, frameskip=frameskip, mask_from_info=from_info, agents=agents, turn_based=turn_based
-    )
-    check_action_mask(env_id, spec, EnvError)
-    if is_atari:
-        family = "atari"
-    elif is_doom(env_id):
-        family = "doom"
-    elif turn_based:
-        family = "turns"
-    else:
-        family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
-    return dataclasses.replace(spec, family=family)
+    return make

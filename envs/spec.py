@@ -1,5 +1,5 @@
 """What the engine needs to know of an env: its observation entries, action space, family and frameskip.
-Probed once by the main process (registry.probe_env_spec) and handed to every role in the run plan; the
+Probed once by the main process (probe.probe_env_spec) and handed to every role in the run plan; the
 Gymnasium spaces it is read from (obs_entries, action_spec), and the check that an env made later has
 the same (check_same_spaces)."""
 
@@ -25,8 +25,11 @@ def is_image(shape: tuple, dtype: str) -> bool:
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'continuous' (shape, low, high).
-    `start`: the env's first action value per dimension (Gymnasium's Discrete start)."""
+    """kind: 'discrete' (nvec = (n,)), 'multi_discrete' (nvec = sizes), 'multi_binary' (shape = (bits,)),
+    'continuous' (shape, low, high), or 'composite': a Tuple or Dict action space, whose `parts` are the specs
+    of its sub-spaces in order (none composite) and `keys` a Dict's keys (empty for a Tuple).
+    `start`: the env's first action value per dimension (Gymnasium's Discrete start).
+    A composite action is one float32 row: each part's columns side by side (a Discrete part one column)."""
 
     kind: str
     nvec: tuple = ()
@@ -34,14 +37,23 @@ class ActionSpec:
     shape: tuple = ()
     low: tuple = ()
     high: tuple = ()
+    parts: tuple = ()
+    keys: tuple = ()
+
+    @property
+    def width(self) -> int:
+        """Columns of one action in a buffer row (a Discrete action is 1)."""
+        if self.kind == "composite":
+            return sum(part.width for part in self.parts)
+        return {"discrete": 1, "multi_discrete": len(self.nvec)}.get(self.kind, self.shape[0] if self.shape else 0)
 
     @property
     def buffer_shape(self) -> tuple:
-        return {"discrete": (), "multi_discrete": (len(self.nvec),)}.get(self.kind, self.shape)
+        return () if self.kind == "discrete" else (self.width,)
 
     @property
     def dtype(self) -> str:
-        return "float32" if self.kind == "continuous" else "int64"
+        return "float32" if self.kind in ("continuous", "composite") else "int64"
 
     @functools.cached_property
     def _to_env(self) -> tuple:
@@ -50,13 +62,43 @@ class ActionSpec:
             return np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
         return (np.asarray(self.start) if any(self.start) else None,)
 
-    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+    def env_actions(self, actions: np.ndarray):
         """The env's actions of the policy's [B, ...]: continuous ones clipped to the bounds, discrete ones from
-        the env's first value (Gymnasium's Discrete start; the policy picks 0..n-1)."""
+        the env's first value (Gymnasium's Discrete start; the policy picks 0..n-1), bits as int8; a composite
+        action's parts as a tuple (or a dict) of such batches, as Gymnasium's vector envs take them."""
+        if self.kind == "composite":
+            columns = np.cumsum([0] + [part.width for part in self.parts])
+            batches = [
+                part.env_actions(part.from_columns(actions[:, lo:hi]))
+                for part, lo, hi in zip(self.parts, columns[:-1], columns[1:])
+            ]
+            return dict(zip(self.keys, batches)) if self.keys else tuple(batches)
         if self.kind == "continuous":
             return np.clip(actions, *self._to_env)
+        if self.kind == "multi_binary":
+            return actions.astype(np.int8)
         start = self._to_env[0]
         return actions if start is None else actions + start
+
+    def from_columns(self, columns: np.ndarray) -> np.ndarray:
+        """A part's actions [B, ...] in its own dtype, from its float32 columns [B, width] of a composite row."""
+        if self.kind == "continuous":
+            return columns
+        return columns.astype(np.int64)[:, 0] if self.kind == "discrete" else columns.astype(np.int64)
+
+    def env_action(self, action: np.ndarray):
+        """The env's action of one row's action (a single env's step, as a PettingZoo env takes it)."""
+        batch = self.env_actions(np.asarray(action)[None])
+        if self.kind == "discrete":
+            return int(batch[0])
+        if self.kind == "composite":
+            parts = [int(b[0]) if part.kind == "discrete" else b[0] for part, b in zip(self.parts, _values(batch))]
+            return dict(zip(self.keys, parts)) if self.keys else tuple(parts)
+        return batch[0]
+
+
+def _values(batch) -> list:
+    return list(batch.values()) if isinstance(batch, dict) else list(batch)
 
 
 @dataclass(frozen=True)
@@ -71,6 +113,7 @@ class EnvSpec:
     mask_from_info: bool = False  # the env gives its action mask in info['action_mask'] (envs.masks)
     agents: tuple = ()  # a PettingZoo env's possible agents: each game is len(agents) rows (envs.multiagent)
     turn_based: bool = False  # a PettingZoo AECEnv: only the agent to move acts
+    layout: object = None  # an envs.observations.ObsLayout where the env's observations are made flat entries
 
     @property
     def num_agents(self) -> int:
@@ -101,8 +144,9 @@ def obs_entries(env_id: str, space) -> tuple:
     for key, sub in items:
         if not isinstance(sub, spaces.Box) or not np.issubdtype(sub.dtype, np.number):
             raise EnvError(
-                f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces "
-                f"(vectors, uint8 images) and a flat Dict of them"
+                f"--env {env_id}: observation {key!r} is {sub}; supported are numeric Box spaces (vectors, uint8 "
+                f"images) and a Dict of them that may also hold Discrete, MultiDiscrete, MultiBinary, text and Dict "
+                f"parts (a lone {type(sub).__name__}: make it a part of a Dict)"
             )
         # a 3-D grid of small integers (a PettingZoo board's 0/1 planes) is stored as uint8, exactly, and
         # seen as an image: a convolution sees a line of four where an MLP sees 84 unrelated numbers
@@ -133,18 +177,28 @@ def observation_space(obs: tuple):
 
 
 def action_space(action: ActionSpec):
-    """The Gymnasium space of `action` (Discrete with its start, MultiDiscrete, or a Box of float32): what a user's
-    whole network (sf_engine.model.user_model) is given, in any process."""
+    """The Gymnasium space of `action` (Discrete with its start, MultiDiscrete, MultiBinary, a Box of float32, or a
+    Tuple or Dict of them): what a user's whole network (sf_engine.model.user_model) is given, in any process."""
     from gymnasium import spaces
 
+    if action.kind == "composite":
+        parts = [action_space(part) for part in action.parts]
+        return spaces.Dict(dict(zip(action.keys, parts))) if action.keys else spaces.Tuple(parts)
     if action.kind == "discrete":
         return spaces.Discrete(action.nvec[0], start=action.start[0] if action.start else 0)
     if action.kind == "multi_discrete":
         return spaces.MultiDiscrete(list(action.nvec), start=list(action.start) if action.start else None)
+    if action.kind == "multi_binary":
+        return spaces.MultiBinary(action.shape[0])
     return spaces.Box(np.asarray(action.low, np.float32), np.asarray(action.high, np.float32), dtype=np.float32)
 
 
-def action_spec(env_id: str, space) -> ActionSpec:
+SUPPORTED_ACTIONS = "Discrete, MultiDiscrete, MultiBinary, a 1-D float Box, or a Tuple or Dict of them"
+
+
+def action_spec(env_id: str, space, within: str = "") -> ActionSpec:
+    """The ActionSpec of a Gymnasium action space, or EnvError naming what is not supported. `within`: the
+    place of a sub-space in a Tuple or Dict (for the message)."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Discrete):
@@ -153,6 +207,8 @@ def action_spec(env_id: str, space) -> ActionSpec:
         return ActionSpec(
             "multi_discrete", nvec=tuple(int(n) for n in space.nvec), start=tuple(int(x) for x in space.start)
         )
+    if isinstance(space, spaces.MultiBinary) and len(space.shape) == 1:
+        return ActionSpec("multi_binary", shape=tuple(space.shape))
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
         return ActionSpec(
             "continuous",
@@ -160,14 +216,16 @@ def action_spec(env_id: str, space) -> ActionSpec:
             low=tuple(float(x) for x in space.low),
             high=tuple(float(x) for x in space.high),
         )
-    raise EnvError(
-        f"--env {env_id}: action space {space} is not supported (Discrete, MultiDiscrete or a 1-D float Box are)"
-    )
+    if isinstance(space, (spaces.Tuple, spaces.Dict)) and not within and len(space.spaces):
+        named = space.spaces.items() if isinstance(space, spaces.Dict) else enumerate(space.spaces)
+        parts = tuple(action_spec(env_id, sub, f" (its part {key!r})") for key, sub in named)
+        return ActionSpec("composite", parts=parts, keys=tuple(space.spaces) if isinstance(space, spaces.Dict) else ())
+    raise EnvError(f"--env {env_id}: action space {space}{within} is not supported ({SUPPORTED_ACTIONS} are)")
 
 
 def _describe(obs: tuple, action: ActionSpec) -> str:
     entries = ", ".join(f"{key} {dtype}{list(shape)}" for key, shape, dtype in obs)
-    size = list(action.nvec or action.shape)
+    size = list(action.nvec or action.shape or action.keys or [part.kind for part in action.parts])
     bounds = f" in [{min(action.low):g}, {max(action.high):g}]" if action.kind == "continuous" else ""
     return f"observation {entries}, {action.kind} actions {size}{bounds}"
 

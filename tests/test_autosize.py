@@ -122,3 +122,33 @@ def test_rollout_auto_halves_only_for_an_env_too_cheap_to_fill_a_split():
     assert (plan.sampler.rollout, plan.learner.recurrence) in ((16, 16), (32, 32))
     assert build_plan(["--restart", "--rnn", "gru"]).cfg.sampler.rollout == 32  # the BPTT length stays
     assert build_plan(["--restart", "--num_envs_per_worker", "64"]).cfg.sampler.rollout == 32
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="the wait for a core is read from Linux's schedstat")
+def test_on_a_busy_core_a_cpu_bound_env_is_not_taken_for_one_that_waits():
+    """Two busy loops share this thread's core: the probe waits for the core about 2/3 of the time. That wait is
+    not the env's: what is left is about its CPU time, so the env reads as CPU-bound (at most a worker per core)."""
+    import subprocess
+
+    from sf_engine.envs import probe_env_spec
+    from sf_engine.run.costs import measure_env
+
+    plan = build_plan(["--env", "CartPole-v1", "--restart", "--num_workers", "1", "--num_envs_per_worker", "128"])
+    spec = probe_env_spec("CartPole-v1", "auto")
+    core, cores = min(os.sched_getaffinity(0)), os.sched_getaffinity(0)
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for loop in loops:
+            os.sched_setaffinity(loop.pid, {core})
+        os.sched_setaffinity(0, {core})
+        cost, _, _ = measure_env(plan.cfg, spec, 128)
+    finally:
+        os.sched_setaffinity(0, cores)
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert cost.queued > cost.cpu, cost  # it waited for the core longer than it ran
+    assert cost.wall < 1.5 * cost.cpu, cost  # the wall less that wait: the env's own work
+    assert cost.others_busy > 0.4, cost
+    workers, _ = choose_num_workers(Costs(cost.wall, cost.cpu, 1e-6, 1e-6), cores=2)
+    assert workers <= 2

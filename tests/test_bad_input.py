@@ -269,3 +269,40 @@ def test_a_log_that_cannot_be_written_is_one_line_and_the_run_goes_on(tmp_path, 
         f"are no longer saved there, the run goes on"
     ]
     assert read_json(tmp_path / "full" / "summary.json")["env_steps"] >= 600
+
+
+def test_a_second_copy_of_a_running_experiment_is_refused_before_the_env_is_probed(tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    from sf_engine.run import plan
+
+    os.makedirs(tmp_path / "busy")
+    with open(tmp_path / "busy" / ".lock", "a+") as held:  # the running copy's lock
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = files_of(tmp_path)
+
+        def probed(*args, **kwargs):
+            raise AssertionError("the env was probed before the lock was checked")
+
+        monkeypatch.setattr(plan, "probe_env_spec", probed)
+        line = train_error(["--experiment", "busy", "--mode", "serial"], tmp_path, capsys)
+    assert "--experiment busy is already running in another process" in line
+    assert files_of(tmp_path) == before
+
+
+@pytest.mark.parametrize("given, meant", [("cartpole", "CartPole-v1"), ("pendulum", "Pendulum-v1")])
+def test_a_misspelt_env_id_gets_the_closest_known_id(tmp_path, capsys, given, meant):
+    line = train_error(["--env", given, "--mode", "serial"], tmp_path, capsys)
+    assert f"--env {given}: unknown environment id" in line and f"did you mean --env {meant}?" in line
+    assert not os.path.exists(tmp_path / "default")
+
+
+def test_a_factory_without_render_mode_is_one_line_when_a_video_needs_it(monkeypatch):
+    from sf_engine.envs import EnvError, make_batch_env, probe_env_spec, register_env, registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the registration ends with the test
+    register_env("NoRenderMode-v0", lambda: __import__("gymnasium").make("CartPole-v1"))
+    spec = probe_env_spec("NoRenderMode-v0", "gymnasium")
+    with pytest.raises(EnvError) as error:
+        make_batch_env("NoRenderMode-v0", "gymnasium", 1, 0, spec, render_mode="rgb_array")
+    assert "takes no render_mode" in str(error.value) and "render_mode=None parameter" in str(error.value)

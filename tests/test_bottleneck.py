@@ -53,3 +53,42 @@ def test_fractions_and_windows():
     assert fractions["learner_busy"] == pytest.approx(0.9)
     assert fractions["workers_env_step"] == pytest.approx(0.8)
     assert fractions["workers_wait_slot"] == pytest.approx(0.2)
+
+
+def test_a_learner_held_in_one_long_first_round_reads_as_learner_bound_and_shows_on_the_status_line(monkeypatch):
+    import time
+
+    import numpy as np
+
+    from sf_engine.config.groups import Config
+    from sf_engine.stats import messages as msg
+    from sf_engine.stats.report import status_line
+    from sf_engine.stats.run_stats import RunStats
+    from sf_engine.stats.stages import LearnerStage, LiveStage, StageTimer
+
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    live = np.zeros(2)
+    timer = StageTimer(*LearnerStage, live=live)  # the learner's, writing to the shared array
+    stats = RunStats(0, np.zeros(1, np.int64), learner_live=LiveStage("learner", LearnerStage, live))
+    timer.start()
+    timer.enter(LearnerStage.WAIT_DATA)
+    clock[0] += 1.0
+    timer.lap(LearnerStage.WAIT_DATA)
+    timer.lap(LearnerStage.BATCH_ASSEMBLY)
+    timer.enter(LearnerStage.TRAIN)  # its first round: no report yet
+    workers = {f"rollout_worker_{w}": {"env_step": 0.5, "wait_actions": 0.5, "wait_slot": 0.0} for w in (0, 1)}
+    stats.stages = {role: msg.Stages(role, dict(sec), 1.0) for role, sec in workers.items()}
+    stats.throughput.warmup = 0
+    stats.sample()  # the window opens
+    clock[0] += 30.0
+    for role in workers:  # the workers wait for free slots the whole window
+        stats.stages[role] = msg.Stages(role, {**workers[role], "wait_slot": 30.0}, 31.0)
+    assert stats.diagnose_window() == 30.0
+    assert stats.diagnosis.stage == "learning" and "learner busy 100%" in stats.diagnosis.message
+    assert "| learner in train for 30 s" in status_line(stats, Config(), 1)
+    clock[0] += 5.0
+    timer.lap(LearnerStage.TRAIN)  # the round ends, and is reported: its 35 s counted once
+    stats.stages["learner"] = timer.report("learner")
+    assert stats.stage_sec["learner"]["train"] == 35.0 and stats.learner_now() is None
+    assert "learner in" not in status_line(stats, Config(), 1)

@@ -149,6 +149,7 @@ def test_resuming_with_another_model_is_refused(tmp_path, shm_dir, capsys):
     before = files_of(tmp_path / "resume")
     line = train_error(base + ["--hidden_size", "32", "--train_for_env_steps", "6000"], tmp_path, capsys)
     assert "--hidden_size was 64, now 32" in line and "--restart" in line
+    assert line.index("choose another --experiment") < line.index("--restart to delete that run's checkpoints")
     assert files_of(tmp_path / "resume") == before  # refused before anything on disk changed
     assert run(build_plan(base + ["--hidden_size", "32", "--restart", "--train_dir", str(tmp_path)])) == 0
 

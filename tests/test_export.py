@@ -123,6 +123,12 @@ def test_exported_policy_runs_without_sf_engine_and_chooses_the_same_actions(tmp
     assert (onnx_actions == actions).all() and (script_actions == actions).all()
 
 
+def _bounded():
+    from gymnasium import spaces
+
+    return spaces.Box(np.array([-0.5, 0.0], np.float32), np.array([0.5, 2.0], np.float32))
+
+
 def _synthetic(spec, **model_flags):
     from sf_engine.config.groups import ModelConfig
     from sf_engine.model.actor_critic import ActorCritic
@@ -136,7 +142,9 @@ def _synthetic(spec, **model_flags):
     return model
 
 
-@pytest.mark.parametrize("kind", ["dict_images_multi_discrete", "continuous", "discrete_with_start"])
+@pytest.mark.parametrize(
+    "kind", ["dict_images_multi_discrete", "continuous", "discrete_with_start", "multi_binary", "composite"]
+)
 def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind):
     import onnxruntime
 
@@ -159,6 +167,18 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
         model = _synthetic(spec, rnn="lstm", actor_critic="separate")
         with torch.no_grad():
             model.policy_head.weight.mul_(100)  # means beyond the bounds: clipped as the env clips them
+    elif kind in ("multi_binary", "composite"):
+        from gymnasium import spaces
+
+        from sf_engine.envs.spec import action_spec
+
+        bits = spaces.MultiBinary(3)
+        space = bits if kind == "multi_binary" else spaces.Tuple((spaces.Discrete(4, start=1), bits, _bounded()))
+        spec = EnvSpec((("obs", (4,), "float32"),), action_spec("env", space))
+        model = _synthetic(spec)
+        if kind == "composite":
+            with torch.no_grad():  # the Box part's means beyond its bounds: clipped as the env clips them
+                model.policy_head.bias[-2:] = torch.tensor([5.0, -5.0])
     else:
         spec = EnvSpec((("obs", (4,), "float32"),), ActionSpec("discrete", nvec=(5,), start=(-2,)))
         model = _synthetic(spec)
@@ -182,8 +202,18 @@ def test_onnx_matches_torch_for_every_observation_and_action_kind(tmp_path, kind
         assert (clipped == np.asarray(spec.action.low)).any() and (clipped == np.asarray(spec.action.high)).any()
         np.testing.assert_allclose(outputs[0], clipped, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(outputs[2], new_state.numpy(), rtol=1e-4, atol=1e-4)
+    elif kind == "composite":  # each part's env actions side by side: the start added, the Box part clipped
+        parts = spec.action.env_actions(model.distribution.mode(params).numpy())
+        assert (parts[2] == [0.5, 0.0]).all()  # the high bound of one, the low one of the other
+        np.testing.assert_allclose(outputs[0], np.concatenate([p.reshape(9, -1) for p in parts], 1), rtol=1e-5)
+        info = json.load(open(tmp_path / "policy.json"))["action"]
+        assert [(p["kind"], p["columns"]) for p in info["parts"]] == [
+            ("discrete", [0, 1]),
+            ("multi_binary", [1, 4]),
+            ("continuous", [4, 6]),
+        ]
     else:
-        assert (outputs[0] == model.distribution.mode(params).numpy() + np.asarray(spec.action.start)).all()
+        assert (outputs[0] == model.distribution.mode(params).numpy() + np.asarray(spec.action.start or 0)).all()
 
 
 def test_export_of_a_missing_experiment_or_without_onnx_is_one_line(tmp_path, capsys, monkeypatch):

@@ -297,3 +297,116 @@ class RecallEnv(gym.Env):
         if self.steps <= self.DELAY:
             return np.zeros(1, np.float32), 0.0, False, False, {}
         return np.zeros(1, np.float32), float(int(action) == self.cue), True, False, {}
+
+
+class CopyBitsEnv(gym.Env):
+    """MultiBinary actions: the observation shows BITS random bits, the reward is the fraction of them the action
+    copies; 8-step episodes, so the optimum return is 8 (a random policy's is 4)."""
+
+    BITS, LENGTH = 6, 8
+    observation_space = spaces.Box(0.0, 1.0, (BITS,), np.float32)
+    action_space = spaces.MultiBinary(BITS)
+
+    def _obs(self):
+        self.bits = self.np_random.integers(0, 2, self.BITS)
+        return self.bits.astype(np.float32)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        self.steps += 1
+        reward = float(np.mean(np.asarray(action) == self.bits))
+        return self._obs(), reward, self.steps >= self.LENGTH, False, {}
+
+
+class PickAndPlaceEnv(gym.Env):
+    """Tuple actions (Discrete(3), Box(-1, 1, (1,))): the observation shows a target class (one-hot of 3) and a
+    target point in [-1, 1]; the reward is 1 for the right class plus 1 - |distance to the point| (at least 0);
+    8-step episodes, so the optimum return is 16 (a random policy's is about 8 x (1/3 + 0.5))."""
+
+    LENGTH = 8
+    observation_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = spaces.Tuple((spaces.Discrete(3), spaces.Box(-1.0, 1.0, (1,), np.float32)))
+
+    def _obs(self):
+        self.target, self.point = int(self.np_random.integers(0, 3)), float(self.np_random.uniform(-1, 1))
+        return np.array([*np.eye(3)[self.target], self.point], np.float32)
+
+    def _reward(self, which: int, where: float) -> float:
+        return float(which == self.target) + max(0.0, 1.0 - abs(where - self.point))
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.steps += 1
+        reward = self._reward(int(action[0]), float(action[1][0]))
+        return self._obs(), reward, self.steps >= self.LENGTH, False, {}
+
+
+class PickAndPlaceDictEnv(PickAndPlaceEnv):
+    """PickAndPlaceEnv with a Dict action: the class from Discrete(3, start=1), the point, and two bits that
+    earn nothing."""
+
+    action_space = spaces.Dict(
+        {
+            "which": spaces.Discrete(3, start=1),
+            "where": spaces.Box(-1.0, 1.0, (1,), np.float32),
+            "lights": spaces.MultiBinary(2),
+        }
+    )
+
+    def step(self, action):
+        assert self.action_space.contains(action), action
+        self.steps += 1
+        reward = self._reward(int(action["which"]) - 1, float(action["where"][0]))
+        return self._obs(), reward, self.steps >= self.LENGTH, False, {}
+
+
+class MissionEnv(gym.Env):
+    """A MiniGrid-like Dict observation: an image, a Discrete direction, a Text mission and a nested Dict of a
+    MultiDiscrete and a Box. MultiDiscrete([2, 2]) actions: 1 for the first matching the direction's parity, 1 for
+    the second matching the mission ('go left' 0, 'go right' 1); 4-step episodes, so the optimum return is 8, and
+    6 for a policy that cannot read the mission."""
+
+    LENGTH = 4
+    observation_space = spaces.Dict(
+        {
+            "image": spaces.Box(0, 255, (5, 5, 3), np.uint8),
+            "direction": spaces.Discrete(4),
+            "mission": spaces.Text(12, charset="abcdefghijklmnopqrstuvwxyz "),
+            "status": spaces.Dict(
+                {"keys": spaces.MultiDiscrete([2, 3]), "level": spaces.Box(0.0, 1.0, (2,), np.float32)}
+            ),
+        }
+    )
+    action_space = spaces.MultiDiscrete([2, 2])
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+    def _obs(self):
+        self.direction, self.right = int(self.np_random.integers(0, 4)), bool(self.np_random.integers(0, 2))
+        return {
+            "image": np.full((5, 5, 3), 7 * self.steps, np.uint8),
+            "direction": self.direction,
+            "mission": "go right" if self.right else "go left",
+            "status": {"keys": np.array([1, 2]), "level": np.array([0.5, 0.25], np.float32)},
+        }
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.steps += 1
+        reward = float(action[0] == self.direction % 2) + float(action[1] == int(self.right))
+        return self._obs(), reward, self.steps >= self.LENGTH, False, {}

@@ -18,7 +18,7 @@ from typing import Callable
 from sf_engine.config.fields import ConfigError
 
 SLOTS, TRANSITIONS, SEQUENCES = "trajectory slots", "replay transitions", "replay sequences"
-ACTION_KINDS = ("discrete", "multi_discrete", "continuous")
+ACTION_KINDS = ("discrete", "multi_discrete", "multi_binary", "continuous", "composite")
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,13 @@ def import_class(path: str):
 
 
 # ---- the checks every spec implies (sf_engine.config.checks calls them) ----------------------------------------
-_SPACE_NAMES = {"discrete": "a Discrete", "multi_discrete": "a MultiDiscrete", "continuous": "a Box"}
+_SPACE_NAMES = {
+    "discrete": "a Discrete",
+    "multi_discrete": "a MultiDiscrete",
+    "multi_binary": "a MultiBinary",
+    "continuous": "a Box",
+    "composite": "a Tuple or Dict",
+}
 # flags that only some algorithms take, and which spec field says that one does
 _OWN_FLAGS = {
     "with_vtrace": ("learner", lambda spec: spec.vtrace),

@@ -23,6 +23,9 @@ DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run 
 __all__ = ["ConfigError"]  # the engine's name for it is this module's too
 
 
+TEXTS = ("bag", "drop")  # --text_obs (sf_engine.envs.observations)
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
@@ -33,6 +36,7 @@ class EnvConfig:
         choices=("auto", "envpool", "gymnasium"),
     )
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
+    text_obs: str = _f("bag", "A Dict observation's text: 'bag', a count per token; 'drop', left out.", choices=TEXTS)
 
 
 @dataclass(frozen=True)

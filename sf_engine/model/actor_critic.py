@@ -142,9 +142,7 @@ class ActorCritic(PolicyValueModel):
             for layer in self.modules():  # a user's module keeps its own init
                 if isinstance(layer, (nn.Linear, nn.Conv2d)) and id(layer) not in users:
                     _init(layer, 1.0)
-        self.log_std = (
-            nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
-        )
+        self.log_std = nn.Parameter(torch.zeros(self.distribution.num_std)) if self.distribution.num_std else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
         # plain lists (not submodules: not in the state dict), see refresh_bf16_acting
         self._bf16_acting, self._bf16_sources, self._bf16_version = None, [], 0
@@ -321,9 +319,7 @@ class UserActorCritic(PolicyValueModel):
         self.masked = spec.action_mask
         self.inputs = Encoder(spec, mcfg, networks=False)
         self.network = user_model(mcfg.model, spec)
-        self.log_std = (
-            nn.Parameter(torch.zeros(self.distribution.num_params)) if spec.action.kind == "continuous" else None
-        )
+        self.log_std = nn.Parameter(torch.zeros(self.distribution.num_std)) if self.distribution.num_std else None
         self.return_normalizer = RunningMeanStd(()) if mcfg.normalize_returns else None
         self.auxiliary_loss = None  # the third output of the last forward with gradients
 

@@ -65,13 +65,25 @@ def check_model(cfg, spec) -> list:
 
 def _outputs_wanted(spec) -> str:
     """What forward returns for the env of `spec`, in words."""
-    action = spec.action
-    params = {
-        "discrete": f"logits [B, {action.nvec[0]}]",
-        "multi_discrete": f"each dimension's logits side by side [B, {sum(action.nvec)}]",
-        "continuous": f"the Gaussian's means [B, {action.shape[0] if action.shape else 0}]",
-    }[action.kind]
-    return f"(distribution parameters: {params}, values [B]) and optionally an auxiliary loss [], float tensors"
+    return (
+        f"(distribution parameters: {_parameters(spec.action)}, values [B]) and optionally an auxiliary loss [], "
+        f"float tensors"
+    )
+
+
+def _parameters(action) -> str:
+    """The distribution parameters of `action` (an ActionSpec), in words."""
+    from sf_engine.model.distributions import ActionDistribution
+
+    if action.kind == "composite":
+        parts = "; ".join(_parameters(part) for part in action.parts)
+        return f"each part's side by side [B, {ActionDistribution(action).num_params}] ({parts})"
+    return {
+        "discrete": lambda: f"logits [B, {action.nvec[0]}]",
+        "multi_discrete": lambda: f"each dimension's logits side by side [B, {sum(action.nvec)}]",
+        "multi_binary": lambda: f"one logit per bit [B, {action.shape[0]}]",
+        "continuous": lambda: f"the Gaussian's means [B, {action.shape[0] if action.shape else 0}]",
+    }[action.kind]()
 
 
 def user_model(name: str, spec):

@@ -45,6 +45,11 @@ class GreedyPolicy(nn.Module):
     def __init__(self, model, spec):
         super().__init__()
         self.model, self.spec, self.keys, self.action = model, spec, [key for key, _, _ in spec.obs], spec.action
+        if spec.action.kind == "composite":  # per column: a discrete part's start, a Box part's bounds
+            columns = [_columns(part) for part in spec.action.parts]
+            for i, name in enumerate(("start", "low", "high")):
+                self.register_buffer(name, torch.tensor([v for part in columns for v in part[i]], dtype=torch.float32))
+            return
         self.register_buffer("start", torch.tensor(spec.action.start or (0,), dtype=torch.int64))
         if spec.action.kind == "continuous":
             self.register_buffer("low", torch.tensor(spec.action.low, dtype=torch.float32))
@@ -56,11 +61,38 @@ class GreedyPolicy(nn.Module):
         obs = dict(zip(self.keys, inputs))
         model = self.model
         action, value, *state = model.greedy(obs, inputs[-1], _core_step) if model.recurrent else model.greedy(obs)
-        if self.action.kind == "continuous":
+        if self.action.kind == "composite":
+            action = torch.minimum(torch.maximum(action + self.start, self.low), self.high)
+        elif self.action.kind == "continuous":
             action = torch.minimum(torch.maximum(action, self.low), self.high)
         else:
             action = action + (self.start[0] if self.action.kind == "discrete" else self.start)
         return (action, value, *state)
+
+
+def _columns(part) -> tuple:
+    """(start, low, high) of each column of a composite action's `part` (an ActionSpec)."""
+    if part.kind == "continuous":
+        return [0.0] * part.width, list(part.low), list(part.high)
+    start = list(part.start) if part.start else [0] * part.width
+    return start, [-float("inf")] * part.width, [float("inf")] * part.width
+
+
+def _action_info(action) -> dict:
+    """policy.json's description of the action space (a composite's parts with their columns of the output)."""
+    info = {"kind": action.kind, "nvec": list(action.nvec), "low": list(action.low), "high": list(action.high)}
+    if action.kind == "multi_binary":
+        info["bits"] = action.width
+    if action.kind == "composite":
+        edges = [0]
+        for part in action.parts:
+            edges.append(edges[-1] + part.width)
+        names = action.keys or range(len(action.parts))
+        info["parts"] = [
+            {**_action_info(part), "name": name, "columns": [lo, hi]}
+            for name, part, lo, hi in zip(names, action.parts, edges, edges[1:])
+        ]
+    return info
 
 
 def describe(model, spec) -> dict:
@@ -78,7 +110,7 @@ def describe(model, spec) -> dict:
     return {
         "inputs": inputs,
         "outputs": outputs,
-        "action": {"kind": action.kind, "nvec": list(action.nvec), "low": list(action.low), "high": list(action.high)},
+        "action": _action_info(action),
         "recurrent": model.recurrent,
         "note": "greedy actions; with a recurrent core feed state_out back as state, zeros where an episode starts",
     }

@@ -56,6 +56,8 @@ class Policy:
     def _batch(self, obs, action_mask) -> dict:
         """The observations as the model's entries (key -> [B, *shape] in the stored dtype), or a ValueError of
         one line saying what does not fit."""
+        if self.spec.layout is not None and isinstance(obs, dict):  # the env's own parts (Discrete, text, nested)
+            obs = self.spec.layout.batch(obs)
         given = dict(obs) if isinstance(obs, dict) else {"obs": obs}
         if action_mask is not None:
             given[ACTION_MASK_KEY] = action_mask

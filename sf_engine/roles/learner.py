@@ -114,7 +114,7 @@ class Learner:
         if self.recovered:  # logged by the main process
             self.ctx.send(Recovered(self.recovered))
         self.last_save_time = time.monotonic()
-        self.timer = StageTimer(*LearnerStage)
+        self.timer = StageTimer(*LearnerStage, live=ctx.buffers.learner_stage if share else None)
         replay = self.cfg.uses_replay and share and not self.cfg.run.sampling_only
         self.source: DataSource = ReplaySource(self) if replay else TrajectorySource(self)
         if replay and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
@@ -172,6 +172,7 @@ class Learner:
     def step(self, timeout_sec: float) -> None:
         """Take what the source has (waiting at most `timeout_sec`); train a round when there is one."""
         self.timer.start()
+        self.timer.enter(LearnerStage.WAIT_DATA)
         self.ctx.beat()
         for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
             learner.weights.serve_requests()
@@ -190,6 +191,7 @@ class Learner:
         optimizer step was taken (weights with a non-finite value never are: the last published ones come
         back); then the source frees what the round held."""
         for learner in self.policies:
+            self.timer.enter(LearnerStage.TRAIN)
             started = time.perf_counter()
             results = []
             for batch in self.source.batches(learner):
@@ -208,6 +210,7 @@ class Learner:
     def _save_when_due(self) -> None:
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
             self.timer.start()
+            self.timer.enter(LearnerStage.CHECKPOINT)
             self.save()
             self.timer.lap(LearnerStage.CHECKPOINT)
 

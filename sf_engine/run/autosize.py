@@ -16,172 +16,22 @@ balance:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
-import os
-import time
-from dataclasses import dataclass
-
-import numpy as np
 
 from sf_engine.config.groups import ROLLOUT_DEFAULT, ROLLOUT_SHORT
+from sf_engine.run.costs import Costs, measure, usable_cores
 
 TARGET_SPLIT_SEC = 2e-3
 MAX_ENVS_PER_SPLIT = 256
 MAX_WORKERS_PER_CORE = 4
 HEADROOM = 1.5  # a worker's cycle also holds writing the slot and the round trip to the policy worker
-PROBE_SEC = 0.25
-LEARN_PROBE_ELEMENTS = 2_000_000
 PROCESS_MEMORY_BYTES = 400 * 2**20  # resident memory of one process (torch, libraries) besides buffers and envs
 ENV_MEMORY_SHARE = 0.5  # the envs auto sizing builds take at most this share of the memory available
 
 
-@dataclass
-class Costs:
-    """Seconds per env step of one env (wall and CPU, measured in a batch) and CPU seconds per sample
-    of inference and of training (all epochs)."""
-
-    env_wall: float
-    env_cpu: float
-    inference: float
-    learn: float
-    env_bytes: float = 0.0  # resident memory of one env (measured on the probe's batch)
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _timed(fn, min_sec: float, min_reps: int = 3) -> tuple[float, float, int]:
-    """Run fn until min_sec and min_reps are both reached; (wall, cpu, reps)."""
-    wall0, cpu0, reps = time.perf_counter(), time.process_time(), 0
-    while reps < min_reps or time.perf_counter() - wall0 < min_sec:
-        fn()
-        reps += 1
-    return time.perf_counter() - wall0, time.process_time() - cpu0, reps
-
-
-def _probe_actions(spec, obs: dict):
-    """observation -> random actions for the probe's next step: legal ones of that observation where the env
-    masks actions; else one of 8 batches drawn up front from the reset observation `obs`, in turn, so that
-    drawing them is not timed as env stepping."""
-    from sf_engine.envs.masks import random_actions
-
-    rng = np.random.default_rng(0)
-    if spec.action_mask:
-        return lambda latest: random_actions(spec, latest, rng)
-    drawn = itertools.cycle([random_actions(spec, obs, rng) for _ in range(8)])
-    return lambda latest: next(drawn)
-
-
-def measure_env(cfg, spec, num_envs: int) -> tuple[float, float, dict, float]:
-    """Wall and CPU seconds per env step (one env, stepped in a batch of num_envs); one reset obs batch;
-    the resident memory one env takes (this process's growth while the batch is made and stepped)."""
-    import psutil
-
-    from sf_engine.envs import make_batch_env
-
-    before = psutil.Process().memory_info().rss
-    env = make_batch_env(cfg.env.env, cfg.env.env_backend, num_envs, seed=cfg.env.seed + 7_777_777, spec=spec)
-    try:
-        obs = {key: np.array(value) for key, value in env.reset().items()}
-        actions_for, latest = _probe_actions(spec, obs), [obs]
-
-        def step():
-            latest[0] = env.step(actions_for(latest[0])).obs
-
-        step()  # first steps may allocate
-        wall, cpu, reps = _timed(step, PROBE_SEC)
-        env_bytes = max(0, psutil.Process().memory_info().rss - before) / num_envs
-    finally:
-        env.close()
-    steps = reps * num_envs
-    return wall / steps, min(cpu, wall) / steps, obs, env_bytes
-
-
-def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
-    """CPU seconds per sample of acting (policy worker, 1 thread) and of training (forward, backward and
-    optimizer step on a minibatch, learner threads, times the epochs or the replay ratio; with dqn and r2d2
-    also the targets' forwards on the next observations). CPU time, not wall time: the forkserver may be busy
-    on the other cores meanwhile."""
-    import torch
-
-    from sf_engine.algo.acting import build_policy
-    from sf_engine.model.actor_critic import obs_tensors
-    from sf_engine.model.flat_state import FlatAdam, flatten_state
-
-    def tiled(rows: int) -> dict:  # the probe's reset observations repeated to `rows` samples
-        reps = -(-rows // len(next(iter(obs.values()))))
-        return obs_tensors({k: np.concatenate([v] * reps)[:rows] for k, v in obs.items()})
-
-    threads = torch.get_num_threads()
-    model = build_policy(spec, cfg, cfg.run.bf16)  # as the policy worker and learner will run it
-    model.refresh_bf16_acting()
-    inputs = tiled(batch)
-    try:
-        torch.set_num_threads(1)
-        state = model.initial_state(batch)
-        with torch.inference_mode():
-            model.sample(inputs, state)
-            _, cpu, n = _timed(lambda: model.sample(inputs, state), PROBE_SEC / 2)
-        inference = cpu / (n * batch)
-        torch.set_num_threads(cfg.learner.learner_threads)
-        # big enough that per-call overhead does not count, small enough to take a moment with a CNN
-        elements = sum(v[0].numel() for v in inputs.values())
-        minibatch = max(16, min(cfg.learner.batch_size, LEARN_PROBE_ELEMENTS // elements))
-        train_inputs = tiled(minibatch)
-        optimizer = FlatAdam(model, flatten_state(model), lr=1e-6, eps=1e-5)  # the learner's optimizer
-
-        forward = _probe_forward(model, train_inputs, minibatch)
-        # the targets' forwards (DQN's: the target network, and with double Q the online one, on the next observations)
-        bootstrap_forwards = cfg.algorithm.extra_forwards(cfg)
-
-        def train_step():
-            with torch.no_grad():
-                for _ in range(bootstrap_forwards):
-                    forward()
-            params, values = forward()
-            loss = params.square().mean() + values.square().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-
-        train_step()
-        _, cpu, n = _timed(train_step, PROBE_SEC / 2)
-    finally:
-        torch.set_num_threads(threads)
-    reuse = cfg.replay.replay_ratio if cfg.uses_replay else cfg.learner.num_epochs  # samples trained per env step
-    return inference, cpu / (n * minibatch) * reuse
-
-
-def _probe_forward(model, inputs: dict, minibatch: int):
-    """The learner's forward of `model` over the probe's `inputs` -> (distribution parameters, values): a
-    recurrent core unrolled over [minibatch / 16, 16] steps and sequences, as the learner runs it."""
-    import torch
-
-    if not model.recurrent:
-        return lambda: model(inputs)
-    sequence = (minibatch // 16, 16)
-    steps = sequence[0] * sequence[1]
-
-    def forward():
-        params, values, _ = model.forward_sequence(
-            {k: v[:steps] for k, v in inputs.items()},
-            model.initial_state(sequence[1]),
-            torch.zeros(sequence, dtype=torch.bool),
-        )
-        return params, values
-
-    return forward
-
-
-def measure(cfg, spec, probe_envs: int) -> Costs:
-    env_wall, env_cpu, obs, env_bytes = measure_env(cfg, spec, probe_envs)
-    inference, learn = measure_model(cfg, spec, obs, batch=max(probe_envs, 64))
-    return Costs(env_wall, env_cpu, inference, 0.0 if cfg.run.sampling_only else learn, env_bytes)
+def count(n: int, noun: str) -> str:
+    """'1 worker', '2 workers'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _divisors(n: int, multiple: int = 1) -> list:
@@ -284,7 +134,8 @@ def _serial_sizes(s, envs_per_worker_hint: int) -> tuple:
         num_envs_per_worker=envs_per_worker_hint if s.num_envs_per_worker == "auto" else s.num_envs_per_worker,
     )
     return chosen, [
-        f"serial mode, nothing to balance: {chosen.num_workers} workers x {chosen.num_envs_per_worker} envs"
+        f"serial mode, nothing to balance: {count(chosen.num_workers, 'worker')} x "
+        f"{count(chosen.num_envs_per_worker, 'env')}"
     ]
 
 
@@ -296,9 +147,11 @@ def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> t
     probe = (envs_per_worker_hint if auto_envs else int(s.num_envs_per_worker)) // s.worker_num_splits
     probe = -(-max(1, probe) // spec.num_agents) * spec.num_agents  # whole games of a multi-agent env
     costs = measure(cfg, spec, probe)
+    busy = f", {costs.others_busy:.1f} of them busy with other processes" if costs.others_busy >= 0.25 else ""
+    queued = f", {costs.queued * 1e6:,.1f} us more waiting for a core" if costs.queued >= 0.1 * costs.env_wall else ""
     lines = [
-        f"measured on {cores} cores: env step {costs.env_wall * 1e6:,.1f} us wall "
-        f"({costs.env_cpu * 1e6:,.1f} us CPU), inference {costs.inference * 1e6:,.1f} us/sample, "
+        f"measured on {cores} cores{busy}: env step {costs.env_wall * 1e6:,.1f} us wall "
+        f"({costs.env_cpu * 1e6:,.1f} us CPU{queued}), inference {costs.inference * 1e6:,.1f} us/sample, "
         f"training {costs.learn * 1e6:,.1f} us/sample "
         + (
             f"at {cfg.replay.replay_ratio:g} trained per env step"
@@ -316,7 +169,7 @@ def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> t
         per_split = choose_envs_per_split(costs, train_batch // s.rollout, hint_per_split, spec.num_agents)
         num_envs = per_split * s.worker_num_splits
         lines.append(
-            f"--num_envs_per_worker auto = {num_envs}: {per_split} envs per split step in "
+            f"--num_envs_per_worker auto = {num_envs}: {count(per_split, 'env')} per split step in "
             f"{per_split * costs.env_wall * 1e3:.2f} ms (target >= {TARGET_SPLIT_SEC * 1e3:g} ms, so a "
             f"round trip to the policy worker is a small part of it; whole slots per training batch)"
         )
@@ -364,7 +217,7 @@ def _within_memory(
     envs = num_envs if fixed_envs else per_split * splits  # a size the user gave is kept as given
     if (workers, envs) != (num_workers, num_envs):
         lines.append(
-            f"lowered to {workers} workers x {envs} envs so that the envs "
+            f"lowered to {count(workers, 'worker')} x {count(envs, 'env')} so that the envs "
             f"({costs.env_bytes / 2**20:,.1f} MiB each) and the processes fit in "
             f"{ENV_MEMORY_SHARE:.0%} of the {available / 2**30:,.1f} GiB available"
         )

@@ -104,9 +104,17 @@ class Experiment:
             self._lock_file = None
 
 
-def _lock(experiment_dir: str, experiment: str):
+def check_not_running(train_dir: str, experiment: str) -> None:
+    """ConfigError at once if another process runs `experiment` (it holds the lock): asked before the env is
+    probed or anything sized, so that a second copy is refused in a moment. Changes nothing on disk."""
+    path = os.path.join(train_dir, experiment, ".lock")
+    if os.path.exists(path):
+        _lock(os.path.dirname(path), experiment, mode="r").close()
+
+
+def _lock(experiment_dir: str, experiment: str, mode: str = "a+"):
     """One run per experiment at a time (they would share checkpoints and the shared-memory file)."""
-    lock = open(os.path.join(experiment_dir, ".lock"), "a+")
+    lock = open(os.path.join(experiment_dir, ".lock"), mode)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -27,6 +27,7 @@ from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
+from sf_engine.envs.probe import env_notes
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
 from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
@@ -63,7 +64,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     # a user's module built once, before auto sizing builds the model
     user_notes = check_model(cfg, spec) + check_encoder(cfg, spec)
     cfg, notes = _resolve(cfg, spec)
-    notes = user_notes + notes
+    notes = env_notes(cfg.env.env, spec) + user_notes + notes
     check_resolved(cfg)
     if cfg.sampler.envs_per_split % spec.num_agents:
         raise ConfigError(
@@ -116,7 +117,7 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     """The flags `given` over the env family's defaults, then the algorithm's for that family (its spec's), then the
     --config file's; and the env's spec, probed."""
     first = make_config(given, saved=saved)
-    spec = probe_env_spec(first.env.env, first.env.env_backend)
+    spec = probe_env_spec(first.env.env, first.env.env_backend, first.env.text_obs)
     defaults = flag_defaults(first.env.env, spec) | first.algorithm.family_defaults(spec.family)
     if first.model.model:  # a user's whole network: the built-in networks' encoder and core are not its defaults
         defaults = {name: value for name, value in defaults.items() if name not in BUILT_IN_NETWORK_FLAGS}
@@ -247,8 +248,9 @@ def _resume_point(cfg: Config, spec: EnvSpec, paths: Paths) -> tuple:
             ) from None
         if changed:
             raise ConfigError(
-                f"--experiment {cfg.run.experiment} cannot resume with another env or model "
-                f"({'; '.join(map(str, changed))}): pass --restart to start over or choose another --experiment"
+                f"--experiment {cfg.run.experiment} holds a run of another env or model "
+                f"({'; '.join(map(str, changed))}): choose another --experiment for this one, or pass --restart "
+                f"to delete that run's checkpoints and start over"
             )
     resume_from, skipped = latest_valid_checkpoint(paths.checkpoint_dir, load=True)
     if resume_from is None:

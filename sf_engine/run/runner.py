@@ -26,7 +26,7 @@ from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
-from sf_engine.run.experiment import Experiment
+from sf_engine.run.experiment import Experiment, check_not_running
 from sf_engine.run.plan import build_plan, log_plan, saved_config
 from sf_engine.run.supervisor import ChildFailed, Supervisor
 from sf_engine.runtime.checkpoint import checkpoint_dir, env_steps_of, latest_valid_checkpoint
@@ -38,6 +38,7 @@ from sf_engine.runtime.slot_pool import SlotPool, env_step_stop
 from sf_engine.runtime.wiring import make_queues
 from sf_engine.stats.report import Reporter
 from sf_engine.stats.run_stats import RunStats
+from sf_engine.stats.stages import LearnerStage, LiveStage
 from sf_engine.stats.tracking import WandbRun
 
 MONITOR_EVERY_SEC = 0.25
@@ -138,6 +139,7 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
                 buffers.env_steps,
                 on_gpu=cfg.run.device.startswith("cuda"),
                 ordered_workers=cfg.sampler.num_workers if cfg.run.deterministic else 0,
+                learner_live=LiveStage("learner", LearnerStage, buffers.learner_stage),
             )
             reporter = Reporter(
                 stats,
@@ -263,6 +265,7 @@ def launch(argv, observers=(), exits_after: bool = False, before_processes=lambd
     given = parse_flags(argv)
     saved = saved_config(given)
     first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
+    check_not_running(first.run.train_dir, first.run.experiment)
     done = already_done(first)
     if done:
         return done

@@ -27,7 +27,8 @@ when a restarted reader needs a policy's shared weights again), weights_generati
 learner makes a policy's shared vector, or by the supervisor when the learner died: a reader holding an older one
 takes the new one),
 published_copy [P] int64 (the version + 1 whose weights the file below holds, 0: none), run_started [1]
-float64 (time.monotonic() when this run started: the same clock in every process).
+float64 (time.monotonic() when this run started: the same clock in every process), learner_stage [2] float64
+(the learner's stage now, as its position in LearnerStage or -1, and since when: see stats.stages.StageTimer).
 Beside the file, `<file>.weights` (created empty with it, sized by the learner, which knows the model):
 last_published [P, F] float32, each policy's weights as published last (F = the model's flat state size),
 so that they outlive a learner that dies (see weights.py).
@@ -105,6 +106,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "weights_generation": ((policies,), "int64"),
         "published_copy": ((policies,), "int64"),
         "run_started": ((1,), "float64"),
+        "learner_stage": ((2,), "float64"),
     }
 
 

@@ -16,6 +16,7 @@ class Stages:
     role: str
     stage_sec: dict
     wall_sec: float
+    at: float = 0.0  # time.monotonic() up to which stage_sec books the process's time
 
 
 @dataclass

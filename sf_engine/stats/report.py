@@ -186,7 +186,7 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
         f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
         f"| lag mean/max {lag} | version {train.version if train else 0}"
     )
-    line += _game_progress(stats) + stats.replay.status_text()
+    line += _game_progress(stats) + stats.replay.status_text() + _learner_in_progress(stats)
     if stats.books.skipped_non_finite or stats.skipped_updates:  # the env's or the learner's NaNs and infs
         line += f" | non-finite: {stats.books.skipped_non_finite:,} samples, {stats.skipped_updates:,} updates skipped"
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
@@ -207,6 +207,15 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
             f"lag {max(lags) if lags else 0:.1f}, restarts {sum(n['restarts'] for n in nodes)}"
         )
     return line + f" | ETA {_seconds_left(stats, cfg, elapsed, rate)}"
+
+
+LONG_STAGE_SEC = 10.0  # the status line says what the learner has been doing for longer than this
+
+
+def _learner_in_progress(stats: RunStats) -> str:
+    """' | learner in train for 42 s' while the learner is in one stage for a long time (a slow first round)."""
+    now = stats.learner_now()
+    return f" | learner in {now[0]} for {now[1]:,.0f} s" if now is not None and now[1] >= LONG_STAGE_SEC else ""
 
 
 def _game_progress(stats: RunStats) -> str:

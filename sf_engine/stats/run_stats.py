@@ -18,6 +18,7 @@ from sf_engine.stats.bottleneck import diagnose, subtract
 from sf_engine.stats.episode_order import EpisodeOrder
 from sf_engine.stats.rates import RateWindow
 from sf_engine.stats.replay_figures import ReplayFigures
+from sf_engine.stats.stages import LiveStage
 
 WARMUP_SEC = 2.0  # throughput "after warm-up" starts this long after the first env step
 WINDOW_SEC = 2.0  # throughput windows after warm-up (benchmarks report their median)
@@ -110,10 +111,19 @@ class PolicyBooks:
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
-    def __init__(self, env_steps_base: int, env_step_counters, on_gpu: bool = False, ordered_workers: int = 0):
+    def __init__(
+        self,
+        env_steps_base: int,
+        env_step_counters,
+        on_gpu: bool = False,
+        ordered_workers: int = 0,
+        learner_live: LiveStage | None = None,
+    ):
         """`ordered_workers`: --deterministic, the rollout workers whose episodes are taken in the order they ended
-        (EpisodeOrder), every one of them, even after the stop (the run's processes stop at the same step)."""
+        (EpisodeOrder), every one of them, even after the stop (the run's processes stop at the same step).
+        `learner_live`: the learner's stage now, counted in its stage seconds before its report books it."""
         self.env_steps_base, self.counters = env_steps_base, env_step_counters
+        self.learner_live = learner_live
         self.order = EpisodeOrder(ordered_workers) if ordered_workers else None
         self.start_time = time.monotonic()
         self.throughput = Throughput(env_steps_base)
@@ -209,7 +219,21 @@ class RunStats:
 
     @property
     def stage_sec(self) -> dict:
-        return {role: stages.stage_sec for role, stages in self.stages.items()}
+        """role -> stage -> seconds, the learner's stage in progress included (a long first round is busy)."""
+        out = {role: dict(stages.stage_sec) for role, stages in self.stages.items()}
+        now = self.learner_now(since_report=True)
+        if now is not None:
+            learner = out.setdefault(self.learner_live.role, {})
+            learner[now[0]] = learner.get(now[0], 0.0) + now[1]
+        return out
+
+    def learner_now(self, since_report: bool = False) -> tuple[str, float] | None:
+        """(the learner's stage now, its seconds in it), or None (no stage entered); `since_report`: only the seconds
+        its latest report does not hold."""
+        if self.learner_live is None:
+            return None
+        reported = self.stages.get(self.learner_live.role)
+        return self.learner_live.in_progress(reported.at if reported is not None and since_report else 0.0)
 
     def consume(self, messages: list) -> None:
         for message in messages:
@@ -343,10 +367,7 @@ class RunStats:
         now = time.monotonic()
         self.throughput.sample(now, self.env_steps, self.books.trained + self.replay_samples)
         if self.bottleneck_snapshot is None and self.throughput.warmup is not None:
-            self.bottleneck_snapshot = (now, self._stage_copy())
-
-    def _stage_copy(self) -> dict:
-        return {role: dict(stages) for role, stages in self.stage_sec.items()}
+            self.bottleneck_snapshot = (now, self.stage_sec)
 
     def bottleneck_due(self) -> bool:
         snapshot = self.bottleneck_snapshot
@@ -357,7 +378,7 @@ class RunStats:
         now = time.monotonic()
         then, old = self.bottleneck_snapshot
         self.diagnosis = diagnose(subtract(self.stage_sec, old), now - then, self.replay.ratio_target, self.on_gpu)
-        self.bottleneck_snapshot = (now, self._stage_copy())
+        self.bottleneck_snapshot = (now, self.stage_sec)
         return now - then
 
     def stop(self) -> None:

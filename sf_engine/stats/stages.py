@@ -53,12 +53,16 @@ class ReceiverStage(StrEnum):
 class StageTimer:
     """Seconds per stage of one process's loop, adding up to its wall time since the first `start()`:
     `start()` opens a lap, `lap(stage)` books the time since the last mark to `stage` (one of the
-    stages it was built with: `StageTimer(*LearnerStage)`)."""
+    stages it was built with: `StageTimer(*LearnerStage)`).
+    `live`: a shared float64 [2] array (or None) where `enter(stage)` says which stage the process is in from now
+    and since when, before a call that may be long (a learner's first training round can take a minute): the runner
+    counts that stage's time before the lap books it (LiveStage). A lap ends what `enter` said."""
 
-    def __init__(self, *stages: str):
+    def __init__(self, *stages: str, live=None):
         self.stage_sec = dict.fromkeys(stages, 0.0)  # keyed by the members: a lap's lookup is by identity
         self.first = None
         self._mark = 0.0
+        self._live, self._position = live, {stage: i for i, stage in enumerate(stages)}
 
     def start(self) -> float:
         self._mark = time.monotonic()
@@ -66,12 +70,34 @@ class StageTimer:
             self.first = self._mark
         return self._mark
 
+    def enter(self, stage: str) -> None:
+        if self._live is not None:
+            self._live[1] = self._mark
+            self._live[0] = self._position[stage]
+
     def lap(self, stage: str) -> float:
         now = time.monotonic()
         self.stage_sec[stage] += now - self._mark
         self._mark = now
+        if self._live is not None:
+            self._live[0] = -1
         return now
 
     def report(self, role: str) -> Stages:
         stage_sec = {str(stage): sec for stage, sec in self.stage_sec.items()}  # plain names in the messages
-        return Stages(role, stage_sec, time.monotonic() - (self.first or time.monotonic()))
+        now = time.monotonic()
+        return Stages(role, stage_sec, now - (self.first or now), at=self._mark)
+
+
+class LiveStage:
+    """The runner's view of a process's stage now (StageTimer.enter), over the stages of `role`'s timer."""
+
+    def __init__(self, role: str, stages: type, live):
+        self.role, self.stages, self.live = role, list(stages), live
+
+    def in_progress(self, reported_until: float) -> tuple[str, float] | None:
+        """(stage, seconds in it not booked in a report up to `reported_until`), or None outside a stage entered."""
+        position, since = int(self.live[0]), float(self.live[1])
+        if position < 0:
+            return None
+        return str(self.stages[position]), max(0.0, time.monotonic() - max(since, reported_until))

@@ -1,0 +1,161 @@
+"""Probing an env once, in the main process: its observation entries, action spec, family and frameskip (the
+EnvSpec every role is handed), checked against what the engine handles, each refusal one line; and the lines the
+start prints about how the env is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import warnings
+
+from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
+from .doom_scenarios import is_doom
+from .gym_atari import FRAME_SKIP as ATARI_FRAME_SKIP
+from .gym_atari import gym_atari_id, settings_line
+from .masks import check_action_mask, mask_in_info, with_mask_space
+from .multiagent import is_multiagent, probe_spaces
+from .observations import observation_layout, observation_notes
+from .partially_observed import MASKED_ENVS
+from .registry import did_you_mean, envpool_ids, envpool_module, gym_factory, resolve_backend
+from .spec import TO_MOVE_KEY, EnvError, EnvSpec, action_spec, check_same_spaces, obs_entries
+from .user_code import describe_exception
+
+
+def _make_probe_env(env_id: str):
+    """One env of `env_id`; a Gymnasium id whose extra is not installed (Box2D, MuJoCo, ...) is one line
+    with Gymnasium's install command."""
+    import gymnasium as gym
+
+    factory = gym_factory(env_id)
+    try:
+        return factory()
+    except gym.error.DependencyNotInstalled as exc:
+        raise EnvError(f"--env {env_id}: {(str(exc).splitlines() or ['a dependency is missing'])[0]}") from None
+    except Exception as exc:  # a user's factory or class: its own error, where it was raised
+        raise EnvError(f"--env {env_id}: making the env raised {describe_exception(exc)}") from None
+
+
+def _observed(env_id: str, space, text: str):
+    """The observation space the engine sees of an env's `space`: its ObsLayout's flat Dict of Boxes where it needs
+    one (envs.observations), else `space`; and that layout (or None)."""
+    layout = observation_layout(env_id, space, text)
+    return (space if layout is None else layout.space), layout
+
+
+def _check_gym_api(env_id: str, env, text: str) -> dict:
+    """reset() must return (obs, info) as in Gymnasium, the observation within observation_space, and
+    the spaces must stay as they are at the next reset(); returns the first reset's info."""
+    infos, spaces = [], []
+    for seed in (0, 1):
+        try:
+            result = env.reset(seed=seed)
+        except Exception as exc:  # a user's env: any failure is reported as such
+            raise EnvError(f"--env {env_id}: reset() raised {describe_exception(exc)}") from None
+        if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
+            raise EnvError(
+                f"--env {env_id}: reset() must return (observation, info dict) as in Gymnasium, "
+                f"got {type(result).__name__}"
+            )
+        if not env.observation_space.contains(result[0]):
+            raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
+        infos.append(result[1])
+        observed = _observed(env_id, env.observation_space, text)[0]
+        spaces.append((obs_entries(env_id, observed), action_spec(env_id, env.action_space)))
+    observed = _observed(env_id, env.observation_space, text)[0]
+    check_same_spaces(env_id, spaces[0], observed, env.action_space, "the second reset()", "the first")
+    return infos[0]
+
+
+def env_notes(env_id: str, spec: EnvSpec) -> list:
+    """The lines the start prints about how the env is made: its observation parts made vectors, and a Gymnasium ALE
+    id's Atari preprocessing (and EnvPool's id of the same game)."""
+    atari = [settings_line(env_id)] if spec.family == "atari" and gym_atari_id(env_id) else []
+    return observation_notes(env_id, spec) + atari
+
+
+@dataclasses.dataclass
+class _Probed:
+    """What one probed env says of itself, before the engine reads it as an EnvSpec."""
+
+    obs_space: object
+    action_space: object
+    info: dict | None = None  # the first reset's info (a Gymnasium env's; its action mask may be there)
+    agents: tuple = ()
+    turn_based: bool = False
+    layout: object = None
+    atari: bool = False
+    frameskip: int = 1
+
+
+def _probe_envpool(env_id: str) -> _Probed:
+    envpool = envpool_module()
+    if env_id not in envpool_ids():
+        raise EnvError(
+            f"--env {env_id}: EnvPool has no such id{did_you_mean(env_id, envpool_ids())} "
+            f"(use --env_backend gymnasium for Gymnasium ids)"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pool_spec = envpool.make_spec(env_id)
+    atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
+    frameskip = int(pool_spec.config.frame_skip) if atari else 1
+    return _Probed(pool_spec.observation_space, pool_spec.action_space, atari=atari, frameskip=frameskip)
+
+
+def _probe_gymnasium(env_id: str, text: str) -> _Probed:
+    env = _make_probe_env(env_id)
+    try:
+        if is_multiagent(env):
+            obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
+            probed = _Probed(obs_space, action_space, agents=agents, turn_based=turn_based)
+        else:
+            info = _check_gym_api(env_id, env, text)
+            obs_space, layout = _observed(env_id, env.observation_space, text)
+            probed = _Probed(obs_space, env.action_space, info=info, layout=layout)
+    finally:
+        env.close()
+    probed.atari = gym_atari_id(env_id) is not None and importlib.util.find_spec("ale_py") is not None
+    probed.frameskip = ATARI_FRAME_SKIP if probed.atari else (DOOM_FRAME_SKIP if is_doom(env_id) else 1)
+    return probed
+
+
+def probe_env_spec(env_id: str, backend: str, text: str = "bag") -> EnvSpec:
+    """Observation entries, action spec and family, checked against what the engine handles. `text`: what becomes
+    of a text part of a Dict observation (--text_obs: envs.observations)."""
+    if env_id in MASKED_ENVS:
+        base_id, keep = MASKED_ENVS[env_id]
+        base = probe_env_spec(base_id, backend)
+        ((key, _, dtype),) = base.obs
+        return EnvSpec(
+            obs=((key, (len(keep),), dtype),), action=base.action, family=base.family, frameskip=base.frameskip
+        )
+    envpool = resolve_backend(env_id, backend) == "envpool"
+    probed = _probe_envpool(env_id) if envpool else _probe_gymnasium(env_id, text)
+    action, obs_space = action_spec(env_id, probed.action_space), probed.obs_space
+    info = probed.info
+    from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)
+    if from_info:  # the env's info['action_mask'] becomes an observation entry
+        obs_space = with_mask_space(obs_space, sum(action.nvec))
+    obs = obs_entries(env_id, obs_space)
+    if probed.turn_based:  # whose turn it is: the policy and value see it (a board alone may not say it)
+        obs += ((TO_MOVE_KEY, (1,), "float32"),)
+    spec = EnvSpec(
+        obs=obs,
+        action=action,
+        frameskip=probed.frameskip,
+        mask_from_info=from_info,
+        agents=probed.agents,
+        turn_based=probed.turn_based,
+        layout=probed.layout,
+    )
+    check_action_mask(env_id, spec, EnvError)
+    if probed.atari:
+        family = "atari"
+    elif is_doom(env_id):
+        family = "doom"
+    elif probed.turn_based:
+        family = "turns"
+    else:
+        family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
+    return dataclasses.replace(spec, family=family)
