@@ -43,9 +43,10 @@ def _observed(env_id: str, space, text: str):
     return (space if layout is None else layout.space), layout
 
 
-def _check_gym_api(env_id: str, env, text: str) -> dict:
+def _check_gym_api(env_id: str, env, text: str) -> tuple:
     """reset() must return (obs, info) as in Gymnasium, the observation within observation_space, and
-    the spaces must stay as they are at the next reset(); returns the first reset's info."""
+    the spaces must stay as they are at the next reset(); returns the first reset's info, and the observation space
+    the engine sees with its layout (_observed) as the second reset left them."""
     infos, spaces = [], []
     for seed in (0, 1):
         try:
@@ -60,11 +61,10 @@ def _check_gym_api(env_id: str, env, text: str) -> dict:
         if not env.observation_space.contains(result[0]):
             raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
         infos.append(result[1])
-        observed = _observed(env_id, env.observation_space, text)[0]
+        observed, layout = _observed(env_id, env.observation_space, text)
         spaces.append((obs_entries(env_id, observed), action_spec(env_id, env.action_space)))
-    observed = _observed(env_id, env.observation_space, text)[0]
     check_same_spaces(env_id, spaces[0], observed, env.action_space, "the second reset()", "the first")
-    return infos[0]
+    return infos[0], observed, layout
 
 
 def env_notes(env_id: str, spec: EnvSpec) -> list:
@@ -110,8 +110,7 @@ def _probe_gymnasium(env_id: str, text: str) -> _Probed:
             obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
             probed = _Probed(obs_space, action_space, agents=agents, turn_based=turn_based)
         else:
-            info = _check_gym_api(env_id, env, text)
-            obs_space, layout = _observed(env_id, env.observation_space, text)
+            info, obs_space, layout = _check_gym_api(env_id, env, text)
             probed = _Probed(obs_space, env.action_space, info=info, layout=layout)
     finally:
         env.close()

@@ -48,6 +48,12 @@ class ActionSpec:
         return {"discrete": 1, "multi_discrete": len(self.nvec)}.get(self.kind, self.shape[0] if self.shape else 0)
 
     @property
+    def part_columns(self) -> list:
+        """A composite action's (part, first column, end column) in its buffer row."""
+        edges = np.cumsum([0] + [part.width for part in self.parts]).tolist()
+        return list(zip(self.parts, edges[:-1], edges[1:]))
+
+    @property
     def buffer_shape(self) -> tuple:
         return () if self.kind == "discrete" else (self.width,)
 
@@ -67,11 +73,7 @@ class ActionSpec:
         the env's first value (Gymnasium's Discrete start; the policy picks 0..n-1), bits as int8; a composite
         action's parts as a tuple (or a dict) of such batches, as Gymnasium's vector envs take them."""
         if self.kind == "composite":
-            columns = np.cumsum([0] + [part.width for part in self.parts])
-            batches = [
-                part.env_actions(part.from_columns(actions[:, lo:hi]))
-                for part, lo, hi in zip(self.parts, columns[:-1], columns[1:])
-            ]
+            batches = [part.env_actions(part.from_columns(actions[:, lo:hi])) for part, lo, hi in self.part_columns]
             return dict(zip(self.keys, batches)) if self.keys else tuple(batches)
         if self.kind == "continuous":
             return np.clip(actions, *self._to_env)

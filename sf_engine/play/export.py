@@ -84,13 +84,10 @@ def _action_info(action) -> dict:
     if action.kind == "multi_binary":
         info["bits"] = action.width
     if action.kind == "composite":
-        edges = [0]
-        for part in action.parts:
-            edges.append(edges[-1] + part.width)
         names = action.keys or range(len(action.parts))
         info["parts"] = [
             {**_action_info(part), "name": name, "columns": [lo, hi]}
-            for name, part, lo, hi in zip(names, action.parts, edges, edges[1:])
+            for name, (part, lo, hi) in zip(names, action.part_columns)
         ]
     return info
 
