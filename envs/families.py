@@ -10,7 +10,25 @@ from .partially_observed import ENV_DEFAULTS
 from .spec import EnvSpec
 
 # --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
-ENVS_PER_WORKER_HINT = {"classic": 128, "atari": 32, "image": 16, "continuous": 32, "doom": 32, "turns": 128}
+ENVS_PER_WORKER_HINT = {
+    "classic": 128,
+    "atari": 32,
+    "image": 16,
+    "continuous": 32,
+    "box2d": 32,
+    "doom": 32,
+    "turns": 128,
+}
+
+# Box2D's games (Gymnasium's box2d envs; EnvPool steps the same ids in C++): the box2d family where they observe
+# vectors (CarRacing's 96x96 colour frames take the image family's)
+BOX2D_GAMES = ("LunarLander", "LunarLanderContinuous", "BipedalWalker", "BipedalWalkerHardcore", "CarRacing")
+
+
+def is_box2d(env_id: str) -> bool:
+    """Whether `env_id` is one of Box2D's games, of any version (`LunarLander-v3`, `gymnasium:BipedalWalker-v3`)."""
+    return env_id.split(":")[-1].split("/")[-1].rsplit("-v", 1)[0] in BOX2D_GAMES
+
 
 FAMILY_DEFAULTS = {
     "classic": {},
@@ -80,6 +98,10 @@ FAMILY_DEFAULTS = {
         "entropy_coeff": 0.0,
     },
 }
+
+# Box2D's vector games (LunarLander, LunarLanderContinuous, BipedalWalker): the continuous family's networks and
+# normalizers; PPO's longer horizon for them is its own (sf_engine/algo/ppo/spec.py: the off-policy family keeps 0.99)
+FAMILY_DEFAULTS["box2d"] = FAMILY_DEFAULTS["continuous"]
 
 
 # two-player turn-based games: the mean return of a zero-sum game stays 0 in self-play, so the evaluator plays 20

@@ -1,6 +1,7 @@
 """Observation spaces beyond numeric Boxes, made into the flat entries the engine stores: a Dict's Discrete and
-MultiDiscrete parts as one-hot vectors, its text parts (Gymnasium's Text, MiniGrid's mission) as a bag of tokens
-over a vocabulary built from the space, or left out (--text_obs), and nested Dicts flattened ('outer/inner').
+MultiDiscrete parts as one-hot vectors or as indices into a learned embedding table (--discrete_obs), its text parts
+(Gymnasium's Text, MiniGrid's mission) as a bag of tokens over a vocabulary built from the space, or left out
+(--text_obs), and nested Dicts flattened ('outer/inner').
 
 An env whose observation needs this is wrapped, one env at a time before it is vectorized, by FlatObservation: the
 vector env, the shared buffers and the model only ever see a flat Dict of Boxes. `load_policy(...).act` converts a
@@ -24,9 +25,10 @@ _WORD = re.compile(r"[A-Za-z0-9]+")
 
 @dataclass(frozen=True)
 class ObsPart:
-    """One leaf of the env's observation: where it is (`path` of keys), its kind ('box', 'onehot' or 'text') and
-    what the conversion needs: a box part's Box, the sizes and starts of a one-hot's dimensions, a text part's tokens
-    (characters, or words where `words`)."""
+    """One leaf of the env's observation: where it is (`path` of keys), its kind ('box', 'onehot', 'index' or 'text')
+    and what the conversion needs: a box part's Box, the sizes and starts of a one-hot's (or an index's) dimensions,
+    a text part's tokens (characters, or words where `words`). An index part's entry holds, per dimension, the row of
+    one table of all its dimensions' values (the first dimension's rows first): the model looks them up."""
 
     path: tuple
     kind: str
@@ -42,18 +44,26 @@ class ObsPart:
 
     @property
     def width(self) -> int:
+        if self.kind == "index":
+            return len(self.sizes)
         return sum(self.sizes) if self.kind == "onehot" else len(self.tokens) + 1  # + 1: tokens not in the vocabulary
+
+    @property
+    def table_rows(self) -> int:
+        """An index part's embedding table: one row per value of each dimension."""
+        return sum(self.sizes)
 
     def convert(self, values) -> np.ndarray:
         """[B, ...] values of this part (a batch) -> its entry's float32 [B, width] (box parts: as they are)."""
         if self.kind == "box":
             return np.asarray(values)
-        if self.kind == "onehot":
+        if self.kind in ("onehot", "index"):
             columns = np.asarray(values, np.int64).reshape(len(values), -1) - np.asarray(self.starts)
+            rows_of_table = np.cumsum((0,) + self.sizes[:-1]) + np.clip(columns, 0, np.asarray(self.sizes) - 1)
+            if self.kind == "index":
+                return rows_of_table.astype(np.float32)
             out = np.zeros((len(columns), self.width), np.float32)
-            offsets = np.cumsum((0,) + self.sizes[:-1])
-            rows = np.arange(len(columns))[:, None]
-            out[rows, offsets + np.clip(columns, 0, np.asarray(self.sizes) - 1)] = 1.0
+            out[np.arange(len(columns))[:, None], rows_of_table] = 1.0
             return out
         index = {token: i for i, token in enumerate(self.tokens)}
         out = np.zeros((len(values), self.width), np.float32)
@@ -69,6 +79,10 @@ class ObsLayout:
 
     parts: tuple
     dropped: tuple = ()
+
+    def index_tables(self) -> dict:
+        """{entry key: table rows} of its index parts (--discrete_obs embed)."""
+        return {part.key: part.table_rows for part in self.parts if part.kind == "index"}
 
     @property
     def space(self):
@@ -106,7 +120,7 @@ def observation_notes(env_id: str, spec) -> list:
     layout = spec.layout
     if layout is None:
         return []
-    kinds = {"onehot": "one-hot", "text": "a bag of tokens"}
+    kinds = {"onehot": "one-hot", "index": "indices into a learned embedding", "text": "a bag of tokens"}
     made = [f"{part.key} as {kinds[part.kind]} [{part.width}]" for part in layout.parts if part.kind != "box"]
     lines = [f"--env {env_id}: observation parts made vectors: {', '.join(made)}"] if made else []
     if layout.dropped:
@@ -114,9 +128,10 @@ def observation_notes(env_id: str, spec) -> list:
     return lines
 
 
-def observation_layout(env_id: str, space, text: str = "bag") -> ObsLayout | None:
+def observation_layout(env_id: str, space, text: str = "bag", discrete: str = "onehot") -> ObsLayout | None:
     """The ObsLayout of `space`, or None where the engine takes it as it is (a numeric Box, a flat Dict of them).
-    `text`: 'bag' (a bag of tokens) or 'drop' (left out). EnvError names a part that cannot be converted."""
+    `text`: 'bag' (a bag of tokens) or 'drop' (left out); `discrete`: 'onehot' or 'embed' (indices into a learned
+    table). EnvError names a part that cannot be converted."""
     from gymnasium import spaces
 
     if isinstance(space, spaces.Dict) and all(_numeric_box(sub) for sub in space.spaces.values()):
@@ -125,7 +140,7 @@ def observation_layout(env_id: str, space, text: str = "bag") -> ObsLayout | Non
         return None  # a single space: a Box, or one obs_entries refuses in one line
     parts, dropped = [], []
     for path, sub in _leaves(space.spaces, ()):
-        part = _part(env_id, path, sub, text)
+        part = _part(env_id, path, sub, text, "index" if discrete == "embed" else "onehot")
         (dropped if part is None else parts).append("/".join(path) if part is None else part)
     if not parts:
         raise EnvError(f"--env {env_id}: nothing is left of the observation once its text is left out (--text_obs)")
@@ -149,15 +164,15 @@ def _leaves(items: dict, path: tuple):
             yield path + (str(key),), sub
 
 
-def _part(env_id: str, path: tuple, sub, text: str) -> ObsPart | None:
+def _part(env_id: str, path: tuple, sub, text: str, discrete: str) -> ObsPart | None:
     from gymnasium import spaces
 
     if _numeric_box(sub):
         return ObsPart(path, "box", box=sub)
     if isinstance(sub, spaces.Discrete):
-        return ObsPart(path, "onehot", sizes=(int(sub.n),), starts=(int(sub.start),))
+        return ObsPart(path, discrete, sizes=(int(sub.n),), starts=(int(sub.start),))
     if isinstance(sub, spaces.MultiDiscrete) and sub.nvec.ndim == 1:
-        return ObsPart(path, "onehot", sizes=tuple(int(n) for n in sub.nvec), starts=tuple(int(s) for s in sub.start))
+        return ObsPart(path, discrete, sizes=tuple(int(n) for n in sub.nvec), starts=tuple(int(s) for s in sub.start))
     if isinstance(sub, spaces.MultiBinary) and len(sub.shape) == 1:
         return ObsPart(path, "box", box=spaces.Box(0, 1, sub.shape, np.int8))
     if isinstance(sub, spaces.Text) or _is_string_space(sub):

@@ -11,6 +11,7 @@ import warnings
 
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom_scenarios import is_doom
+from .families import is_box2d
 from .gym_atari import FRAME_SKIP as ATARI_FRAME_SKIP
 from .gym_atari import gym_atari_id, settings_line
 from .masks import check_action_mask, mask_in_info, with_mask_space
@@ -36,14 +37,14 @@ def _make_probe_env(env_id: str):
         raise EnvError(f"--env {env_id}: making the env raised {describe_exception(exc)}") from None
 
 
-def _observed(env_id: str, space, text: str):
+def _observed(env_id: str, space, text: str, discrete: str):
     """The observation space the engine sees of an env's `space`: its ObsLayout's flat Dict of Boxes where it needs
     one (envs.observations), else `space`; and that layout (or None)."""
-    layout = observation_layout(env_id, space, text)
+    layout = observation_layout(env_id, space, text, discrete)
     return (space if layout is None else layout.space), layout
 
 
-def _check_gym_api(env_id: str, env, text: str) -> tuple:
+def _check_gym_api(env_id: str, env, text: str, discrete: str) -> tuple:
     """reset() must return (obs, info) as in Gymnasium, the observation within observation_space, and
     the spaces must stay as they are at the next reset(); returns the first reset's info, and the observation space
     the engine sees with its layout (_observed) as the second reset left them."""
@@ -61,7 +62,7 @@ def _check_gym_api(env_id: str, env, text: str) -> tuple:
         if not env.observation_space.contains(result[0]):
             raise EnvError(f"--env {env_id}: reset() returned an observation outside observation_space")
         infos.append(result[1])
-        observed, layout = _observed(env_id, env.observation_space, text)
+        observed, layout = _observed(env_id, env.observation_space, text, discrete)
         spaces.append((obs_entries(env_id, observed), action_spec(env_id, env.action_space)))
     check_same_spaces(env_id, spaces[0], observed, env.action_space, "the second reset()", "the first")
     return infos[0], observed, layout
@@ -103,14 +104,14 @@ def _probe_envpool(env_id: str) -> _Probed:
     return _Probed(pool_spec.observation_space, pool_spec.action_space, atari=atari, frameskip=frameskip)
 
 
-def _probe_gymnasium(env_id: str, text: str) -> _Probed:
+def _probe_gymnasium(env_id: str, text: str, discrete: str) -> _Probed:
     env = _make_probe_env(env_id)
     try:
         if is_multiagent(env):
             obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
             probed = _Probed(obs_space, action_space, agents=agents, turn_based=turn_based)
         else:
-            info, obs_space, layout = _check_gym_api(env_id, env, text)
+            info, obs_space, layout = _check_gym_api(env_id, env, text, discrete)
             probed = _Probed(obs_space, env.action_space, info=info, layout=layout)
     finally:
         env.close()
@@ -119,9 +120,9 @@ def _probe_gymnasium(env_id: str, text: str) -> _Probed:
     return probed
 
 
-def probe_env_spec(env_id: str, backend: str, text: str = "bag") -> EnvSpec:
-    """Observation entries, action spec and family, checked against what the engine handles. `text`: what becomes
-    of a text part of a Dict observation (--text_obs: envs.observations)."""
+def probe_env_spec(env_id: str, backend: str, text: str = "bag", discrete: str = "onehot") -> EnvSpec:
+    """Observation entries, action spec and family, checked against what the engine handles. `text` and `discrete`:
+    what becomes of a Dict observation's text and Discrete parts (--text_obs, --discrete_obs: envs.observations)."""
     if env_id in MASKED_ENVS:
         base_id, keep = MASKED_ENVS[env_id]
         base = probe_env_spec(base_id, backend)
@@ -130,7 +131,7 @@ def probe_env_spec(env_id: str, backend: str, text: str = "bag") -> EnvSpec:
             obs=((key, (len(keep),), dtype),), action=base.action, family=base.family, frameskip=base.frameskip
         )
     envpool = resolve_backend(env_id, backend) == "envpool"
-    probed = _probe_envpool(env_id) if envpool else _probe_gymnasium(env_id, text)
+    probed = _probe_envpool(env_id) if envpool else _probe_gymnasium(env_id, text, discrete)
     action, obs_space = action_spec(env_id, probed.action_space), probed.obs_space
     info = probed.info
     from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)
@@ -157,4 +158,5 @@ def probe_env_spec(env_id: str, backend: str, text: str = "bag") -> EnvSpec:
         family = "turns"
     else:
         family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
+        family = "box2d" if family != "image" and is_box2d(env_id) else family
     return dataclasses.replace(spec, family=family)

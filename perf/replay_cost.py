@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sf_engine.algo.base import TrainingHooks  # noqa: E402
 from sf_engine.algo.dqn.learning import DQN  # noqa: E402
+from sf_engine.config.algorithms import algorithm_spec  # noqa: E402
 from sf_engine.config.cli import make_config  # noqa: E402
 from sf_engine.envs import flag_defaults, probe_env_spec  # noqa: E402
 from sf_engine.model.shape import resolve_model_config  # noqa: E402
@@ -89,7 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = probe_env_spec(args.env, "auto")
-    cfg = make_config({"learner": {"algo": "dqn"}}, flag_defaults(args.env, spec, "dqn"))
+    defaults = flag_defaults(args.env, spec) | algorithm_spec("dqn").family_defaults(spec.family)
+    cfg = make_config({"learner": {"algo": "dqn"}}, defaults)
     cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
     capacity = args.capacity or cfg.replay.replay_size
     hooks = TrainingHooks(lambda: 0, lambda: None, lambda: False, lambda: 0.0)

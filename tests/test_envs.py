@@ -32,6 +32,8 @@ def _installed(module: str) -> bool:
         ("HalfCheetah-v4", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
         ("Acrobot-v1", ["--env_backend", "gymnasium", "--train_for_env_steps", "2000"], "classic", "mlp"),
         ("Pendulum-v1", ["--train_for_env_steps", "2000"], "continuous", "mlp"),
+        ("BipedalWalker-v3", ["--train_for_env_steps", "2000"], "box2d", "mlp"),
+        ("LunarLander-v3", ["--train_for_env_steps", "2000"], "box2d", "mlp"),
         ("toy_envs:ToyDictEnv", ["--train_for_env_steps", "2000", "--actor_critic", "separate"], "image", "nature_cnn"),
         ("toy_envs:ToyHWCImageEnv", ["--train_for_env_steps", "2000"], "image", "nature_cnn"),
     ],
@@ -55,6 +57,19 @@ def test_family_defaults_yield_to_the_users_flags(tmp_path, shm_dir):
     continuous = serial_plan(tmp_path, shm_dir, "HalfCheetah-v4").cfg
     assert continuous.model.normalize_input and continuous.model.normalize_returns
     assert continuous.model.actor_critic == "separate" and cfg.model.actor_critic == "shared"
+
+
+def test_box2d_games_get_zoos_horizon_under_ppo_and_their_own_under_the_off_policy_family(tmp_path, shm_dir):
+    from sf_engine.envs.families import is_box2d
+
+    games = ("LunarLander-v3", "gymnasium:BipedalWalker-v3", "CartPole-v1")
+    assert [is_box2d(env) for env in games] == [True, True, False]
+    ppo = serial_plan(tmp_path, shm_dir, "LunarLanderContinuous-v3").cfg
+    assert (ppo.learner.gamma, ppo.learner.gae_lambda, ppo.learner.entropy_coeff) == (0.999, 0.95, 0.01)
+    assert ppo.model.normalize_input and ppo.model.actor_critic == "separate"
+    sac = serial_plan(tmp_path, shm_dir, "LunarLanderContinuous-v3", "--algo", "sac").cfg
+    assert sac.learner.gamma == 0.99 and not sac.model.normalize_input and sac.model.hidden_size == 256
+    assert serial_plan(tmp_path, shm_dir, "LunarLander-v3", "--gamma", "0.98").cfg.learner.gamma == 0.98
 
 
 def _next_value(value: int) -> int:

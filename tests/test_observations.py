@@ -1,9 +1,12 @@
 """Dict observations with Discrete, MultiDiscrete, MultiBinary, text and nested parts: the flat entries they become,
-their conversion (one-hot, a bag of tokens), --text_obs drop, and a run that learns from a Discrete part and a text
-part and plays from the env's own observations through load_policy."""
+their conversion (one-hot, rows of a learned table, a bag of tokens), --text_obs drop, --discrete_obs embed, and runs
+that learn from a Discrete part and a text part and play from the env's own observations through load_policy."""
+
+import os
 
 import numpy as np
 import pytest
+from conftest import read_json
 from gymnasium import spaces
 
 from sf_engine.envs import probe_env_spec
@@ -47,6 +50,32 @@ def test_one_hots_and_bags_of_tokens():
     assert batch["text"].tolist() == [[0, 0, 1, 0], [0, 1, 1, 1]]
     for key, box in layout.space.spaces.items():
         assert box.contains(np.asarray(one[key], box.dtype)), key
+
+
+def test_discrete_parts_as_rows_of_one_table_per_part():
+    space = spaces.Dict({"dir": spaces.Discrete(3, start=-1), "dials": spaces.MultiDiscrete([2, 3])})
+    layout = observation_layout("env", space, discrete="embed")
+    assert layout.index_tables() == {"dir": 3, "dials": 5}
+    assert {key: box.shape for key, box in layout.space.spaces.items()} == {"dir": (1,), "dials": (2,)}
+    one = layout.one({"dir": 1, "dials": np.array([1, 0])})
+    assert one["dir"].tolist() == [2.0] and one["dials"].tolist() == [1.0, 2.0]  # the second dimension's rows: 2..4
+    batch = layout.batch({"dir": np.array([-1, 0]), "dials": np.array([[0, 2], [1, 1]])})
+    assert batch["dir"].tolist() == [[0.0], [1.0]] and batch["dials"].tolist() == [[0.0, 4.0], [1.0, 3.0]]
+
+
+def test_a_table_is_the_one_hots_first_layer_looked_up():
+    import torch
+
+    from sf_engine.model.features import EmbeddedMLP
+
+    embedded = EmbeddedMLP(rows=5, dims=2, hidden_size=8, layers=2, activation="tanh")
+    with torch.no_grad():  # the one-hots' first layer: each dimension's block of the table's rows, no biases
+        first = torch.zeros(16, 5)
+        first[:8, :2], first[8:, 2:] = embedded.table.weight[:2].T, embedded.table.weight[2:].T
+    rows = torch.tensor([[0.0, 4.0], [1.0, 3.0]])
+    hots = torch.zeros(2, 5).scatter_(1, rows.long(), 1.0)
+    torch.testing.assert_close(embedded(rows), embedded.rest(torch.tanh(hots @ first.T)))
+    assert embedded(rows).shape == (2, 8)
 
 
 def test_a_string_space_that_is_not_text_gets_a_vocabulary_of_its_words():
@@ -106,6 +135,84 @@ def test_a_run_learns_from_the_discrete_and_text_parts_and_plays_from_the_envs_o
             obs, reward, *_ = env.step(policy.act(batch)[0])
             total += reward
     assert total / 10 >= 7.8
+
+
+@pytest.mark.e2e
+def test_a_run_learns_from_a_discrete_part_as_rows_of_a_table(tmp_path, shm_dir):
+    import toy_envs
+
+    import sf_engine
+
+    run = dict(mode="serial", train_dir=str(tmp_path), experiment="embed", shm_dir=shm_dir, num_envs_per_worker=32)
+    obs = dict(discrete_obs="embed", text_obs="drop")
+    result = sf_engine.train(env="toy_envs:MissionEnv", stop_at_return=5.6, train_for_env_steps=400_000, **run, **obs)
+    assert result.summary["episode_return_mean"] >= 5.6, result.summary  # 4 without reading the direction
+    policy = sf_engine.load_policy(result.experiment_dir)
+    assert dict((key, shape) for key, shape, _ in policy.spec.obs)["direction"] == (1,)
+    env, read = toy_envs.MissionEnv(), []
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        for _ in range(env.LENGTH):
+            status = {key: value[None] for key, value in obs["status"].items()}
+            batch = {"image": obs["image"][None], "direction": np.array([obs["direction"]]), "status": status}
+            action = policy.act(batch)[0]
+            read.append(action[0] == obs["direction"] % 2)  # the mission left out: its half is a guess
+            obs, *_ = env.step(action)
+    assert np.mean(read) >= 0.95
+
+
+def test_discrete_parts_as_rows_are_said_at_the_start_and_refused_where_networks_take_vectors(tmp_path, capsys):
+    from conftest import train_error
+
+    from sf_engine.run.plan import build_plan
+
+    where = ["--train_dir", str(tmp_path), "--experiment", "embed", "--num_workers", "1", "--num_envs_per_worker", "4"]
+    embed = ["--env", "toy_envs:TargetDictEnv", "--discrete_obs", "embed"]
+    assert build_plan(embed + where).notes[0] == (
+        "--env toy_envs:TargetDictEnv: observation parts made vectors: note as a bag of tokens [5], status/dials as "
+        "indices into a learned embedding [2], target as indices into a learned embedding [1]"
+    )
+    line = train_error(embed + ["--algo", "sac"], tmp_path, capsys)
+    assert line == (
+        "error: --algo sac takes vectors: --discrete_obs embed needs an encoder's embedding tables: use "
+        "--discrete_obs onehot, or --algo dqn or --algo ppo or --algo pqn or --algo r2d2"
+    )
+
+
+FAST = ["--mode", "serial", "--num_workers", "1", "--num_envs_per_worker", "8", "--device", "cpu"]
+REPLAY = ["--learning_starts", "300", "--batch_size", "64"]
+RUNS = {  # algo: (env, flags); the Q family's runs take the Discrete parts as rows of a table
+    "ppo": ("TargetChoiceEnv", ["--rollout", "16", "--batch_size", "64"]),
+    "dqn": ("TargetChoiceEnv", REPLAY + ["--discrete_obs", "embed"]),
+    "pqn": ("TargetChoiceEnv", ["--rollout", "16", "--batch_size", "64", "--discrete_obs", "embed"]),
+    "r2d2": ("TargetChoiceEnv", REPLAY + ["--rnn", "gru", "--burn_in", "4", "--replay_sequence_length", "8"]),
+    "sac": ("TargetDictEnv", REPLAY + ["--replay_ratio", "4"]),
+    "td3": ("TargetDictEnv", REPLAY + ["--replay_ratio", "4"]),
+}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("algo", RUNS)
+def test_a_dict_of_every_part_trains_and_acts_under_every_algorithm(tmp_path, shm_dir, algo):
+    import toy_envs
+
+    import sf_engine
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
+
+    env_name, flags = RUNS[algo]
+    where = ["--train_dir", str(tmp_path), "--experiment", algo, "--shm_dir", shm_dir, "--algo", algo]
+    flags = ["--env", f"toy_envs:{env_name}", *FAST, *flags, "--train_for_env_steps", "1000", *where]
+    assert run(build_plan(flags)) == 0
+    assert read_json(tmp_path / algo / "summary.json")["learner_version"] > 0
+    policy, env = sf_engine.load_policy(tmp_path / algo), getattr(toy_envs, env_name)()
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):  # the env's own observations, a batch of one
+        status = {key: value[None] for key, value in obs["status"].items()}
+        action = policy.act({"target": np.array([obs["target"]]), "note": [obs["note"]], "status": status})[0]
+        assert env.action_space.contains(np.asarray(action, env.action_space.dtype).reshape(env.action_space.shape))
+        obs, *_ = env.step(action)
+    assert os.listdir(shm_dir) == []
 
 
 def test_minigrid_trains_as_it_comes(tmp_path, shm_dir):

@@ -410,3 +410,43 @@ class MissionEnv(gym.Env):
         self.steps += 1
         reward = float(action[0] == self.direction % 2) + float(action[1] == int(self.right))
         return self._obs(), reward, self.steps >= self.LENGTH, False, {}
+
+
+class TargetDictEnv(gym.Env):
+    """A Dict observation of a Discrete target, a text and a nested Dict of a MultiDiscrete and a Box; one Box
+    action, rewarded for nearing the target's value (0, 1 or 2 mapped to -1, 0 and 1); 8-step episodes."""
+
+    observation_space = spaces.Dict(
+        {
+            "target": spaces.Discrete(3),
+            "note": spaces.Text(8, charset="abc "),
+            "status": spaces.Dict({"dials": spaces.MultiDiscrete([2, 3]), "x": spaces.Box(-1.0, 1.0, (1,))}),
+        }
+    )
+    action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _obs(self):
+        self.target = int(self.np_random.integers(0, 3))
+        status = {"dials": np.array([1, self.target]), "x": np.zeros(1, np.float32)}
+        return {"target": self.target, "note": "ab c"[: self.target + 1], "status": status}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.steps += 1
+        reward = -abs(float(np.asarray(action).reshape(-1)[0]) - (self.target - 1))
+        return self._obs(), reward, self.steps >= 8, False, {}
+
+
+class TargetChoiceEnv(TargetDictEnv):
+    """TargetDictEnv's observations with Discrete(3) actions: 1 for choosing the target."""
+
+    action_space = spaces.Discrete(3)
+
+    def step(self, action):
+        self.steps += 1
+        reward = float(int(action) == self.target)
+        return self._obs(), reward, self.steps >= 8, False, {}

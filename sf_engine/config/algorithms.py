@@ -33,6 +33,7 @@ class AlgorithmSpec:
     acts_on_q: bool = False  # acts epsilon-greedy on Q-values (--epsilon_*, Ape-X's epsilons)
     actions: tuple = ACTION_KINDS  # the action kinds it takes
     images: bool = True  # image observations
+    embeddings: bool = True  # a Dict observation's Discrete parts as rows of a learned table (--discrete_obs embed)
     multi_agent: bool = True  # envs of several agents
     several_policies: bool = True  # --num_policies, --pbt, the opponent pool
     recurrent: str = "optional"  # a recurrent core (--rnn): "optional", "required" or "never"
@@ -192,7 +193,7 @@ def _recurrent_twin(other: AlgorithmSpec, spec: AlgorithmSpec) -> bool:
 
 
 def check_env_for_algorithm(cfg, env_spec) -> None:
-    """The env against the algorithm's spec: its action space, images, agents."""
+    """The env against the algorithm's spec: its action space, images, embedded observations, agents."""
     name, spec, env = cfg.learner.algo, cfg.algorithm, cfg.env.env
     kind = env_spec.action.kind
     if kind not in spec.actions:
@@ -204,6 +205,11 @@ def check_env_for_algorithm(cfg, env_spec) -> None:
     if not spec.images and env_spec.has_image:
         raise ConfigError(
             f"--algo {name} takes vector observations; {env} has images: use {_those(lambda s: s.images)}"
+        )
+    if not spec.embeddings and env_spec.layout is not None and env_spec.layout.index_tables():
+        raise ConfigError(
+            f"--algo {name} takes vectors: --discrete_obs embed needs an encoder's embedding tables: use "
+            f"--discrete_obs onehot, or {_those(lambda s: s.embeddings)}"
         )
     if not spec.multi_agent and (env_spec.num_agents > 1 or env_spec.turn_based):
         raise ConfigError(

@@ -23,7 +23,7 @@ DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run 
 __all__ = ["ConfigError"]  # the engine's name for it is this module's too
 
 
-TEXTS = ("bag", "drop")  # --text_obs (sf_engine.envs.observations)
+TEXTS, DISCRETES = ("bag", "drop"), ("onehot", "embed")  # --text_obs, --discrete_obs (sf_engine.envs.observations)
 
 
 @dataclass(frozen=True)
@@ -31,28 +31,29 @@ class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
     env_backend: str = _f(
         "auto",
-        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the "
-        "worker), or 'auto' (EnvPool when it has the id).",
+        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the worker), or 'auto' (EnvPool when "
+        "it has the id).",
         choices=("auto", "envpool", "gymnasium"),
     )
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
     text_obs: str = _f("bag", "A Dict observation's text: 'bag', a count per token; 'drop', left out.", choices=TEXTS)
+    discrete_obs: str = _f(
+        "onehot", "A Dict observation's Discrete parts: 'onehot'; 'embed', rows of a learned table.", choices=DISCRETES
+    )
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
     num_workers: int | str = _f(
         "auto",
-        "Rollout-worker processes, each stepping its own batch of envs on one CPU "
-        "core; 'auto': sized at start from the cores and a short measurement of "
-        "env step, inference and training costs (the choice is printed).",
+        "Rollout-worker processes, each stepping its own batch of envs on one CPU core; 'auto': sized at start from "
+        "the cores and a short measurement of env step, inference and training costs (the choice is printed).",
         type=int_or_auto,
     )
     num_envs_per_worker: int | str = _f(
         "auto",
-        "Envs owned by each rollout worker (stepped as one batch per "
-        "split); 'auto': enough that one split's step amortizes the round "
-        "trip to the policy worker, at least the env family's default.",
+        "Envs owned by each rollout worker (stepped as one batch per split); 'auto': enough that one split's step "
+        "amortizes the round trip to the policy worker, at least the env family's default.",
         type=int_or_auto,
     )
     worker_num_splits: int = _f(
@@ -98,9 +99,8 @@ class ModelConfig:
     )
     actor_critic: str = _f(
         "auto",
-        "'shared': one encoder (and core) feeds the policy and value heads; "
-        "'separate': the actor and the critic each have their own; 'auto': shared "
-        "with --rnn or image observations, separate otherwise.",
+        "'shared': one encoder (and core) feeds the policy and value heads; 'separate': the actor and the critic each "
+        "have their own; 'auto': shared with --rnn or image observations, separate otherwise.",
         choices=("auto", "shared", "separate"),
     )
     normalize_input: bool = _f(

@@ -82,6 +82,26 @@ class MLP(nn.Module):
         return self.linears + [head], self.activations + ("identity",), norms
 
 
+class EmbeddedMLP(nn.Module):
+    """A Dict observation's Discrete parts as rows of a table (--discrete_obs embed: envs.observations): each
+    dimension's row of a learned embedding of `hidden_size` columns, concatenated, through the activation, then the
+    rest of an MLP's layers. The table is the first layer of the one-hot's MLP, looked up instead of multiplied."""
+
+    def __init__(self, rows: int, dims: int, hidden_size: int, layers: int, activation: str, layer_norm: bool = False):
+        super().__init__()
+        self.table = nn.Embedding(rows, hidden_size)
+        nn.init.normal_(self.table.weight, std=1.0)
+        self.norm = nn.LayerNorm(dims * hidden_size) if layer_norm else None
+        self.activation = _ACTIVATIONS[activation]()
+        self.rest = MLP(dims * hidden_size, hidden_size, layers - 1, activation, layer_norm) if layers > 1 else None
+        self.out_size = hidden_size if layers > 1 else dims * hidden_size
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        x = self.table(rows.long()).flatten(1)
+        x = self.activation(x if self.norm is None else self.norm(x))
+        return x if self.rest is None else self.rest(x)
+
+
 def _channels_first(shape: tuple) -> bool:
     """Images come as [C, H, W] (EnvPool) or [H, W, C] (most Gymnasium envs, C in 1..4)."""
     return not (shape[-1] <= 4 < shape[0])
@@ -101,6 +121,7 @@ class Encoder(nn.Module):
         factory = encoder_factory(mcfg.encoder) if networks else None
         builtin = factory if isinstance(factory, BuiltinEncoder) else None
         self.keys, self.image_keys, self.hwc_keys, self.shapes = [], set(), set(), {}
+        self.tables = spec.layout.index_tables() if spec.layout is not None else {}  # --discrete_obs embed
         self.nets = nn.ModuleDict()  # a built-in encoder's, per entry
         self.normalizers = nn.ModuleDict()
         for key, shape, dtype in spec.obs:
@@ -117,6 +138,11 @@ class Encoder(nn.Module):
                     self.nets[key] = builtin.image_network(shape, layer_norm).to(memory_format=torch.channels_last)
                 if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
                     self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
+            elif key in self.tables:
+                if builtin is not None:
+                    self.nets[key] = EmbeddedMLP(
+                        self.tables[key], shape[0], mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, layer_norm
+                    )
             else:
                 size = int(math.prod(shape))
                 if builtin is not None:
@@ -145,7 +171,7 @@ class Encoder(nn.Module):
 
     def prepare(self, key: str, x: torch.Tensor, bf16: bool = False) -> torch.Tensor:
         """Stored dtype -> network input: images to float in [0, 1] (channels-last; bfloat16 under
-        --bf16's autocast or if `bf16`), vectors flattened and normalized."""
+        --bf16's autocast or if `bf16`), vectors flattened and normalized (rows of a table as they are)."""
         if key in self.image_keys:  # to channels-last while still uint8 (a quarter of the bytes of float)
             rows = x if key in self.hwc_keys else x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
             bf16 = bf16 or torch.is_autocast_enabled(x.device.type)  # --bf16: straight to the conv's dtype

@@ -121,7 +121,7 @@ def load_experiment(train_dir: str, experiment: str) -> tuple:
             cfg = Config.from_dict(json.load(f))
     except (ValueError, TypeError, AttributeError) as exc:
         raise EnjoyError(unreadable.format(exc.__class__.__name__)) from None
-    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend, cfg.env.text_obs)
+    spec = probe_env_spec(cfg.env.env, cfg.env.env_backend, cfg.env.text_obs, cfg.env.discrete_obs)
     try:  # a config.json of an older version may hold 'auto'
         return dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec)), spec, exp_dir
     except (ValueError, TypeError) as exc:

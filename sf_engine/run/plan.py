@@ -117,7 +117,7 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     """The flags `given` over the env family's defaults, then the algorithm's for that family (its spec's), then the
     --config file's; and the env's spec, probed."""
     first = make_config(given, saved=saved)
-    spec = probe_env_spec(first.env.env, first.env.env_backend, first.env.text_obs)
+    spec = probe_env_spec(first.env.env, first.env.env_backend, first.env.text_obs, first.env.discrete_obs)
     defaults = flag_defaults(first.env.env, spec) | first.algorithm.family_defaults(spec.family)
     if first.model.model:  # a user's whole network: the built-in networks' encoder and core are not its defaults
         defaults = {name: value for name, value in defaults.items() if name not in BUILT_IN_NETWORK_FLAGS}

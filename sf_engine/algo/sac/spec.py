@@ -61,6 +61,7 @@ SPEC = AlgorithmSpec(
     data=TRANSITIONS,
     actions=("continuous",),
     images=False,
+    embeddings=False,
     multi_agent=False,
     several_policies=False,
     recurrent="never",
