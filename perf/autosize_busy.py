@@ -4,9 +4,10 @@ EnvPool's CartPole, each run --seconds long; and the line auto sizing printed.
 
   python perf/autosize_busy.py                          # 2 busy loops, Acrobot-v1 (Gymnasium) and CartPole (EnvPool)
   python perf/autosize_busy.py --busy 0 --workers 1,2   # the same on a quiet machine
+  python perf/autosize_busy.py --envs envpool --workers 1,2,3 --rounds 3   # medians of 3 interleaved rounds
 
-Prints each run (stderr) and one JSON line last: per env the auto choice, its env steps/s, the best hand-set
-number and its env steps/s, and the ratio auto / best.
+Prints each run (stderr) and one JSON line last: per env the auto choices, the median env steps/s of auto and of each
+hand-set number over the rounds, the best hand-set number, and the ratio auto / best.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -31,37 +33,50 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=2, help="busy-loop processes running beside the runs")
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each run")
     parser.add_argument("--workers", default="1,2,3,4", help="the hand-set --num_workers to try")
+    parser.add_argument("--envs", default="python,envpool", help="which of: " + ", ".join(ENVS))
+    rounds = "each setting once a round (the order reversed every other round); the median of its rounds"
+    parser.add_argument("--rounds", type=int, default=1, help=rounds)
     args = parser.parse_args()
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    out = {"busy": args.busy, "seconds": args.seconds}
+    out = {"busy": args.busy, "seconds": args.seconds, "rounds": args.rounds}
     try:
-        for name, env in ENVS.items():
-            flags = env + ["--train_for_seconds", str(args.seconds)]
-            lines = []
-            auto = run_train(flags, 10 * args.seconds + 120, inspect=lambda d, e: lines.extend(_auto_lines(d, e)))
-            rates = {}
-            for workers in args.workers.split(","):
-                rates[workers] = run_train(flags + ["--num_workers", workers], 10 * args.seconds + 120)[
-                    "env_steps_per_sec"
-                ]
-                print(name, "workers", workers, rates[workers], file=sys.stderr)
-            best = max(rates, key=rates.get)
-            print(name, "auto", auto["num_workers"], auto["env_steps_per_sec"], file=sys.stderr)
-            out[name] = {
-                "flags": env,
-                "auto_workers": auto["num_workers"],
-                "auto_env_steps_per_sec": auto["env_steps_per_sec"],
-                "hand_set": rates,
-                "best_workers": int(best),
-                "best_env_steps_per_sec": rates[best],
-                "auto_vs_best": round(auto["env_steps_per_sec"] / rates[best], 3),
-                "auto_sizing": lines,
-            }
+        for name in args.envs.split(","):
+            out[name] = _measure(name, args)
     finally:
         for loop in loops:
             loop.kill()
             loop.wait()
     print(json.dumps(out))
+
+
+def _measure(name: str, args) -> dict:
+    """Env `name`'s runs: auto and each hand-set number, --rounds times; the medians and the auto sizing lines."""
+    flags = ENVS[name] + ["--train_for_seconds", str(args.seconds)]
+    settings, runs, lines, chosen = ["auto"] + args.workers.split(","), {}, [], []
+    for round_index in range(args.rounds):
+        for setting in settings if round_index % 2 == 0 else settings[::-1]:
+            if setting == "auto":
+                inspect = None if lines else lambda d, e: lines.extend(_auto_lines(d, e))  # the first auto run's
+                summary = run_train(flags, 10 * args.seconds + 120, inspect=inspect)
+                chosen.append(summary["num_workers"])
+            else:
+                summary = run_train(flags + ["--num_workers", setting], 10 * args.seconds + 120)
+            runs.setdefault(setting, []).append(summary["env_steps_per_sec"])
+            print(name, setting, summary["num_workers"], summary["env_steps_per_sec"], file=sys.stderr, flush=True)
+    rates = {setting: statistics.median(values) for setting, values in runs.items()}
+    hand_set = {setting: rate for setting, rate in rates.items() if setting != "auto"}
+    best = max(hand_set, key=hand_set.get)
+    return {
+        "flags": ENVS[name],
+        "auto_workers": chosen,
+        "auto_env_steps_per_sec": rates["auto"],
+        "hand_set": hand_set,
+        "runs": runs,
+        "best_workers": int(best),
+        "best_env_steps_per_sec": hand_set[best],
+        "auto_vs_best": round(rates["auto"] / hand_set[best], 3),
+        "auto_sizing": lines,
+    }
 
 
 def _auto_lines(train_dir: str, experiment: str) -> list:

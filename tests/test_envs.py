@@ -194,7 +194,7 @@ def test_bad_env_is_one_line_before_workers_start(tmp_path, shm_dir, env, words,
     assert os.listdir(shm_dir) == [] and os.listdir(tmp_path) == []
 
 
-def test_discrete_action_start_offset_reaches_the_env():
+def test_discrete_action_start_offset_reaches_the_env(monkeypatch):
     import gymnasium as gym
     from gymnasium import spaces
 
@@ -211,8 +211,9 @@ def test_discrete_action_start_offset_reaches_the_env():
             seen.append(int(action))
             return np.zeros(1, np.float32), 0.0, False, False, {}
 
-    from sf_engine.envs import register_env
+    from sf_engine.envs import register_env, registry
 
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # a local class: registered for this test only
     register_env("Offset-v0", Offset)
     spec = probe_env_spec("Offset-v0", "auto")
     env = make_batch_env("Offset-v0", "auto", 2, seed=0, spec=spec)

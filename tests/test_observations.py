@@ -166,7 +166,7 @@ def test_discrete_parts_as_rows_are_said_at_the_start_and_refused_where_networks
 
     from sf_engine.run.plan import build_plan
 
-    where = ["--train_dir", str(tmp_path), "--experiment", "embed", "--num_workers", "1", "--num_envs_per_worker", "4"]
+    where = ["--train_dir", str(tmp_path), "--experiment", "embed", "--mode", "serial", "--num_workers", "1"]
     embed = ["--env", "toy_envs:TargetDictEnv", "--discrete_obs", "embed"]
     assert build_plan(embed + where).notes[0] == (
         "--env toy_envs:TargetDictEnv: observation parts made vectors: note as a bag of tokens [5], status/dials as "

@@ -437,8 +437,11 @@ class TargetDictEnv(gym.Env):
 
     def step(self, action):
         self.steps += 1
-        reward = -abs(float(np.asarray(action).reshape(-1)[0]) - (self.target - 1))
+        reward = self._reward(action)  # of the target the action saw
         return self._obs(), reward, self.steps >= 8, False, {}
+
+    def _reward(self, action) -> float:
+        return -abs(float(np.asarray(action).reshape(-1)[0]) - (self.target - 1))
 
 
 class TargetChoiceEnv(TargetDictEnv):
@@ -446,7 +449,5 @@ class TargetChoiceEnv(TargetDictEnv):
 
     action_space = spaces.Discrete(3)
 
-    def step(self, action):
-        self.steps += 1
-        reward = float(int(action) == self.target)
-        return self._obs(), reward, self.steps >= 8, False, {}
+    def _reward(self, action) -> float:
+        return float(int(action) == self.target)
