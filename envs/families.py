@@ -25,9 +25,14 @@ ENVS_PER_WORKER_HINT = {
 BOX2D_GAMES = ("LunarLander", "LunarLanderContinuous", "BipedalWalker", "BipedalWalkerHardcore", "CarRacing")
 
 
+def game_name(env_id: str) -> str:
+    """An env id's name without its module, namespace or version (`gymnasium:ALE/Breakout-v5`: `Breakout`)."""
+    return env_id.split(":")[-1].split("/")[-1].rsplit("-v", 1)[0]
+
+
 def is_box2d(env_id: str) -> bool:
     """Whether `env_id` is one of Box2D's games, of any version (`LunarLander-v3`, `gymnasium:BipedalWalker-v3`)."""
-    return env_id.split(":")[-1].split("/")[-1].rsplit("-v", 1)[0] in BOX2D_GAMES
+    return game_name(env_id) in BOX2D_GAMES
 
 
 FAMILY_DEFAULTS = {

@@ -30,6 +30,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REPO, run_baseline  # noqa: E402
 
+from sf_engine.envs.families import game_name  # noqa: E402
+
 EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
 
 
@@ -121,8 +123,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="the picture (default docs/ENV_ALGO.png, e.g. halfcheetah_sac.png)")
     args, extra = parser.parse_known_args()
     extra = [flag for flag in extra if flag != "--"]
-    name = args.env.split(":")[-1].split("/")[-1].split("-v")[0].lower()
-    args.out = args.out or os.path.join(REPO, "docs", f"{name}_{args.algo}.png")
+    args.out = args.out or os.path.join(REPO, "docs", f"{game_name(args.env).lower()}_{args.algo}.png")
     skip, ours = set(filter(None, args.skip.split(","))), f"sf_engine {args.algo}"
     runs = _pair(args.env, args.algo, args.minutes, extra, "sb3" in skip, args.together)
     if "ppo" not in skip and args.algo != "ppo":

@@ -121,7 +121,7 @@ class Encoder(nn.Module):
         factory = encoder_factory(mcfg.encoder) if networks else None
         builtin = factory if isinstance(factory, BuiltinEncoder) else None
         self.keys, self.image_keys, self.hwc_keys, self.shapes = [], set(), set(), {}
-        self.tables = spec.layout.index_tables() if spec.layout is not None else {}  # --discrete_obs embed
+        tables = spec.layout.index_tables() if spec.layout is not None else {}  # --discrete_obs embed
         self.nets = nn.ModuleDict()  # a built-in encoder's, per entry
         self.normalizers = nn.ModuleDict()
         for key, shape, dtype in spec.obs:
@@ -138,10 +138,10 @@ class Encoder(nn.Module):
                     self.nets[key] = builtin.image_network(shape, layer_norm).to(memory_format=torch.channels_last)
                 if mcfg.normalize_input:  # per pixel and channel, as Sample Factory does, in [H, W, C] rows
                     self.normalizers[key] = RunningMeanStd((shape[1], shape[2], shape[0]))
-            elif key in self.tables:
+            elif key in tables:
                 if builtin is not None:
                     self.nets[key] = EmbeddedMLP(
-                        self.tables[key], shape[0], mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, layer_norm
+                        tables[key], shape[0], mcfg.hidden_size, mcfg.mlp_layers, mcfg.activation, layer_norm
                     )
             else:
                 size = int(math.prod(shape))
