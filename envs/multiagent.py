@@ -15,7 +15,8 @@ rows as they see single-agent envs. Per row and step the batch reports:
 A game is over when no agent is left in it (a ParallelEnv removes its finished agents) or, for an
 AECEnv, when every agent in it is done; like every batch of the engine it is reset on the next step
 (Gymnasium's next-step reset), whose row is marked invalid.
-All agents must have the same observation and action spaces (one policy batches their rows).
+All agents must have the same observation and action spaces (one policy batches their rows). An observation with
+Discrete, text or nested parts is written as its ObsLayout's flat entries, as a single-agent env's is.
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ class MultiAgentBatchEnv:
 
     def _write_obs(self, game: int, agent, value) -> None:
         row = game * self.num_agents + self.row_of[str(agent)]
+        if self.spec.layout is not None:  # Discrete, text or nested parts: the flat entries (envs.observations)
+            value = self.spec.layout.one(value)
         if isinstance(value, dict):
             for key, array in self.obs.items():
                 if key != TO_MOVE_KEY:

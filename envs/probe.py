@@ -109,7 +109,8 @@ def _probe_gymnasium(env_id: str, text: str, discrete: str) -> _Probed:
     try:
         if is_multiagent(env):
             obs_space, action_space, agents, turn_based = probe_spaces(env_id, env, EnvError)
-            probed = _Probed(obs_space, action_space, agents=agents, turn_based=turn_based)
+            obs_space, layout = _observed(env_id, obs_space, text, discrete)
+            probed = _Probed(obs_space, action_space, agents=agents, turn_based=turn_based, layout=layout)
         else:
             info, obs_space, layout = _check_gym_api(env_id, env, text, discrete)
             probed = _Probed(obs_space, env.action_space, info=info, layout=layout)

@@ -109,8 +109,65 @@ class MixedSpacesParallel(VanishingParallel):
         return spaces.Box(0.0, 1.0, (3 if agent == "c" else 2,), np.float32)
 
 
+class CueParallel(ParallelEnv):
+    """Two agents act at once for CUE_STEPS steps. Each observes a Dict: a Discrete cue (one of 3, drawn anew for
+    each agent and step), its seat as Discrete(2, start=1) and a nested Dict holding the time left as a Box. Its
+    action is a Tuple of a Discrete(3) and a MultiBinary(2): the Discrete pays 1 when it names the cue, each bit 0.5
+    when it equals the seat's pattern (CUE_BITS). The best return per agent is 2 x CUE_STEPS."""
+
+    metadata = {"name": "cue_v0"}
+    CUE_STEPS = 8
+    CUE_BITS = {"left": (1, 0), "right": (0, 1)}
+
+    def __init__(self, render_mode=None):
+        self.possible_agents = ["left", "right"]
+        self.render_mode = render_mode
+        self._rng = np.random.default_rng(0)
+
+    def observation_space(self, agent):
+        return spaces.Dict(
+            {
+                "cue": spaces.Discrete(3),
+                "seat": spaces.Discrete(2, start=1),
+                "clock": spaces.Dict({"left": spaces.Box(0.0, 1.0, (1,), np.float32)}),
+            }
+        )
+
+    def action_space(self, agent):
+        return spaces.Tuple((spaces.Discrete(3), spaces.MultiBinary(2)))
+
+    def _obs(self):
+        self.cues = {a: int(self._rng.integers(3)) for a in self.possible_agents}
+        left = np.array([1.0 - self.steps / self.CUE_STEPS], np.float32)
+        seats = {a: 1 + self.possible_agents.index(a) for a in self.possible_agents}
+        return {a: {"cue": self.cues[a], "seat": seats[a], "clock": {"left": left}} for a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self.agents, self.steps = list(self.possible_agents), 0
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.steps += 1
+        rewards = {}
+        for a, (choice, bits) in actions.items():
+            rewards[a] = float(int(choice) == self.cues[a]) + 0.5 * float(np.sum(np.asarray(bits) == self.CUE_BITS[a]))
+        over = self.steps >= self.CUE_STEPS
+        obs = self._obs()
+        terminations = {a: over for a in self.agents}
+        truncations, infos = {a: False for a in self.agents}, {a: {} for a in self.agents}
+        if over:
+            self.agents = []
+        return obs, rewards, terminations, truncations, infos
+
+
 def relay_game():
     return RelayGame()
+
+
+def cue_game():
+    return CueParallel()
 
 
 def vanishing():

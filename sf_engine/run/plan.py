@@ -32,7 +32,7 @@ from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
 from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
 from sf_engine.model.user_model import BUILT_IN_NETWORK_FLAGS, check_model
-from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, resolve_sampler, usable_cores
+from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, count, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
 from sf_engine.runtime.checkpoint import (
     checkpoint_dir,
@@ -308,28 +308,27 @@ def log_plan(plan: RunPlan) -> None:
             f"{plan.env_steps_base:,}",
         )
     logging.info(
-        "experiment %s: %s on %s, mode %s, device %s, %d workers x %d envs, %d slots of %d steps x %d envs",
+        "experiment %s: %s on %s, mode %s, device %s, %s x %s, %s of %s x %s",
         cfg.run.experiment,
         cfg.env.env,
         cfg.env.env_backend,
         cfg.run.mode,
         cfg.run.device,
-        cfg.sampler.num_workers,
-        cfg.sampler.num_envs_per_worker,
-        cfg.num_slots,
-        cfg.sampler.rollout,
-        cfg.sampler.envs_per_split,
+        count(cfg.sampler.num_workers, "worker"),
+        count(cfg.sampler.num_envs_per_worker, "env"),
+        count(cfg.num_slots, "slot"),
+        count(cfg.sampler.rollout, "step"),
+        count(cfg.sampler.envs_per_split, "env"),
     )
     remote = cfg.remote
     if remote.num_remote_samplers:
         logging.info(
-            "sampler nodes: %d Ray actors (--ray_address %s), each %d rollout workers x %d envs and a "
-            "policy worker on %d reserved cores",
-            remote.num_remote_samplers,
+            "sampler nodes: %s (--ray_address %s), each %s x %s and a policy worker on %s",
+            count(remote.num_remote_samplers, "Ray actor"),
             remote.ray_address,
-            remote.remote_num_workers,
-            cfg.sampler.num_envs_per_worker,
-            remote.remote_cpus_per_sampler,
+            count(remote.remote_num_workers, "rollout worker"),
+            count(cfg.sampler.num_envs_per_worker, "env"),
+            count(remote.remote_cpus_per_sampler, "reserved core"),
         )
     idle = cfg.sampler.total_splits - cfg.slots_per_batch % max(1, cfg.sampler.total_splits)
     if cfg.run.mode == "sync" and idle < cfg.sampler.total_splits:
