@@ -48,6 +48,18 @@ def median_windows(summaries: list) -> float:
     return statistics.median(windows) if windows else statistics.median(s["env_steps_per_sec"] for s in summaries)
 
 
+def held_share(evaluations: list, threshold: float, window_sec: float | None = None):
+    """How well a run holds what it reached: of its evaluations (seconds, version, return) after the first whose
+    return is at or above `threshold`, and at most `window_sec` after it (None: all after it), the share at or above
+    `threshold`; None where none reached it or none came after."""
+    first = next((i for i, (_, _, ret) in enumerate(evaluations) if ret >= threshold), None)
+    if first is None:
+        return None
+    reached = evaluations[first][0]
+    after = [ret for sec, _, ret in evaluations[first + 1 :] if window_sec is None or sec - reached <= window_sec]
+    return round(sum(ret >= threshold for ret in after) / len(after), 3) if after else None
+
+
 def run_baseline(cmd: list, timeout_sec: float) -> dict:
     """Run a baseline command that prints one JSON line last; returns that line parsed, plus
     `launch_to_exit_sec`."""

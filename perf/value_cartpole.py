@@ -4,14 +4,17 @@ same run.
   python perf/value_cartpole.py --algo dqn        # greedy evaluation >= 475 (every 5 s, 10 episodes), vs SB3's DQN
   python perf/value_cartpole.py --algo pqn        # mean training return of the last 100 episodes >= 475
   python perf/value_cartpole.py --algo dqn --rounds 3 --no_baseline -- --learning_rate 2e-3
+  python perf/value_cartpole.py --algo dqn --rounds 5 --no_baseline --hold_sec 180   # does it hold 475? seeds 0-4
 
 --algo dqn: train.py --algo dqn --eval_every_sec 5 --eval_episodes 10 --stop_at_eval_return 475; the time is
 that of the first evaluation line at or above 475, from the launch of train.py (imports and start-up included:
 the user's wait). Stable-Baselines3 2.9.2 (../shared/baselines/sb3.sh, RL Zoo's tuned CartPole DQN, greedy
 evaluation every 5 s of its training, its evaluation time not counted) runs after each of ours; where it never
 reaches 475 within its zoo budget, its whole run's seconds are a lower bound of its time (the ratio says so).
---algo pqn: train.py --algo pqn --stop_at_return 475; the time of the 'stopped:' line. Prints each run (stderr)
-and one JSON line last.
+--algo pqn: train.py --algo pqn --stop_at_return 475; the time of the 'stopped:' line. --hold_sec H: each of our
+runs (round i with --seed i) goes on H seconds after its first evaluation at 475 or more, evaluating every 10 s,
+then stops (Ctrl-C's clean stop); its `held_share` is the share of the evaluations of those H seconds at 475 or more
+(perf/common.py's held_share; for pqn the evaluations are added). Prints each run (stderr) and one JSON line last.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,23 +31,27 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, run_baseline  # noqa: E402
+from common import REPO, held_share, run_baseline  # noqa: E402
 
 EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
 THRESHOLD = 475.0
 
 
-def run_ours(algo: str, extra: list, limit_sec: float) -> dict:
-    """train.py in a new process; the seconds from its launch to the solved line (None: not within limit_sec)."""
+def run_ours(algo: str, extra: list, limit_sec: float, hold_sec: float | None = None, seed: int | None = None) -> dict:
+    """train.py in a new process; the seconds from its launch to the solved line (None: not within limit_sec); with
+    `hold_sec`, it goes on that long after it and is stopped, and the share of the evaluations meanwhile at 475."""
     goal = ["--eval_every_sec", "5", "--eval_episodes", "10", "--stop_at_eval_return", str(THRESHOLD)]
     if algo == "pqn":
         goal = ["--stop_at_return", str(THRESHOLD)]
+    if hold_sec is not None:
+        goal = ["--eval_every_sec", "10", "--eval_episodes", "10"] + (["--seed", str(seed)] if seed is not None else [])
+        limit_sec += hold_sec
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
         cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "perf"]
         cmd += ["--algo", algo, "--train_for_seconds", str(limit_sec), "--status_every_sec", "1000", *goal, *extra]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        solved, evaluations = None, []
+        solved, evaluations, stopped = None, [], False
         for line in proc.stdout:
             now = round(time.monotonic() - start, 2)
             found = EVAL_LINE.search(line)
@@ -53,6 +61,9 @@ def run_ours(algo: str, extra: list, limit_sec: float) -> dict:
                     solved = now
             if algo == "pqn" and line.startswith("stopped: mean return") and solved is None:
                 solved = now
+            if hold_sec is not None and solved is not None and now > solved + hold_sec and not stopped:
+                proc.send_signal(signal.SIGINT)  # the hold measured: the clean stop
+                stopped = True
         proc.wait()
         with open(os.path.join(train_dir, "perf", "summary.json")) as f:
             summary = json.load(f)
@@ -69,6 +80,7 @@ def run_ours(algo: str, extra: list, limit_sec: float) -> dict:
         "wall_sec": summary["wall_sec"],
         "replay_ratio": summary.get("replay_ratio"),
         "evaluations": evaluations,
+        "held_share": None if hold_sec is None else held_share(evaluations, THRESHOLD, hold_sec),
         "launch_to_exit_sec": round(time.monotonic() - start, 2),
     }
 
@@ -96,11 +108,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system, alternating")
     parser.add_argument("--limit_sec", type=float, default=60.0, help="our run's --train_for_seconds")
     parser.add_argument("--no_baseline", action="store_true", help="skip Stable-Baselines3 (dqn only)")
+    parser.add_argument("--hold_sec", type=float, default=None, help="measure the hold of 475 for this long")
     parser.add_argument("train_args", nargs="*", help="more flags for train.py (after --)")
     args = parser.parse_args()
     ours, theirs = [], []
-    for _ in range(args.rounds):
-        ours.append(run_ours(args.algo, args.train_args, args.limit_sec))
+    for round_index in range(args.rounds):
+        seed = round_index if args.hold_sec is not None and "--seed" not in args.train_args else None
+        ours.append(run_ours(args.algo, args.train_args, args.limit_sec, args.hold_sec, seed))
         print("sf_engine:", json.dumps(ours[-1]), file=sys.stderr, flush=True)
         if args.algo == "dqn" and not args.no_baseline:
             theirs.append(run_sb3(args.algo))
@@ -123,6 +137,8 @@ def main() -> None:
         "wall_sec": statistics.median(r["wall_sec"] for r in ours),
         "replay_ratio": ours[-1]["replay_ratio"],
     }
+    if args.hold_sec is not None:
+        result["held_share"] = [r["held_share"] for r in ours]
     if theirs:
         bounds = [r["seconds_to_475"] or r["lower_bound_sec"] for r in theirs]
         result["sb3_seconds_to_475"] = [r["seconds_to_475"] for r in theirs]

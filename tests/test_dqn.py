@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import enjoy_episodes, read_json
+from conftest import REPO, enjoy_episodes, read_json
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import ReplayBatch
@@ -364,3 +364,18 @@ def test_a_layer_normalized_image_q_network_has_a_norm_after_every_hidden_layer(
     assert sum(isinstance(module, nn.LayerNorm) for module in simple.modules()) == 4
     q = _image_q_network((64, 64, 3), "impala_cnn").q_values({"obs": torch.zeros(2, 64, 64, 3, dtype=torch.uint8)})
     assert q.shape == (2, 6) and bool(q.isfinite().all())
+
+
+def test_the_held_share_counts_the_evaluations_after_the_first_at_the_threshold_within_the_window():
+    """docs/value-based.md's hold of DQN on CartPole: of the greedy evaluations after the first at 475 or more (it
+    excluded), within 3 minutes of it, the share at 475 or more (perf/common.py's held_share)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("perf_common", os.path.join(REPO, "perf", "common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    evaluations = [(10, 1, 200.0), (20, 2, 480.0), (30, 3, 500.0), (40, 4, 107.0), (50, 5, 475.0), (210, 9, 90.0)]
+    assert common.held_share(evaluations, 475.0, window_sec=180.0) == 0.667  # 500, 107, 475: 90 came too late
+    assert common.held_share(evaluations, 475.0) == 0.5
+    assert common.held_share(evaluations[:1], 475.0) is None  # never reached
+    assert common.held_share(evaluations[:2], 475.0) is None  # reached at the last evaluation: nothing to hold

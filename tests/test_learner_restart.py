@@ -1,6 +1,7 @@
-"""A learner (or evaluator) that dies is restarted from what it left: the weights it published last (they
-outlive it in the run's shared-memory file) and its last checkpoint; with the restarts spent, those weights
-become a checkpoint the next run resumes from."""
+"""A learner (or evaluator) that dies is restarted from what it left: the whole training state it kept beside the
+run's shared memory (tests/test_kept_state.py), else the weights it published last (they outlive it in the run's
+shared-memory file) and its last checkpoint; with the restarts spent, that state becomes a checkpoint the next run
+resumes from."""
 
 import os
 import re
@@ -25,7 +26,7 @@ from sf_engine.runtime.ipc import LocalChannel
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.weights import SharedWeights
 
-RECOVERED = re.compile(r"policy 0 version (\d+) from its last published weights")
+RECOVERED = re.compile(r"policy 0 version (\d+) with the training state of version \d+, kept [\d.]+ s before")
 
 
 def _kill(rows, role):
@@ -39,7 +40,8 @@ def _version_now(exp_dir) -> int:
 @pytest.mark.e2e
 def test_a_killed_learner_is_restarted_with_its_version_and_weights(tmp_path, shm_dir):
     """SIGKILL of the learner (before any checkpoint) and of the evaluator: both come back, the learner at
-    the version it had published (so from its weights, not from scratch), and the run ends on its budget."""
+    the version it had published with the training state it kept (its weights and optimizer state, not from
+    scratch), and the run ends on its budget."""
     exp = str(tmp_path / "learner")
     args = ["--shm_dir", shm_dir, "--train_for_env_steps", "400000", "--train_for_seconds", "120"]
     args += ["--save_every_sec", "1000", "--eval_every_sec", "2", "--eval_episodes", "2"]
@@ -60,7 +62,7 @@ def test_a_killed_learner_is_restarted_with_its_version_and_weights(tmp_path, sh
     recovered = RECOVERED.search(summary["learner_recoveries"][0])
     assert recovered, summary["learner_recoveries"]
     assert int(recovered.group(1)) >= published > 0  # carried over, not started again at version 0
-    assert "a new optimizer state (no checkpoint yet)" in summary["learner_recoveries"][0]
+    assert "optimizer moments" in summary["learner_recoveries"][0]  # not a new optimizer state
     assert summary["learner_version"] > int(recovered.group(1))  # and training went on
     assert "env-step budget reached" in out
     books_balance(summary)  # the batch the dead learner held (if any) booked as dropped
@@ -92,8 +94,9 @@ def test_a_killed_dqn_learner_goes_on_from_the_replay_buffer_with_every_env_step
 
 @pytest.mark.e2e
 def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(tmp_path, shm_dir):
-    """--max_worker_restarts 0: the learner's death stops the run, but what it published last is written
-    as a checkpoint (finite, at that version) that the same command resumes from."""
+    """--max_worker_restarts 0: the learner's death stops the run, but what it left (the training state it kept,
+    at the version it published last) is written as a checkpoint (finite, at that version) that the same command
+    resumes from."""
     exp = str(tmp_path / "spent")
     args = ["--shm_dir", shm_dir, "--train_for_env_steps", "2000000", "--train_for_seconds", "120"]
     args += ["--save_every_sec", "1000", "--max_worker_restarts", "0"]
@@ -104,7 +107,7 @@ def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(
     _kill(rows, "learner")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
-    assert "the last published weights were saved as" in out
+    assert "what the learner left was saved as" in out
     (path,) = list_checkpoints(os.path.join(exp, "checkpoints"))
     (state,) = policy_states(load_checkpoint(path))
     assert state["version"] >= published > 0

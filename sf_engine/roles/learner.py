@@ -8,7 +8,9 @@ sf_engine.algo.base.Algorithm: PPO by default) and trains on the samples it acte
 hands only at the first observation of an episode (or while its agent is absent), where the advantage recursion
 is cut anyway, so each policy's targets are those of its own trajectories. After a policy's batches of a round
 its new weights are copied into its shared tensor under the seqlock and its version is bumped; only then does
-the source free what the round held.
+the source free what the round held. At most every KEEP_EVERY_SEC, after a round, the whole training state (what a
+checkpoint holds) is kept in a file beside the run's shared memory: a learner restarted after this one died goes on
+from it as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from sf_engine.roles.population import Population
 from sf_engine.roles.replay_source import ReplaySource
 from sf_engine.roles.sources import DataSource, TrajectorySource
 from sf_engine.runtime.checkpoint import (
+    CheckpointError,
     latest_valid_checkpoint,
     load_checkpoint,
     policy_states,
     population_state,
     save_checkpoint,
+    save_state_atomic,
 )
 from sf_engine.runtime.role import RoleContext, RunStopped
+from sf_engine.runtime.shared_buffers import TRAINING_STATE_SUFFIX
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import weight_readers
@@ -40,6 +45,7 @@ from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recove
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
 DRAIN_WAIT_SEC = 0.1  # --deterministic in --mode sync, at the stop: how long the learner waits for a slot still due
+KEEP_EVERY_SEC = 1.0  # the whole training state kept outside the learner's process at most this often
 
 
 @dataclass
@@ -87,6 +93,9 @@ class Learner:
             ctx.queues,
         )
         self.pool = SlotPool(ctx.buffers, ctx.queues)
+        self.kept_path = ctx.buffers.path + TRAINING_STATE_SUFFIX
+        # a learner of its own process keeps its state for its successor (a serial run's learner dies with the run)
+        self.keeps = share and self.cfg.run.mode != "serial" and not self.cfg.run.sampling_only
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = torch.device(self.cfg.run.device if share else "cpu")
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
@@ -113,7 +122,7 @@ class Learner:
             self.population.share(weight_readers(self.cfg))
         if self.recovered:  # logged by the main process
             self.ctx.send(Recovered(self.recovered))
-        self.last_save_time = time.monotonic()
+        self.last_save_time = self.last_keep_time = time.monotonic()
         self.timer = StageTimer(*LearnerStage, live=ctx.buffers.learner_stage if share else None)
         replay = self.cfg.uses_replay and share and not self.cfg.run.sampling_only
         self.source: DataSource = ReplaySource(self) if replay else TrajectorySource(self)
@@ -140,10 +149,14 @@ class Learner:
         self.population.load(state)
 
     def _recover(self) -> str:
-        """What a learner that died left: the newest checkpoint that loads (weights, optimizer state, the
-        population), then each policy's weights as that learner published them last where they are newer
-        (they outlive it in the shared-memory file: SharedWeights.last_published). Returns one line on
-        where each policy's weights and optimizer state came from, and so what was lost."""
+        """What a learner that died left: the training state it kept (_keep_when_due), whole; without one, the
+        newest checkpoint that loads (weights, optimizer state, the population), then each policy's weights as that
+        learner published them last where they are newer (they outlive it in the shared-memory file:
+        SharedWeights.last_published). Returns one line on where each policy's state came from, and so what was
+        lost."""
+        kept = self._kept_state()
+        if kept is not None:
+            return self._resume_kept(kept)
         path, _ = latest_valid_checkpoint(self.checkpoint_dir, load=True)
         if path:
             self._load(path)
@@ -164,6 +177,35 @@ class Learner:
                 source = name or "scratch (nothing published, no checkpoint)"
                 parts.append(f"policy {learner.policy} version {learner.version} from {source}")
         return "recovered what the learner left: " + "; ".join(parts)
+
+    def _kept_state(self) -> dict | None:
+        """The training state a dead learner kept, or None where it kept none (or, never expected, none whole)."""
+        if not os.path.exists(self.kept_path):
+            return None
+        try:
+            return load_checkpoint(self.kept_path, self.device)
+        except CheckpointError as exc:
+            logging.warning("the training state the learner kept is not used: %s", exc)
+            return None
+
+    def _resume_kept(self, kept: dict) -> str:
+        """Every policy's training state as the dead learner kept it; each goes on from the version it published
+        last (the kept state is up to KEEP_EVERY_SEC older: its weights are published as the next version)."""
+        parts, age = [], max(0.0, time.time() - float(kept["kept_at"]))
+        for learner, state in zip(self.policies, policy_states(kept)):
+            learner.algorithm.load(state, "the training state the learner kept")
+            published = learner.weights.last_published(learner.params.numel())
+            learner.version = max(int(state["version"]), published[0] if published is not None else 0)
+            parts.append(
+                f"policy {learner.policy} version {learner.version} with the training state of version "
+                f"{int(state['version'])}"
+            )
+        self.population.load(kept)
+        self.newer_than_checkpoint = True
+        return (
+            f"recovered what the learner left: {'; '.join(parts)}, kept {age:.1f} s before (weights, optimizer "
+            f"moments and the rest of the algorithm's state)"
+        )
 
     @property
     def env_steps(self) -> int:
@@ -206,6 +248,39 @@ class Learner:
             self.source.report(learner, total, train_sec)
             self._count_bad_updates(learner, total, published)
         self.source.done()
+        self._keep_when_due()
+
+    def _keep_when_due(self) -> None:
+        """The whole training state (_training_state) into the file beside the run's shared memory, at most every
+        KEEP_EVERY_SEC, written atomically (a reader finds the one before or this one); not while a policy's last
+        updates were not finite (as checkpoints)."""
+        if not self.keeps or time.monotonic() - self.last_keep_time < KEEP_EVERY_SEC or self._unsafe():
+            return
+        self.last_keep_time = self.timer.start()
+        self.timer.enter(LearnerStage.CHECKPOINT)
+        try:
+            save_state_atomic(self.kept_path, self._training_state() | {"kept_at": time.time()}, durable=False)
+        except OSError as exc:  # a full --shm_dir: the run goes on, its checkpoints still written
+            self.keeps = False
+            logging.warning(
+                "the learner's training state is no longer kept in %s (%s): a restarted learner goes on from the "
+                "last checkpoint and the weights published last",
+                os.path.dirname(self.kept_path),
+                exc.strerror or exc,
+            )
+        self.timer.lap(LearnerStage.CHECKPOINT)
+
+    def _training_state(self) -> dict:
+        """What the learner needs to go on: each policy's algorithm state (its spec's `state()`: weights, every
+        optimizer's moments, targets, ...) with its version, and PBT's and the opponent pool's state."""
+        state = population_state(
+            [learner.algorithm.state() | {"version": learner.version} for learner in self.policies]
+        )
+        return state | self.population.state()
+
+    def _unsafe(self) -> list:
+        """The policies whose weights hold a non-finite value or whose last updates were not finite."""
+        return [p.policy for p in self.policies if p.bad_updates or not all_finite(p.params)]
 
     def _save_when_due(self) -> None:
         if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
@@ -275,7 +350,7 @@ class Learner:
         may be what made them so): the previous checkpoint is kept. Returns the path, or None when the
         write failed or was not made."""
         self.last_save_time = time.monotonic()
-        unsafe = [p.policy for p in self.policies if p.bad_updates or not all_finite(p.params)]
+        unsafe = self._unsafe()
         if unsafe:
             logging.warning(
                 "checkpoint not written: the last updates of policy %s were not finite; the previous one is kept",
@@ -283,11 +358,7 @@ class Learner:
             )
             return None
         env_steps = self.env_steps  # one reading for the file's contents and its name
-        state = population_state(
-            [learner.algorithm.state() | {"version": learner.version} for learner in self.policies]
-        )
-        state |= self.population.state()
-        state |= {"env_steps": env_steps, "config": self.cfg.to_dict()}
+        state = self._training_state() | {"env_steps": env_steps, "config": self.cfg.to_dict()}
         version = state["version"]
         try:
             path = save_checkpoint(self.checkpoint_dir, state, version, env_steps, self.cfg.run.keep_checkpoints)
@@ -303,9 +374,9 @@ class Learner:
 
 
 def checkpoint_last_published(ctx: RoleContext):
-    """The run stops while its learner is dead (its restarts spent): a checkpoint of what it left (the
-    weights it published last, the optimizer state of its last checkpoint), written from this process so
-    that the next run resumes from it. Returns its path, or None when nothing newer than the last checkpoint
-    was published or the write failed."""
+    """The run stops while its learner is dead (its restarts spent): a checkpoint of what it left (the training
+    state it kept, else the weights it published last with the optimizer state of its last checkpoint), written from
+    this process so that the next run resumes from it. Returns its path, or None when nothing newer than the last
+    checkpoint was kept or published, or the write failed."""
     learner = Learner(ctx, share=False)
     return learner.save() if learner.newer_than_checkpoint else None

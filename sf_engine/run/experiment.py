@@ -20,7 +20,7 @@ from sf_engine.config.groups import ConfigError
 from sf_engine.envs import reap_orphaned_processes
 from sf_engine.runtime.checkpoint import list_checkpoints, remove_temporary_files
 from sf_engine.runtime.log_file import LogFile
-from sf_engine.runtime.shared_buffers import SHM_PREFIX, WEIGHTS_SUFFIX
+from sf_engine.runtime.shared_buffers import SHM_PREFIX, SIDE_SUFFIXES
 from sf_engine.stats.records import keep_record, write_json_atomic
 
 _OWN_FILES = ("config.json", "summary.json", "processes.json", "train.log", "events.out.tfevents.*")
@@ -182,7 +182,7 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
     done += reap_orphaned_processes()  # env processes (VizDoom's games) that killed workers left alive
     segment = leftover_segment(experiment_dir, shm_dir, processes)
     if segment is not None:
-        for path in (segment, segment + WEIGHTS_SUFFIX):  # and the file of its last published weights
+        for path in [segment] + [segment + suffix for suffix in SIDE_SUFFIXES]:  # and the files beside it
             try:
                 os.unlink(path)
                 done.append(f"removed {path} left by a previous run")

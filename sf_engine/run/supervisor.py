@@ -85,7 +85,7 @@ class Supervisor:
     def _recover(self, role: str, index: int, cause: str) -> None:
         """Restart a failed process: what it held goes back (its slots, booked as dropped), its successor
         gets the shared weights; past --max_worker_restarts within RESTART_WINDOW_SEC the run stops
-        (ChildFailed), a dead learner's last published weights first written as a checkpoint."""
+        (ChildFailed), what a dead learner left first written as a checkpoint."""
         drain_into(self.queues.stats, self.stats.consume)  # the failed process's traceback, if it sent one
         trace = self.stats.faults.pop((role, index), None)
         where = f"{role.replace('_', ' ')} {index} on env {self.cfg.env.env}"
@@ -141,7 +141,8 @@ class Supervisor:
         )
 
     def _checkpoint_last_published(self, generation: int) -> str:
-        """Write the dead learner's last published weights as a checkpoint, from this process; says where."""
+        """Write what the dead learner left (the training state it kept, else the weights it published last) as a
+        checkpoint, from this process; says where."""
         from sf_engine.roles.learner import checkpoint_last_published
         from sf_engine.runtime.role import RoleContext
 
@@ -149,14 +150,14 @@ class Supervisor:
         try:
             path = checkpoint_last_published(ctx)
         except Exception as exc:  # the run stops anyway: say why nothing was written
-            logging.exception("no checkpoint of the last published weights")
+            logging.exception("no checkpoint of what the learner left")
             path, why = None, f"{exc.__class__.__name__}: {exc}"
         else:
-            why = "nothing newer than the last checkpoint was published, or the write failed"
+            why = "nothing newer than the last checkpoint was kept or published, or the write failed"
         if path is None:
             last, _ = latest_valid_checkpoint(self.plan.paths.checkpoint_dir)
-            return f"the last published weights were not saved ({why}); the last good checkpoint is {last or 'none'}"
-        return f"the last published weights were saved as {path}: run the same command again to resume from it"
+            return f"what the learner left was not saved ({why}); the last good checkpoint is {last or 'none'}"
+        return f"what the learner left was saved as {path}: run the same command again to resume from it"
 
     def _restart_sampling(self, role: str, index: int, generation: int) -> None:
         """A receiver, rollout worker or policy worker replaced."""

@@ -82,9 +82,10 @@ def remove_temporary_files(directory: str) -> None:
         os.unlink(path)
 
 
-def save_state_atomic(path: str, state: dict) -> None:
-    """torch.save with a checksum to a temporary file, fsync, rename: a reader sees the old file or the
-    new one. On an OSError (disk full, ...) the temporary file is removed and the old file stays."""
+def save_state_atomic(path: str, state: dict, durable: bool = True) -> None:
+    """torch.save with a checksum to a temporary file, fsync (where `durable`: a file that must outlive a crash
+    of the machine, not only of a process), rename: a reader sees the old file or the new one. On an OSError
+    (disk full, ...) the temporary file is removed and the old file stays."""
     import torch
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -97,7 +98,8 @@ def save_state_atomic(path: str, state: dict) -> None:
             f.write(body)
             f.write(MAGIC + hashlib.sha256(body).digest())
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError:
         if os.path.exists(tmp):

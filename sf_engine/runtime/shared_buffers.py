@@ -130,6 +130,9 @@ def required_bytes(layout: dict) -> int:
 
 SHM_PREFIX = "sf_engine_"
 WEIGHTS_SUFFIX = ".weights"  # the file of the last published weights, beside the run's
+TRAINING_STATE_SUFFIX = ".training"  # the learner's whole training state, kept every second (roles.learner)
+# the files beside the run's own: removed with it (and the kept state's half-written one)
+SIDE_SUFFIXES = (WEIGHTS_SUFFIX, TRAINING_STATE_SUFFIX, TRAINING_STATE_SUFFIX + ".tmp")
 
 
 def shm_path(shm_dir: str, experiment_dir: str) -> str:
@@ -218,7 +221,7 @@ class SharedBuffers:
     def release(self) -> None:
         """Unlink the backing files (creator only). Views stay valid until the process exits."""
         if self.owner:
-            for path in (self.path, self.path + WEIGHTS_SUFFIX):
+            for path in [self.path] + [self.path + suffix for suffix in SIDE_SUFFIXES]:
                 if os.path.exists(path):
                     os.unlink(path)
             self.owner = False
