@@ -43,6 +43,21 @@ def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = s
     return summary
 
 
+def read_json(path: str) -> dict:
+    """A JSON file a run writes (summary.json, processes.json), or {} where it is not there (yet) or half-written."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def learner_pid(exp_dir: str):
+    """The pid of a running experiment's learner process (its processes.json), or None."""
+    rows = read_json(os.path.join(exp_dir, "processes.json")).get("processes", [])
+    return next((row["pid"] for row in rows if row.get("role") == "learner"), None)
+
+
 def median_windows(summaries: list) -> float:
     windows = [w for s in summaries for w in s["env_steps_per_sec_windows"]]
     return statistics.median(windows) if windows else statistics.median(s["env_steps_per_sec"] for s in summaries)

@@ -28,22 +28,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, held_share  # noqa: E402
+from common import REPO, held_share, learner_pid, read_json  # noqa: E402
 
 EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _learner_pid(exp_dir: str):
-    rows = _read(os.path.join(exp_dir, "processes.json")).get("processes", [])
-    return next((row["pid"] for row in rows if row.get("role") == "learner"), None)
 
 
 def run(flags: list, seconds: float, every: float | None, eval_every: float) -> dict:
@@ -70,12 +57,12 @@ def run(flags: list, seconds: float, every: float | None, eval_every: float) -> 
             time.sleep(0.2)
             elapsed = time.monotonic() - start
             if every and elapsed >= every * (len(kills) + 1) and elapsed < seconds - 5:
-                pid = _learner_pid(exp_dir)
+                pid = learner_pid(exp_dir)
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     kills.append(round(elapsed, 1))
         reader.join()
-        summary = _read(os.path.join(exp_dir, "summary.json"))
+        summary = read_json(os.path.join(exp_dir, "summary.json"))
     learner = summary.get("stage_seconds", {}).get("learner", {})
     return {
         "exit_code": proc.returncode,

@@ -22,20 +22,8 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def _learner_pid(exp_dir: str):
-    rows = _read(os.path.join(exp_dir, "processes.json")).get("processes", [])
-    return next((row["pid"] for row in rows if row.get("role") == "learner"), None)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import REPO, learner_pid, read_json  # noqa: E402
 
 
 def main() -> None:
@@ -50,26 +38,26 @@ def main() -> None:
     command = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "restart"]
     command += ["--status_every_sec", "1"] + (args.train_args or ["--train_for_env_steps", "5000000"])
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    while _read(os.path.join(exp_dir, "summary.json")).get("env_steps", 0) < args.kill_at:
+    while read_json(os.path.join(exp_dir, "summary.json")).get("env_steps", 0) < args.kill_at:
         if proc.poll() is not None:
             sys.exit(f"the run ended before {args.kill_at:,} env steps")
         time.sleep(0.05)
-    before = _read(os.path.join(exp_dir, "summary.json"))
-    os.kill(_learner_pid(exp_dir), signal.SIGKILL)
+    before = read_json(os.path.join(exp_dir, "summary.json"))
+    os.kill(learner_pid(exp_dir), signal.SIGKILL)
     killed = time.monotonic()
-    while _read(os.path.join(exp_dir, "summary.json")).get("learner_restarts", 0) < 1:
+    while read_json(os.path.join(exp_dir, "summary.json")).get("learner_restarts", 0) < 1:
         time.sleep(0.01)
     resumed_version = None
     while proc.poll() is None:
-        notes = _read(os.path.join(exp_dir, "summary.json")).get("learner_recoveries") or []
+        notes = read_json(os.path.join(exp_dir, "summary.json")).get("learner_recoveries") or []
         found = re.search(r"version (\d+)", notes[0]) if notes else None
-        version = _read(os.path.join(exp_dir, "summary.json")).get("learner_version", 0)
+        version = read_json(os.path.join(exp_dir, "summary.json")).get("learner_version", 0)
         if found and version > int(found.group(1)):
             resumed_version, training_again = int(found.group(1)), time.monotonic()
             break
         time.sleep(0.01)
     proc.wait()
-    summary = _read(os.path.join(exp_dir, "summary.json"))
+    summary = read_json(os.path.join(exp_dir, "summary.json"))
     print(
         json.dumps(
             {
