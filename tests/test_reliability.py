@@ -253,7 +253,10 @@ def test_after_sigkill_of_the_runner_children_exit_and_the_next_start_cleans_up(
     while alive(children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(children)
-    assert len(os.listdir(shm_dir)) == 2  # the dead runner could not remove its segment and its weights' file
+    left = sorted(os.listdir(shm_dir))  # the dead runner could not remove its segment and the files beside it:
+    segment = left[0]  # its last published weights, the learner's kept training state (and one being written)
+    assert {segment + side for side in ("", ".weights", ".training")} <= set(left), left
+    assert set(left) <= {segment + side for side in ("", ".weights", ".training", ".training.tmp")}, left
     from sf_engine.runtime.checkpoint import env_steps_of, latest_checkpoint
 
     resumed_at = env_steps_of(latest_checkpoint(os.path.join(exp, "checkpoints")))
