@@ -21,18 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, run_baseline  # noqa: E402
+from common import EVAL_LINE, REPO, run_baseline  # noqa: E402
 
 from sf_engine.envs.families import game_name  # noqa: E402
-
-EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
 
 
 def run_ours(env: str, algo: str, minutes: float, extra: list) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -11,6 +12,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the line the terminal and train.log print for each greedy evaluation: its version and mean return
+EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
 
 
 def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = sys.executable, inspect=None) -> dict:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,9 +27,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, held_share, learner_pid, read_json  # noqa: E402
-
-EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
+from common import EVAL_LINE, REPO, held_share, learner_pid, read_json  # noqa: E402
 
 
 def run(flags: list, seconds: float, every: float | None, eval_every: float) -> dict:

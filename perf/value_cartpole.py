@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -31,9 +30,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, held_share, run_baseline  # noqa: E402
+from common import EVAL_LINE, REPO, held_share, run_baseline  # noqa: E402
 
-EVAL_LINE = re.compile(r"evaluation of version (\d+): return (-?[\d.]+)")
 THRESHOLD = 475.0
 
 
