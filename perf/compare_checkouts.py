@@ -14,7 +14,7 @@ hands slots back in bursts). Each training run also gives its learner updates pe
 --this_flags go to this checkout's runs only. The other checkout runs with --other_python, by default this
 Python: give it the Python of a virtual environment where the other checkout is installed (`pip install
 --no-build-isolation -e OTHER`) so that it runs with its own compiled kernels and env registry (an editable
-install maps sf_engine.envs to its own checkout's envs/).
+install maps sf_engine.envs to its own checkout's envs/); one without the compiled kernels the other has is refused.
 
 Each figure's `_ratio` is the ratio of the two checkouts' medians; with two rounds or more, `_paired` is the
 geometric mean of the rounds' ratios (each round's two runs follow one another, so a slow spell of the machine
@@ -24,6 +24,7 @@ falls on both) and `_paired_90` its 90% interval (Student's t over the rounds' l
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -96,6 +97,15 @@ def main() -> None:
     other = os.path.abspath(args.other)
     if not os.path.isfile(os.path.join(other, "train.py")):
         parser.error(f"--other {args.other}: no train.py there")
+    built = {
+        repo: bool(glob.glob(os.path.join(repo, "sf_engine", "model", "_cpu_kernels*.so"))) for repo in (REPO, other)
+    }
+    if built[REPO] != built[other]:
+        unbuilt = other if built[REPO] else REPO
+        parser.error(
+            f"{unbuilt} has no compiled kernels where the other checkout has them, so the two would run "
+            "different layers: build them there (python setup.py build_ext --inplace)"
+        )
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1 (got {args.rounds})")
     runs = {"this": [], "other": []}
