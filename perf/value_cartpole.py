@@ -5,8 +5,9 @@ same run.
   python perf/value_cartpole.py --algo pqn        # mean training return of the last 100 episodes >= 475
   python perf/value_cartpole.py --algo dqn --rounds 3 --no_baseline -- --learning_rate 2e-3
   python perf/value_cartpole.py --algo dqn --rounds 5 --no_baseline --hold_sec 180   # does it hold 475? seeds 0-4
+  python perf/value_cartpole.py --algo r2d2 --env CartPoleNoVel-v1 --rounds 2 --hold_sec 180   # velocities hidden
 
---algo dqn: train.py --algo dqn --eval_every_sec 5 --eval_episodes 10 --stop_at_eval_return 475; the time is
+--algo dqn (and r2d2): train.py --algo dqn --eval_every_sec 5 --eval_episodes 10 --stop_at_eval_return 475; the time is
 that of the first evaluation line at or above 475, from the launch of train.py (imports and start-up included:
 the user's wait). Stable-Baselines3 2.9.2 (../shared/baselines/sb3.sh, RL Zoo's tuned CartPole DQN, greedy
 evaluation every 5 s of its training, its evaluation time not counted) runs after each of ours; where it never
@@ -35,9 +36,12 @@ from common import EVAL_LINE, REPO, held_share, run_baseline  # noqa: E402
 THRESHOLD = 475.0
 
 
-def run_ours(algo: str, extra: list, limit_sec: float, hold_sec: float | None = None, seed: int | None = None) -> dict:
-    """train.py in a new process; the seconds from its launch to the solved line (None: not within limit_sec); with
-    `hold_sec`, it goes on that long after it and is stopped, and the share of the evaluations meanwhile at 475."""
+def run_ours(
+    algo: str, extra: list, limit_sec: float, hold_sec: float | None = None, seed: int | None = None, env: str = ""
+) -> dict:
+    """train.py on `env` (CartPole-v1 by default) in a new process; the seconds from its launch to the solved line
+    (None: not within limit_sec); with `hold_sec`, it goes on that long after it and is stopped, and the share of the
+    evaluations meanwhile at 475."""
     goal = ["--eval_every_sec", "5", "--eval_episodes", "10", "--stop_at_eval_return", str(THRESHOLD)]
     if algo == "pqn":
         goal = ["--stop_at_return", str(THRESHOLD)]
@@ -46,7 +50,8 @@ def run_ours(algo: str, extra: list, limit_sec: float, hold_sec: float | None = 
         limit_sec += hold_sec
     with tempfile.TemporaryDirectory(prefix="sf_engine_perf_") as train_dir:
         cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", train_dir, "--experiment", "perf"]
-        cmd += ["--algo", algo, "--train_for_seconds", str(limit_sec), "--status_every_sec", "1000", *goal, *extra]
+        cmd += ["--env", env or "CartPole-v1", "--algo", algo, "--train_for_seconds", str(limit_sec)]
+        cmd += ["--status_every_sec", "1000", *goal, *extra]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         solved, evaluations, stopped = None, [], False
@@ -102,7 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
-    parser.add_argument("--algo", choices=("dqn", "pqn"), default="dqn")
+    parser.add_argument("--algo", choices=("dqn", "pqn", "r2d2"), default="dqn")
+    parser.add_argument("--env", default="CartPole-v1", help="a CartPole of 500 steps (CartPoleNoVel-v1 for r2d2)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system, alternating")
     parser.add_argument("--limit_sec", type=float, default=60.0, help="our run's --train_for_seconds")
     parser.add_argument("--no_baseline", action="store_true", help="skip Stable-Baselines3 (dqn only)")
@@ -112,15 +118,15 @@ def main() -> None:
     ours, theirs = [], []
     for round_index in range(args.rounds):
         seed = round_index if args.hold_sec is not None and "--seed" not in args.train_args else None
-        ours.append(run_ours(args.algo, args.train_args, args.limit_sec, args.hold_sec, seed))
+        ours.append(run_ours(args.algo, args.train_args, args.limit_sec, args.hold_sec, seed, args.env))
         print("sf_engine:", json.dumps(ours[-1]), file=sys.stderr, flush=True)
-        if args.algo == "dqn" and not args.no_baseline:
+        if args.algo == "dqn" and args.env == "CartPole-v1" and not args.no_baseline:
             theirs.append(run_sb3(args.algo))
             print("stable-baselines3:", json.dumps(theirs[-1]), file=sys.stderr, flush=True)
     times = [r["seconds_to_475"] for r in ours]
     median = statistics.median(times) if None not in times else None
     result = {
-        "env": "CartPole-v1",
+        "env": args.env,
         "algo": args.algo,
         "mode": "async",
         "rounds": args.rounds,

@@ -97,6 +97,29 @@ def test_ppo_linear_schedule_under_a_time_budget_alone():
     assert ppo.learning_rate == pytest.approx(cfg.learner.learning_rate / 2, rel=0.01)
 
 
+def test_learning_rate_decays_to_lr_end_over_lr_decay_env_steps_and_stays():
+    """--lr_decay_env_steps: the linear schedule runs from --learning_rate to --lr_end over those env steps,
+    whatever the budgets, then keeps --lr_end; a DQN learner sets it as it trains."""
+    import torch
+
+    from sf_engine.algo.base import TrainingHooks
+    from sf_engine.algo.dqn.learning import DQN
+    from sf_engine.envs import probe_env_spec
+    from sf_engine.model.shape import resolve_model_config
+
+    flags = ["--algo", "dqn", "--learning_rate", "2e-3", "--lr_schedule", "linear", "--lr_end", "1e-4"]
+    cfg = make_config(parse_flags([*flags, "--lr_decay_env_steps", "1000", "--train_for_env_steps", "10000"]))
+    spec = probe_env_spec("CartPole-v1", "auto")
+    cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
+    steps = [0]
+    hooks = TrainingHooks(env_steps=lambda: steps[0], beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 0)
+    dqn = DQN(cfg, spec, torch.device("cpu"), hooks)
+    for env_steps, expected in ((0, 2e-3), (250, 2e-3 - 0.25 * 1.9e-3), (1000, 1e-4), (9000, 1e-4)):
+        steps[0] = env_steps
+        dqn.scheduled_learning_rate()  # as its train() does every 64 updates
+        assert dqn.learning_rate == pytest.approx(expected)
+
+
 def test_time_left_with_one_budget_not_set():
     cfg = make_config(parse_flags(["--train_for_seconds", "120"]))
     stats = _stats(5000)

@@ -163,6 +163,8 @@ def test_a_resumed_run_refills_or_reloads_its_replay_buffer(tmp_path, shm_dir, s
         (["--epsilon_end", "-0.1"], ["--epsilon_end", "[0, 1]"]),
         (["--epsilon_decay_env_steps", "0"], ["--epsilon_decay_env_steps", "at least 1"]),
         (["--apex_alpha", "-1"], ["--apex_alpha", ">= 0"]),
+        (["--lr_end", "-0.0001"], ["--lr_end", ">= 0"]),
+        (["--lr_decay_env_steps", "-5"], ["--lr_decay_env_steps", ">= 0"]),
         (["--q_lambda", "1.2"], ["--q_lambda", "[0, 1]"]),
         (["--double_q", "yes please"], ["--double_q", "true or false"]),
         (["--dueling", "x"], ["--dueling", "true or false"]),

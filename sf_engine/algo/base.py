@@ -114,11 +114,15 @@ def set_learning_rate(optimizer, lr: float) -> None:
 
 
 def schedule_learning_rate(optimizer, cfg, lcfg, hooks: TrainingHooks) -> None:
-    """--lr_schedule linear: `lcfg`'s learning rate decayed to 0 over the run's budgets (the larger part used of
-    those that apply), set in `optimizer`; 'constant' leaves it as it is."""
+    """--lr_schedule linear: `lcfg`'s learning rate decayed to --lr_end over --lr_decay_env_steps (over the run's
+    budgets where that is 0: the larger part used of those that apply), set in `optimizer`; 'constant' leaves it
+    as it is."""
     if lcfg.lr_schedule == "linear":
-        used = cfg.run.budget_used(hooks.env_steps(), hooks.elapsed_sec())
-        set_learning_rate(optimizer, lcfg.learning_rate * (1.0 - used))
+        if lcfg.lr_decay_env_steps:
+            used = min(1.0, hooks.env_steps() / lcfg.lr_decay_env_steps)
+        else:
+            used = cfg.run.budget_used(hooks.env_steps(), hooks.elapsed_sec())
+        set_learning_rate(optimizer, lcfg.learning_rate + used * (lcfg.lr_end - lcfg.learning_rate))
 
 
 class Algorithm(Protocol):

@@ -99,6 +99,8 @@ def _check_learner_values(cfg: Config) -> None:
         "--per_alpha": cfg.replay.per_alpha,
         "--burn_in": cfg.replay.burn_in,
         "--critic_learning_rate": cfg.sac.critic_learning_rate,
+        "--lr_end": lrn.lr_end,
+        "--lr_decay_env_steps": lrn.lr_decay_env_steps,
     }.items():
         if value < 0:
             raise ConfigError(f"{flag} must be >= 0 (got {value})")

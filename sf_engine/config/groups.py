@@ -156,6 +156,16 @@ class LearnerConfig:
         "0 at the first budget reached; with only a time budget a resumed run decays anew over its own time.",
         choices=("constant", "linear"),
     )
+    lr_end: float = _f(
+        0.0,
+        "--lr_schedule linear: the learning rate it decays to (by --lr_decay_env_steps, or at the first budget "
+        "reached), then keeps.",
+    )
+    lr_decay_env_steps: int = _f(
+        0,
+        "--lr_schedule linear: env steps over which the rate decays from --learning_rate to --lr_end; 0: over the "
+        "run's budgets (see --lr_schedule).",
+    )
     gamma: float = _f(0.99, "Discount factor.")
     gae_lambda: float = _f(0.95, "GAE lambda (advantage estimation without V-trace).")
     ppo_clip_ratio: float = _f(0.2, "PPO clipping of the policy ratio to [1 - clip, 1 + clip].")
