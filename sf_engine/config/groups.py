@@ -15,6 +15,7 @@ from sf_engine.config.fields import ConfigError, int_or_auto
 from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
+from sf_engine.config.tracking import TrackingConfig
 from sf_engine.config.value import QConfig, ReplayConfig
 
 ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosize.choose_rollout)
@@ -316,23 +317,6 @@ class RunConfig:
         used = [env_steps / self.train_for_env_steps] if self.train_for_env_steps is not None else []
         used += [elapsed_sec / self.train_for_seconds] if self.train_for_seconds is not None else []
         return min(1.0, max(used))
-
-
-@dataclass(frozen=True)
-class TrackingConfig:
-    with_wandb: bool = _f(
-        False,
-        "Also log the TensorBoard scalars and the config to Weights & Biases (pip install "
-        "'sf_engine[wandb]'; `wandb login` first, or WANDB_MODE=offline).",
-    )
-    wandb_project: str = _f("sf_engine", "W&B project of the run.")
-    wandb_entity: Optional[str] = _f(
-        None, "W&B team or user the project belongs to (default: your W&B default).", type=str
-    )
-    wandb_group: Optional[str] = _f(
-        None, "W&B group of the run (default: none), to compare runs side by side.", type=str
-    )
-    wandb_tags: str = _f("", "Comma-separated W&B tags of the run, e.g. pong,baseline.")
 
 
 # the groups of every run, then each built-in algorithm's own (its spec's `config`: SAC's, TD3's)
