@@ -1,0 +1,103 @@
+"""Device envs (envs/device.py's contract): the shipped torch envs against Gymnasium's own, step for step, and the
+two autoreset modes with their time limits."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode
+
+from sf_engine.envs.device import check_device_env, is_device_env
+from sf_engine.envs.spec import EnvError
+from sf_engine.envs.torch_classic import DEVICE_ENVS, TorchPendulum
+
+
+@pytest.mark.parametrize("name, steps", [("CartPole-v1", 3000), ("Acrobot-v1", 2000), ("Pendulum-v1", 1000)])
+def test_each_torch_env_steps_as_gymnasiums_from_the_same_states_and_actions(name, steps):
+    """4 Gymnasium envs and the torch batch of 4 from the same states (each Gymnasium reset copied into its row)
+    and the same random actions: the same observations, rewards, terminations and truncations at every step
+    (a row that ends is compared by its final_obs), across many episodes of each."""
+    num_envs, rng = 4, np.random.default_rng(0)
+    env = DEVICE_ENVS[f"Torch{name}"](num_envs)
+    env.reset(seed=0)
+    references = [gymnasium.make(name) for _ in range(num_envs)]
+    for row, reference in enumerate(references):
+        reference.reset(seed=row)
+        env.state[row] = torch.as_tensor(np.asarray(reference.unwrapped.state, dtype=np.float64))
+    ends = {"terminated": 0, "truncated": 0}
+    for _ in range(steps):
+        if name == "Pendulum-v1":  # beyond the bounds too: both clip
+            actions = rng.uniform(-2.5, 2.5, size=(num_envs, 1)).astype(np.float32)
+        else:
+            actions = rng.integers(0, env.single_action_space.n, size=num_envs)
+        obs, reward, terminated, truncated, info = env.step(torch.as_tensor(actions))
+        for row, reference in enumerate(references):
+            expected_obs, expected_reward, expected_terminated, expected_truncated, _ = reference.step(actions[row])
+            np.testing.assert_allclose(info["final_obs"][row].numpy(), expected_obs, rtol=1e-5, atol=1e-5)
+            assert reward[row].item() == pytest.approx(expected_reward, rel=1e-5, abs=1e-5)
+            assert (terminated[row].item(), truncated[row].item()) == (expected_terminated, expected_truncated)
+            if expected_terminated or expected_truncated:
+                ends["terminated"] += expected_terminated
+                ends["truncated"] += expected_truncated
+                reference.reset()
+                env.state[row] = torch.as_tensor(np.asarray(reference.unwrapped.state, dtype=np.float64))
+    assert ends["terminated"] + ends["truncated"] >= 8, ends  # many episodes compared, not one
+
+
+def test_next_step_autoreset_ignores_the_action_after_an_end_and_counts_the_time_limit_anew():
+    """NEXT_STEP (EnvPool's convention): Pendulum's 200-step limit ends the episode at steps 200, 401 and 602; the
+    step after each returns the new episode's first observation, reward 0 and no end."""
+    env = TorchPendulum(3, autoreset_mode=AutoresetMode.NEXT_STEP)
+    env.reset(seed=1)
+    zero = torch.zeros(3, 1)
+    truncations, after = [], []
+    for step in range(1, 650):
+        obs, reward, terminated, truncated, info = env.step(zero)
+        assert "final_obs" not in info and not terminated.any()
+        if truncated.all():
+            truncations.append(step)
+        if truncations and step == truncations[-1] + 1:
+            after.append((reward.abs().max().item(), truncated.any().item(), env.steps.max().item()))
+    assert truncations == [200, 401, 602]
+    assert after == [(0.0, False, 0)] * 3
+
+
+def test_same_step_autoreset_restarts_at_once_and_keeps_the_last_observation():
+    """SAME_STEP (Isaac Lab's and Brax's convention): truncated at steps 200, 400 and 600; the ending step returns
+    the new episode's first observation, the old one's last in info['final_obs']; other steps' final_obs is the
+    observation itself."""
+    env = TorchPendulum(3)
+    env.reset(seed=1)
+    zero, truncations = torch.zeros(3, 1), []
+    for step in range(1, 601):
+        obs, reward, terminated, truncated, info = env.step(zero)
+        if truncated.all():
+            truncations.append(step)
+            assert not torch.equal(obs, info["final_obs"]) and env.steps.max().item() == 0
+        else:
+            assert torch.equal(obs, info["final_obs"])
+    assert truncations == [200, 400, 600]
+
+
+def test_a_seed_makes_the_same_episodes():
+    runs = []
+    for _ in range(2):
+        env = DEVICE_ENVS["TorchCartPole-v1"](8)
+        first, _ = env.reset(seed=7)
+        rows = [first] + [env.step(torch.ones(8, dtype=torch.int64))[0] for _ in range(40)]
+        runs.append(torch.stack(rows))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(DEVICE_ENVS["TorchCartPole-v1"](8).reset(seed=8)[0], runs[0][0])
+
+
+def test_the_contract_is_recognised_and_its_breaches_named_in_one_line():
+    env = DEVICE_ENVS["TorchAcrobot-v1"](2)
+    assert is_device_env(env) and not is_device_env(gymnasium.make_vec("CartPole-v1", num_envs=2))
+    check_device_env(env, "TorchAcrobot-v1")
+    env.metadata = {"autoreset_mode": AutoresetMode.DISABLED}
+    with pytest.raises(EnvError, match=r"\[.autoreset_mode.\] must be AutoresetMode.NEXT_STEP or SAME_STEP"):
+        check_device_env(env, "TorchAcrobot-v1")
+    with pytest.raises(ValueError, match="autoreset_mode"):
+        TorchPendulum(2, autoreset_mode=AutoresetMode.DISABLED)
