@@ -52,6 +52,8 @@ def _as_dict(obs) -> dict:
 class BatchEnv:
     """`num_envs` envs stepped as one batch (an EnvPool instance or a Gymnasium vector env)."""
 
+    resets_next_step = True  # an env that ends resets on the next step, which belongs to no episode
+
     def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
         self._env, self.num_envs, self.spec = env, num_envs, spec
         self._true_score = true_score_from_info

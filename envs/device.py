@@ -16,23 +16,65 @@ The contract (what the engine runs in device mode): a `gymnasium.vector.VectorEn
                               of envs that did not end: the returned observation), what a truncated episode
                               bootstraps from (Isaac Lab's and Brax's convention)
 
-`TorchVectorEnv` is a base for writing one: the physics over a state tensor, with seeding, the time limit and both
-autoreset modes done once here. envs/torch_classic.py holds the shipped ones.
+A device env is named by `--env` as a shipped id (DEVICE_ENV_IDS: TorchCartPole-v1, ...) or as `module:Class`, a
+VectorEnv subclass built as `Class(num_envs=N, device=D)`. envs/torch_envs.py holds `TorchVectorEnv`, a base for
+writing one in torch, and the shipped ones. torch is imported where an env is made, not here: the main process
+decides what an id is without it.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import gymnasium
-import torch
 from gymnasium.vector import AutoresetMode
 
 from .spec import EnvError
+from .user_code import import_user_module, user_attribute
+
+# the shipped device envs: id -> their class in envs/torch_envs.py
+DEVICE_ENV_IDS = {
+    "TorchCartPole-v1": "TorchCartPole",
+    "TorchAcrobot-v1": "TorchAcrobot",
+    "TorchPendulum-v1": "TorchPendulum",
+}
 
 AUTORESET_MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
 
+def device_env_class(env_id: str):
+    """The device env class `env_id` names (a shipped id, or `module:Class` naming a VectorEnv subclass), or None
+    where it names something else (a Gymnasium env, a factory: made as such elsewhere)."""
+    if env_id in DEVICE_ENV_IDS:
+        return getattr(importlib.import_module(".torch_envs", __package__), DEVICE_ENV_IDS[env_id])
+    if ":" not in env_id:
+        return None
+    module = import_user_module(env_id, "--env", EnvError)
+    if not hasattr(module, env_id.partition(":")[2]):
+        return None  # a Gymnasium id the module registers
+    target = user_attribute(module, env_id, "--env", EnvError)
+    return target if isinstance(target, type) and issubclass(target, gymnasium.vector.VectorEnv) else None
+
+
+def make_device_env(env_id: str, num_envs: int, device: str):
+    """`num_envs` envs of the device env `env_id` on `device` (not reset yet), checked against the contract (an
+    EnvError line naming what it breaks)."""
+    try:
+        env = device_env_class(env_id)(num_envs=num_envs, device=device)
+    except Exception as exc:  # a user's class: its own error, where it was raised
+        raise EnvError(
+            f"--env {env_id}: {type(exc).__name__}: {exc} (built as Class(num_envs={num_envs}, device={device!r}))"
+        ) from None
+    if not is_device_env(env):
+        raise EnvError(f"--env {env_id}: a VectorEnv needs a torch.device `device` attribute to run on a device")
+    check_device_env(env, env_id)
+    return env
+
+
 def is_device_env(env) -> bool:
     """Whether `env` claims the contract: a VectorEnv with a torch device."""
+    import torch
+
     return isinstance(env, gymnasium.vector.VectorEnv) and isinstance(getattr(env, "device", None), torch.device)
 
 
@@ -56,71 +98,35 @@ def check_device_env(env, name: str) -> None:
         raise EnvError(f"device env {name}: num_envs must be a positive int (got {env.num_envs!r})")
 
 
-class TorchVectorEnv(gymnasium.vector.VectorEnv):
-    """A batch of `num_envs` envs as one torch program on `device`: a subclass sets the spaces and
-    `max_episode_steps` and writes `initial_state`, `physics` and `observe`; seeding, the time limit and the
-    autoreset mode are done here. The state is float64 (the Gymnasium envs' own precision), the observations
-    float32."""
+class DeviceBatchEnv:
+    """A device env seen as a BatchEnv (envs.batch): NumPy in and out, for what plays whole episodes outside training
+    (evaluation, enjoy.py, load_policy); training samples a device env without NumPy (device mode). Made reset with
+    `seed`. `resets_next_step`: False for a SAME_STEP env, whose step after an end belongs to the new episode."""
 
-    max_episode_steps: int = 0
-    state_size: int = 0
+    def __init__(self, env, spec, seed: int):
+        self._env, self.num_envs, self.spec = env, env.num_envs, spec
+        self.resets_next_step = env.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+        env.reset(seed=seed)
 
-    def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", autoreset_mode=AutoresetMode.SAME_STEP):
-        if autoreset_mode not in AUTORESET_MODES:
-            raise ValueError(f"autoreset_mode must be NEXT_STEP or SAME_STEP (got {autoreset_mode})")
-        self.num_envs, self.device = int(num_envs), torch.device(device)
-        self.metadata = {"autoreset_mode": autoreset_mode}
-        self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, self.num_envs)
-        self.generator = torch.Generator(device=self.device)
-        self.state = torch.zeros(self.num_envs, self.state_size, dtype=torch.float64, device=self.device)
-        self.steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
-        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)  # NEXT_STEP: reset next step
+    def reset(self) -> dict:
+        obs, _ = self._env.reset()
+        return {"obs": obs.cpu().numpy()}
 
-    # ---- what a subclass writes -----------------------------------------------------------------------------
-    def initial_state(self, count: int) -> torch.Tensor:
-        """[count, state_size] float64 first states, drawn with self.generator."""
-        raise NotImplementedError
+    def step(self, actions):
+        import torch
 
-    def physics(self, state: torch.Tensor, actions: torch.Tensor) -> tuple:
-        """One step of every env: (next state [N, S], reward [N] float64, terminated [N] bool)."""
-        raise NotImplementedError
+        from .batch import StepResult
 
-    def observe(self, state: torch.Tensor) -> torch.Tensor:
-        """[N, *obs_shape] float32 observations of `state`."""
-        raise NotImplementedError
+        actions = torch.as_tensor(self.spec.action.env_actions(actions), device=self._env.device)
+        obs, rewards, terminated, truncated, _ = (
+            value.cpu().numpy() if hasattr(value, "cpu") else value for value in self._env.step(actions)
+        )
+        return StepResult({"obs": obs}, rewards, terminated, truncated, rewards, terminated | truncated)
 
-    # ---- the contract ---------------------------------------------------------------------------------------
-    def uniform(self, count: int, low, high) -> torch.Tensor:
-        """[count, len(low)] float64 uniform draws within [low, high) per column."""
-        low = torch.as_tensor(low, dtype=torch.float64, device=self.device)
-        high = torch.as_tensor(high, dtype=torch.float64, device=self.device)
-        draws = torch.rand(count, low.numel(), dtype=torch.float64, device=self.device, generator=self.generator)
-        return low + draws * (high - low)
+    def render(self):
+        return None
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        if seed is not None:
-            self.generator.manual_seed(int(seed))
-        self.state = self.initial_state(self.num_envs)
-        self.steps.zero_()
-        self.ended.zero_()
-        return self.observe(self.state), {}
+    render_fps = None
 
-    def step(self, actions: torch.Tensor):
-        state, reward, terminated = self.physics(self.state, actions)
-        self.steps += 1
-        truncated = self.steps >= self.max_episode_steps
-        reward = reward.to(torch.float32)
-        if self.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP:
-            restart = self.ended
-            state = torch.where(restart.unsqueeze(1), self.initial_state(self.num_envs), state)
-            self.steps.masked_fill_(restart, 0)
-            reward.masked_fill_(restart, 0.0)
-            terminated, truncated = terminated & ~restart, truncated & ~restart
-            self.state, self.ended = state, terminated | truncated
-            return self.observe(state), reward, terminated, truncated, {}
-        final_obs = self.observe(state)
-        done = terminated | truncated
-        self.state = torch.where(done.unsqueeze(1), self.initial_state(self.num_envs), state)
-        self.steps.masked_fill_(done, 0)
-        return self.observe(self.state), reward, terminated, truncated, {"final_obs": final_obs}
+    def close(self) -> None:
+        self._env.close()

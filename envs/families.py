@@ -115,8 +115,13 @@ FAMILY_DEFAULTS["box2d"] = FAMILY_DEFAULTS["continuous"]
 TWO_PLAYER_DEFAULTS = {"eval_every_sec": 30.0, "eval_episodes": 20}
 
 
+# a device env (envs.device): its sampler steps the whole batch at once, one slot per rollout (no double buffering)
+DEVICE_DEFAULTS = {"worker_num_splits": 1}
+
+
 def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
-    """{flag name: value}: the defaults of the env's family, then the env's own (ENV_DEFAULTS). They are PPO's
-    settings for the family; another algorithm's own defaults for it (its spec's) go over them."""
+    """{flag name: value}: the defaults of the env's family, then a device env's, then the env's own (ENV_DEFAULTS).
+    They are PPO's settings for the family; another algorithm's own defaults for it (its spec's) go over them."""
     two_player = TWO_PLAYER_DEFAULTS if spec.family == "turns" and len(spec.agents) == 2 else {}
-    return FAMILY_DEFAULTS[spec.family] | two_player | ENV_DEFAULTS.get(env_id, {})
+    device = DEVICE_DEFAULTS if spec.device else {}
+    return FAMILY_DEFAULTS[spec.family] | two_player | device | ENV_DEFAULTS.get(env_id, {})

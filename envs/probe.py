@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import warnings
 
+from .device import device_env_class, make_device_env
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom_scenarios import is_doom
 from .families import is_box2d
@@ -72,7 +73,15 @@ def env_notes(env_id: str, spec: EnvSpec) -> list:
     """The lines the start prints about how the env is made: its observation parts made vectors, and a Gymnasium ALE
     id's Atari preprocessing (and EnvPool's id of the same game)."""
     atari = [settings_line(env_id)] if spec.family == "atari" and gym_atari_id(env_id) else []
-    return observation_notes(env_id, spec) + atari
+    device = (
+        [
+            f"{env_id} is a device env: device mode, the env, the acting network and the slots in one sampler process "
+            f"per env batch on --device, no rollout or policy workers"
+        ]
+        if spec.device
+        else []
+    )
+    return observation_notes(env_id, spec) + atari + device
 
 
 @dataclasses.dataclass
@@ -121,9 +130,31 @@ def _probe_gymnasium(env_id: str, text: str, discrete: str) -> _Probed:
     return probed
 
 
+def _probe_device(env_id: str) -> EnvSpec:
+    """A device env's spec, from two of its envs made on the CPU (envs.device)."""
+    env = make_device_env(env_id, 2, "cpu")
+    try:
+        action = action_spec(env_id, env.single_action_space)
+        obs = obs_entries(env_id, env.single_observation_space)
+    finally:
+        env.close()
+    family = "continuous" if action.kind == "continuous" else "classic"
+    return EnvSpec(obs=obs, action=action, family=family, device=True)
+
+
 def probe_env_spec(env_id: str, backend: str, text: str = "bag", discrete: str = "onehot") -> EnvSpec:
     """Observation entries, action spec and family, checked against what the engine handles. `text` and `discrete`:
     what becomes of a Dict observation's text and Discrete parts (--text_obs, --discrete_obs: envs.observations)."""
+    device = env_id not in MASKED_ENVS and device_env_class(env_id) is not None
+    if device or backend == "device":
+        if not device:
+            raise EnvError(
+                f"--env_backend device: --env {env_id} is not a device env (a VectorEnv of torch tensors, "
+                f"docs/environments.md#device-envs): use --env_backend auto"
+            )
+        if backend not in ("auto", "device"):
+            raise EnvError(f"--env {env_id} is a device env: it runs with --env_backend auto or device, not {backend}")
+        return _probe_device(env_id)
     if env_id in MASKED_ENVS:
         base_id, keep = MASKED_ENVS[env_id]
         base = probe_env_spec(base_id, backend)

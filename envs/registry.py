@@ -27,6 +27,7 @@ import warnings
 from typing import Callable
 
 from .batch import BatchEnv, StepResult  # noqa: F401  (StepResult: the package's name for it)
+from .device import DeviceBatchEnv, device_env_class, make_device_env
 from .doom import DoomFactory
 from .doom import missing as doom_missing
 from .doom_duel import MultiplayerFactory
@@ -109,11 +110,14 @@ def may_use_envpool(env_id: str, backend: str) -> bool:
 
 
 def resolve_backend(env_id: str, backend: str) -> str:
-    """'auto': Gymnasium's own vectorized implementation where it has one (CartPole: 4-10x cheaper per
-    env step than EnvPool's, docs/performance.md), else EnvPool where it has the id, else Gymnasium."""
+    """'auto': 'device' for a device env (envs.device); Gymnasium's own vectorized implementation where it has one
+    (CartPole: 4-10x cheaper per env step than EnvPool's, docs/performance.md), else EnvPool where it has the id, else
+    Gymnasium."""
     env_id = MASKED_ENVS.get(env_id, (env_id,))[0]
     if backend != "auto":
         return backend
+    if device_env_class(env_id) is not None:  # a device env: sampled in device mode (envs.device)
+        return "device"
     if not may_use_envpool(env_id, backend) or importlib.util.find_spec("envpool") is None:
         return "gymnasium"  # 'auto' without EnvPool installed: Gymnasium's implementation
     return "envpool" if env_id in envpool_ids() else "gymnasium"
@@ -236,6 +240,8 @@ def make_batch_env(
         base = make_batch_env(base_id, backend, num_envs, seed, spec, training, render_mode, check=False)
         return MaskedObsBatchEnv(base, keep)
     backend = resolve_backend(env_id, backend)
+    if backend == "device":  # played outside training (evaluation, enjoy.py): on the CPU, through NumPy
+        return DeviceBatchEnv(make_device_env(env_id, num_envs, "cpu"), spec, seed)
     if backend == "envpool":
         envpool = envpool_module()
         with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make

@@ -116,6 +116,7 @@ class EnvSpec:
     agents: tuple = ()  # a PettingZoo env's possible agents: each game is len(agents) rows (envs.multiagent)
     turn_based: bool = False  # a PettingZoo AECEnv: only the agent to move acts
     layout: object = None  # an envs.observations.ObsLayout where the env's observations are made flat entries
+    device: bool = False  # a device env (envs.device): sampled in device mode, on the run's --device
 
     @property
     def num_agents(self) -> int:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode
 
-from sf_engine.envs.device import check_device_env, is_device_env
+from sf_engine.envs.device import check_device_env, device_env_class, is_device_env
 from sf_engine.envs.spec import EnvError
-from sf_engine.envs.torch_classic import DEVICE_ENVS, TorchPendulum
+from sf_engine.envs.torch_envs import TorchPendulum
 
 
 @pytest.mark.parametrize("name, steps", [("CartPole-v1", 3000), ("Acrobot-v1", 2000), ("Pendulum-v1", 1000)])
@@ -20,7 +20,7 @@ def test_each_torch_env_steps_as_gymnasiums_from_the_same_states_and_actions(nam
     and the same random actions: the same observations, rewards, terminations and truncations at every step
     (a row that ends is compared by its final_obs), across many episodes of each."""
     num_envs, rng = 4, np.random.default_rng(0)
-    env = DEVICE_ENVS[f"Torch{name}"](num_envs)
+    env = device_env_class(f"Torch{name}")(num_envs)
     env.reset(seed=0)
     references = [gymnasium.make(name) for _ in range(num_envs)]
     for row, reference in enumerate(references):
@@ -84,16 +84,16 @@ def test_same_step_autoreset_restarts_at_once_and_keeps_the_last_observation():
 def test_a_seed_makes_the_same_episodes():
     runs = []
     for _ in range(2):
-        env = DEVICE_ENVS["TorchCartPole-v1"](8)
+        env = device_env_class("TorchCartPole-v1")(8)
         first, _ = env.reset(seed=7)
         rows = [first] + [env.step(torch.ones(8, dtype=torch.int64))[0] for _ in range(40)]
         runs.append(torch.stack(rows))
     assert torch.equal(runs[0], runs[1])
-    assert not torch.equal(DEVICE_ENVS["TorchCartPole-v1"](8).reset(seed=8)[0], runs[0][0])
+    assert not torch.equal(device_env_class("TorchCartPole-v1")(8).reset(seed=8)[0], runs[0][0])
 
 
 def test_the_contract_is_recognised_and_its_breaches_named_in_one_line():
-    env = DEVICE_ENVS["TorchAcrobot-v1"](2)
+    env = device_env_class("TorchAcrobot-v1")(2)
     assert is_device_env(env) and not is_device_env(gymnasium.make_vec("CartPole-v1", num_envs=2))
     check_device_env(env, "TorchAcrobot-v1")
     env.metadata = {"autoreset_mode": AutoresetMode.DISABLED}

@@ -198,6 +198,7 @@ def check_resolved(cfg: Config) -> None:
             f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
     _check_sequences(cfg)
+    _check_device_mode(cfg)
     if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
         raise ConfigError(
             f"--deterministic true in --mode sync trains on one round of every env group: --batch_size x "
@@ -209,6 +210,21 @@ def check_resolved(cfg: Config) -> None:
             f"in --mode sync the training batch ({train_batch} samples) would take {cfg.slots_per_batch} "
             f"rounds of every worker; lower --batch_size or raise --num_envs_per_worker"
         )
+
+
+def _check_device_mode(cfg: Config) -> None:
+    """What device mode (a device env's sampler: sf_engine.roles.device_sampler) does not run, one line each."""
+    if cfg.env.env_backend != "device":
+        return
+    device_env = f"--env {cfg.env.env} is a device env"
+    if cfg.model.rnn != "none":
+        raise ConfigError(f"--rnn {cfg.model.rnn}: {device_env}, whose sampler acts with feed-forward policies only")
+    if cfg.remote.num_remote_samplers:
+        raise ConfigError(
+            f"--num_remote_samplers: {device_env}, sampled on this machine's device: drop --num_remote_samplers"
+        )
+    if cfg.policies.num_policies > 1:
+        raise ConfigError(f"--num_policies {cfg.policies.num_policies}: {device_env}, which trains one policy")
 
 
 def _check_value_based(cfg: Config) -> None:

@@ -32,9 +32,10 @@ class EnvConfig:
     env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
     env_backend: str = _f(
         "auto",
-        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the worker), or 'auto' (EnvPool when "
-        "it has the id).",
-        choices=("auto", "envpool", "gymnasium"),
+        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the worker), 'device' (a device env: "
+        "torch tensors on --device, stepped with the acting network in one sampler process), or 'auto' (device for a "
+        "device env, else EnvPool when it has the id).",
+        choices=("auto", "envpool", "gymnasium", "device"),
     )
     seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
     text_obs: str = _f("bag", "A Dict observation's text: 'bag', a count per token; 'drop', left out.", choices=TEXTS)

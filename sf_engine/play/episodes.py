@@ -2,7 +2,8 @@
 and replay (enjoy.py). Runs in the process that calls it, on `device`.
 
 Envs reset on the step after an episode ends (Gymnasium 1.x / EnvPool): that step's action is
-ignored and it belongs to no episode; a recurrent state starts over from zeros with each episode.
+ignored and it belongs to no episode (a device env that resets on the ending step itself, envs.device, says so:
+`resets_next_step` False); a recurrent state starts over from zeros with each episode.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def play(
     alive = getattr(env, "alive", None)  # a multi-agent env: rows whose agent is in its game
     present = np.ones(num_envs, bool) if alive is None else alive.copy()
     state = model.initial_state(num_envs, device)
+    next_step = getattr(env, "resets_next_step", True)  # else the ending step returns the new episode's obs
     steps = 0
     while (played < episodes_per_env).any() and (max_steps is None or steps < max_steps) and not should_stop():
         with torch.inference_mode():
@@ -65,7 +67,8 @@ def play(
             played[i] += 1 if ended[i] or num_envs == 1 else episodes_per_env
             returns[i], lengths[i] = 0.0, 0
         now_present = present if result.alive is None else result.alive
-        fresh, resetting = resetting | (now_present & ~present), ended  # a returning agent starts over too
+        fresh = (resetting if next_step else ended) | (now_present & ~present)  # a returning agent starts over too
+        resetting = ended if next_step else resetting
         present = now_present.copy()
         obs = result.obs
         if num_envs == 1 and cut[0] and played[0] < episodes_per_env:  # a new episode from a reset

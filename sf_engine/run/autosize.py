@@ -122,21 +122,20 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     if not (auto_workers or auto_envs):
         return s, []
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
-        return _serial_sizes(s, envs_per_worker_hint)
+        return _fixed_sizes(s, envs_per_worker_hint, "serial mode, nothing to balance")
+    if cfg.env.env_backend == "device":  # a sampler process per env batch, which lives on the device
+        return _fixed_sizes(s, envs_per_worker_hint, f"device mode, one sampler per env batch on {cfg.run.device}")
     return _measured_sizes(cfg, spec, s, envs_per_worker_hint, shorten)
 
 
-def _serial_sizes(s, envs_per_worker_hint: int) -> tuple:
-    """Serial mode: one worker and the family's envs per worker, where they are auto."""
+def _fixed_sizes(s, envs_per_worker_hint: int, why: str) -> tuple:
+    """Serial or device mode: one worker and the family's envs per worker, where they are auto."""
     chosen = dataclasses.replace(
         s,
         num_workers=1 if s.num_workers == "auto" else s.num_workers,
         num_envs_per_worker=envs_per_worker_hint if s.num_envs_per_worker == "auto" else s.num_envs_per_worker,
     )
-    return chosen, [
-        f"serial mode, nothing to balance: {count(chosen.num_workers, 'worker')} x "
-        f"{count(chosen.num_envs_per_worker, 'env')}"
-    ]
+    return chosen, [f"{why}: {count(chosen.num_workers, 'worker')} x {count(chosen.num_envs_per_worker, 'env')}"]
 
 
 def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> tuple:

@@ -55,6 +55,7 @@ def start_forkserver(env: str, env_backend: str):
             "torch",
             "sf_engine.roles.rollout_worker",
             "sf_engine.roles.policy_worker",
+            "sf_engine.roles.device_sampler",
             "sf_engine.roles.learner",
             "sf_engine.roles.evaluator",
         ]

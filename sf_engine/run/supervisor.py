@@ -160,18 +160,23 @@ class Supervisor:
         return f"what the learner left was saved as {path}: run the same command again to resume from it"
 
     def _restart_sampling(self, role: str, index: int, generation: int) -> None:
-        """A receiver, rollout worker or policy worker replaced."""
+        """A receiver, rollout worker, device sampler or policy worker replaced."""
         if role == "receiver":  # its sampler actors ended with it (it was their Ray driver): new ones start
             self.pool.recycle(self.pool.owned_by([WRITING]))  # its successor books their steps as dropped
             for policy in range(self.cfg.policies.num_acting):
                 SharedWeights(self.buffers, self.queues.weights, policy).want("receiver")
             self._spawn(role, index, generation)
             logging.warning("restarted the receiver and its sampler actors")
-        elif role == "rollout_worker":
-            self._restart_workers([index])
+        elif role in ("rollout_worker", "device_sampler"):
+            if role == "device_sampler":  # its acting network reads the weights: the vector goes to the new one
+                SharedWeights(self.buffers, self.queues.weights, 0).want(role)
+            self._restart_workers([index], role)
             self.stats.worker_restarts += 1
             logging.warning(
-                "restarted rollout worker %d with fresh envs (%d worker restarts)", index, self.stats.worker_restarts
+                "restarted %s %d with fresh envs (%d worker restarts)",
+                role.replace("_", " "),
+                index,
+                self.stats.worker_restarts,
             )
         else:  # policy worker: its pending requests are gone, so every rollout worker starts over too
             workers = [w for r, w in self.children if r == "rollout_worker"]
@@ -197,15 +202,15 @@ class Supervisor:
                 f"{what}); fix the cause or raise --max_worker_restarts"
             )
 
-    def _restart_workers(self, workers: list) -> None:
-        """Rollout workers start over with fresh envs and new seeds; the slots their dead predecessors
-        were filling go back to the free pool and their env steps are dropped (counted), so no
+    def _restart_workers(self, workers: list, role: str = "rollout_worker") -> None:
+        """Rollout workers (or device samplers) start over with fresh envs and new seeds; the slots their dead
+        predecessors were filling go back to the free pool and their env steps are dropped (counted), so no
         half-filled trajectory is trained on."""
         self.stats.books.dropped_faults += self.pool.recycle(self.pool.owned_by(workers))
         for line in reap_orphaned_processes():  # what the dead workers' envs ran outside them
             logging.info(line)
         for w in workers:
-            self._spawn("rollout_worker", w, self.children[("rollout_worker", w)].generation + 1)
+            self._spawn(role, w, self.children[(role, w)].generation + 1)
 
     def _kill(self, role: str, index: int) -> None:
         process = self.children[(role, index)].process

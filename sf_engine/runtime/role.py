@@ -69,8 +69,8 @@ class RoleContext:
 
     @property
     def name(self) -> str:
-        """'learner', 'policy_worker', 'rollout_worker_3', ..."""
-        return f"{self.role}_{self.index}" if self.role == "rollout_worker" else self.role
+        """'learner', 'policy_worker', 'rollout_worker_3', 'device_sampler_0', ..."""
+        return f"{self.role}_{self.index}" if self.role in ("rollout_worker", "device_sampler") else self.role
 
     def beat(self) -> None:
         """A sign of life (the supervisor restarts a process whose heartbeat stops)."""

@@ -54,7 +54,7 @@ from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
 
 _ALIGN = 64
 HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
-WEIGHT_READERS = ("policy_worker", "evaluator", "receiver")  # the roles that read a policy's shared weights
+WEIGHT_READERS = ("policy_worker", "evaluator", "receiver", "device_sampler")  # the roles that read shared weights
 SLOT_FIELD_NAMES = frozenset(field.name for field in SLOT_FIELDS)
 NO_OWNER = -1  # slot_owner of a slot nobody is writing (free, full, or being trained on)
 WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)

@@ -5,12 +5,13 @@ read (and grep) who talks to whom. Queues carry small messages only, never traje
   policy_requests    rollout workers         policy worker            InferenceRequest (worker, token, slot, row)
   actions_ready[w]   policy worker           rollout worker w         tokens: actions written (a ReplyPipe)
   full_slots         rollout workers,        learner                  index of a filled trajectory slot
-                     receiver
+                     receiver, device
+                     samplers
   free_slots         SlotPool: learner,      rollout workers,         index of a slot that may be filled
                      supervisor, receiver    receiver
   stats              every role              main process (RunStats)  sf_engine.stats.messages dataclasses
   weights[reader, p] learner                 policy worker, evaluator, policy p's shared weight vector (SharedWeights)
-                                             receiver
+                                             receiver, device samplers
   lifeline           held by the main process  every child           EOF once the main process is gone
 """
 
@@ -57,6 +58,8 @@ ROLES = {
     "policy_worker": RoleSpec("sf_engine.roles.policy_worker:PolicyWorker", 1, 0.1, 1, lambda cfg: 1),
     "evaluator": RoleSpec("sf_engine.roles.evaluator:Evaluator", 2, 0.2, 3, lambda cfg: 1),
     "rollout_worker": RoleSpec("sf_engine.roles.rollout_worker:RolloutWorker", None, 0.1, 0),
+    # device mode: one per device env batch, in the rollout workers' place (their heartbeat entries)
+    "device_sampler": RoleSpec("sf_engine.roles.device_sampler:DeviceSampler", None, 0.1, 0, lambda cfg: 1),
     "receiver": RoleSpec("sf_engine.scaleout.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
 }
 
@@ -78,16 +81,21 @@ def heartbeat_index(role: str, index: int = 0) -> int:
 
 
 def roles_of(cfg) -> list:
-    """(role, index) of every process of a run, in start order (the learner publishes the weights first)."""
+    """(role, index) of every process of a run, in start order (the learner publishes the weights first); in
+    device mode (a device env) a device sampler per --num_workers instead of the rollout and policy workers."""
     workers = cfg.sampler.num_workers
-    roles = [("learner", 0)] + ([("policy_worker", 0)] if workers else [])
-    roles += [("rollout_worker", w) for w in range(workers)]
+    if cfg.env.env_backend == "device":
+        roles = [("learner", 0)] + [("device_sampler", w) for w in range(workers)]
+    else:
+        roles = [("learner", 0)] + ([("policy_worker", 0)] if workers else [])
+        roles += [("rollout_worker", w) for w in range(workers)]
     roles += [("receiver", 0)] if cfg.remote.num_remote_samplers else []
     return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])
 
 
 def weight_readers(cfg) -> tuple:
-    """The roles of a run that read the shared weights (the learner sends each the shared vector)."""
+    """The roles of a run that read the shared weights, a role once per process of it (the learner sends each
+    process the shared vector on its role's channel)."""
     return tuple(role for role, _ in roles_of(cfg) if role in WEIGHT_READERS)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sf_engine.stats.stages import InferenceStage, LearnerStage, ReceiverStage, WorkerStage
+from sf_engine.stats.stages import InferenceStage, LearnerStage, ReceiverStage, SamplerStage, WorkerStage
 
 BUSY = 0.8  # a role busier than this is saturated
 NEVER_WAITS = 0.95  # a learner this busy trains back to back: it sets the pace whatever the others do
@@ -30,10 +30,12 @@ def _mean(values: list) -> float:
 
 def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
     """Fractions of the window: learner busy/waiting for data, policy worker busy, rollout workers
-    stepping envs / waiting for actions / waiting for a free slot (mean over workers)."""
+    stepping envs / waiting for actions / waiting for a free slot (mean over workers; a device sampler's env steps,
+    forward passes and slot writes count as its stepping)."""
     learner = stage_sec.get("learner", {})
     policy = stage_sec.get("policy_worker", {})
     workers = [v for k, v in stage_sec.items() if k.startswith("rollout_worker")]
+    samplers = [v for k, v in stage_sec.items() if k.startswith("device_sampler")]
     receiver = stage_sec.get("receiver")
     window = max(window_sec, 1e-9)
     remote = (
@@ -48,9 +50,13 @@ def stage_fractions(stage_sec: dict, window_sec: float) -> dict:
         "learner_busy": 1.0 - learner.get(LearnerStage.WAIT_DATA, 0.0) / window if learner else 0.0,
         "learner_wait_data": learner.get(LearnerStage.WAIT_DATA, 0.0) / window,
         "inference_busy": 1.0 - policy.get(InferenceStage.WAIT_REQUESTS, 0.0) / window if policy else 0.0,
-        "workers_env_step": _mean([w.get(WorkerStage.ENV_STEP, 0.0) for w in workers]) / window,
+        "workers_env_step": _mean(
+            [w.get(WorkerStage.ENV_STEP, 0.0) for w in workers]
+            + [window - s.get(SamplerStage.WAIT_SLOT, 0.0) for s in samplers]
+        )
+        / window,
         "workers_wait_actions": _mean([w.get(WorkerStage.WAIT_ACTIONS, 0.0) for w in workers]) / window,
-        "workers_wait_slot": _mean([w.get(WorkerStage.WAIT_SLOT, 0.0) for w in workers]) / window,
+        "workers_wait_slot": _mean([w.get(WorkerStage.WAIT_SLOT, 0.0) for w in workers + samplers]) / window,
     }
 
 

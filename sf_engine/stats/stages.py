@@ -30,6 +30,16 @@ class InferenceStage(StrEnum):
     WEIGHT_RELOAD = "weight_reload"
 
 
+class SamplerStage(StrEnum):
+    """A device sampler's loop (device mode: env, forward pass and slot writes in one process)."""
+
+    FORWARD = "forward"
+    ENV_STEP = "env_step"
+    WRITE_SLOT = "write_slot"
+    WAIT_SLOT = "wait_slot"
+    WEIGHT_RELOAD = "weight_reload"
+
+
 class LearnerStage(StrEnum):
     """The learner's loop."""
 

@@ -1,17 +1,90 @@
-"""Gymnasium's CartPole-v1, Acrobot-v1 and Pendulum-v1 as batched torch programs on one device (envs.device's
-contract), with the same dynamics, rewards, terminations and time limits as Gymnasium's own implementations
-(tests/test_device_envs.py steps both from the same states and actions). Their ids: TorchCartPole-v1,
-TorchAcrobot-v1, TorchPendulum-v1 (DEVICE_ENVS)."""
+"""Device envs written in torch (envs.device's contract): `TorchVectorEnv`, a base that does seeding, the time limit
+and both autoreset modes once, and Gymnasium's CartPole-v1, Acrobot-v1 and Pendulum-v1 on it, with the same dynamics,
+rewards, terminations and time limits as Gymnasium's own implementations (tests/test_device_envs.py steps both from
+the same states and actions), named by the ids TorchCartPole-v1, TorchAcrobot-v1 and TorchPendulum-v1
+(envs.device.DEVICE_ENV_IDS)."""
 
 from __future__ import annotations
 
 import math
 
+import gymnasium
 import numpy as np
 import torch
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
 
-from .device import TorchVectorEnv
+from .device import AUTORESET_MODES
+
+
+class TorchVectorEnv(gymnasium.vector.VectorEnv):
+    """A batch of `num_envs` envs as one torch program on `device`: a subclass sets the spaces and
+    `max_episode_steps` and writes `initial_state`, `physics` and `observe`; seeding, the time limit and the
+    autoreset mode are done here. The state is float64 (the Gymnasium envs' own precision), the observations
+    float32."""
+
+    max_episode_steps: int = 0
+    state_size: int = 0
+
+    def __init__(self, num_envs: int = 1, device: str | torch.device = "cpu", autoreset_mode=AutoresetMode.SAME_STEP):
+        if autoreset_mode not in AUTORESET_MODES:
+            raise ValueError(f"autoreset_mode must be NEXT_STEP or SAME_STEP (got {autoreset_mode})")
+        self.num_envs, self.device = int(num_envs), torch.device(device)
+        self.metadata = {"autoreset_mode": autoreset_mode}
+        self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.generator = torch.Generator(device=self.device)
+        self.state = torch.zeros(self.num_envs, self.state_size, dtype=torch.float64, device=self.device)
+        self.steps = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)  # NEXT_STEP: reset next step
+
+    # ---- what a subclass writes -----------------------------------------------------------------------------
+    def initial_state(self, count: int) -> torch.Tensor:
+        """[count, state_size] float64 first states, drawn with self.generator."""
+        raise NotImplementedError
+
+    def physics(self, state: torch.Tensor, actions: torch.Tensor) -> tuple:
+        """One step of every env: (next state [N, S], reward [N] float64, terminated [N] bool)."""
+        raise NotImplementedError
+
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        """[N, *obs_shape] float32 observations of `state`."""
+        raise NotImplementedError
+
+    # ---- the contract ---------------------------------------------------------------------------------------
+    def uniform(self, count: int, low, high) -> torch.Tensor:
+        """[count, len(low)] float64 uniform draws within [low, high) per column."""
+        low = torch.as_tensor(low, dtype=torch.float64, device=self.device)
+        high = torch.as_tensor(high, dtype=torch.float64, device=self.device)
+        draws = torch.rand(count, low.numel(), dtype=torch.float64, device=self.device, generator=self.generator)
+        return low + draws * (high - low)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        self.state = self.initial_state(self.num_envs)
+        self.steps.zero_()
+        self.ended.zero_()
+        return self.observe(self.state), {}
+
+    def step(self, actions: torch.Tensor):
+        state, reward, terminated = self.physics(self.state, actions)
+        self.steps += 1
+        truncated = self.steps >= self.max_episode_steps
+        reward = reward.to(torch.float32)
+        if self.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP:
+            restart = self.ended
+            state = torch.where(restart.unsqueeze(1), self.initial_state(self.num_envs), state)
+            self.steps.masked_fill_(restart, 0)
+            reward.masked_fill_(restart, 0.0)
+            terminated, truncated = terminated & ~restart, truncated & ~restart
+            self.state, self.ended = state, terminated | truncated
+            return self.observe(state), reward, terminated, truncated, {}
+        final_obs = self.observe(state)
+        done = terminated | truncated
+        self.state = torch.where(done.unsqueeze(1), self.initial_state(self.num_envs), state)
+        self.steps.masked_fill_(done, 0)
+        return self.observe(self.state), reward, terminated, truncated, {"final_obs": final_obs}
 
 
 class TorchCartPole(TorchVectorEnv):
@@ -138,6 +211,3 @@ class TorchPendulum(TorchVectorEnv):
     def observe(self, state: torch.Tensor) -> torch.Tensor:
         theta, theta_dot = state.unbind(1)
         return torch.stack((torch.cos(theta), torch.sin(theta), theta_dot), 1).to(torch.float32)
-
-
-DEVICE_ENVS = {"TorchCartPole-v1": TorchCartPole, "TorchAcrobot-v1": TorchAcrobot, "TorchPendulum-v1": TorchPendulum}
