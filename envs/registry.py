@@ -243,19 +243,7 @@ def make_batch_env(
     if backend == "device":  # played outside training (evaluation, enjoy.py): on the CPU, through NumPy
         return DeviceBatchEnv(make_device_env(env_id, num_envs, "cpu"), spec, seed)
     if backend == "envpool":
-        envpool = envpool_module()
-        with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
-            warnings.simplefilter("ignore")
-            env = envpool.make(
-                env_id,
-                env_type="gymnasium",
-                num_envs=num_envs,
-                num_threads=1,
-                seed=seed,
-                **_envpool_kwargs(spec.family, training),
-            )
-            env.observation_space  # built (and cached) on first use
-        return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
+        return BatchEnv(_envpool(env_id, num_envs, seed, spec, training), num_envs, spec, spec.family == "atari")
     if spec.agents:  # a PettingZoo env: every agent of every game is a row
         return MultiAgentBatchEnv(gym_factory(env_id), num_envs, spec, seed, render_mode)
     import gymnasium as gym
@@ -282,6 +270,23 @@ def make_batch_env(
         env.close()
         raise
     return BatchEnv(env, num_envs, spec, true_score_from_info=spec.family == "atari")
+
+
+def _envpool(env_id: str, num_envs: int, seed: int, spec: EnvSpec, training: bool):
+    """EnvPool's batch of `num_envs` envs of `env_id` on one thread, env i with seed + i."""
+    envpool = envpool_module()
+    with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every make
+        warnings.simplefilter("ignore")
+        env = envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            num_threads=1,
+            seed=seed,
+            **_envpool_kwargs(spec.family, training),
+        )
+        env.observation_space  # built (and cached) on first use
+    return env
 
 
 def _rendering(env_id: str, factory: Callable, render_mode: str) -> Callable:

@@ -1,0 +1,161 @@
+"""Device mode (sf_engine.roles.device_sampler): a device env's sampler writes the slots as the engine lays an
+episode end out, for both autoreset modes; each algorithm trains on a device env; an async run has no rollout or
+policy worker and its checkpoint plays through enjoy.py and load_policy; what device mode cannot run is one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, assert_refused_untouched, enjoy_episodes, read_json, run_train, serial_plan
+
+import sf_engine
+
+
+def one_rollout(tmp_path, shm_dir, env: str):
+    """A serial plan of `env` (4 envs, rollout 8), its device sampler's first rollout: (plan, buffers, sampler,
+    the slot, the stats it sent)."""
+    from sf_engine.run.serial import SerialRoles
+    from sf_engine.runtime.ipc import drain, get_many
+    from sf_engine.runtime.shared_buffers import SharedBuffers
+    from sf_engine.runtime.wiring import make_queues
+    from sf_engine.stats.messages import Episodes
+
+    plan = serial_plan(tmp_path, shm_dir, env, "--rollout", "8", "--batch_size", "32", "--num_batches_per_epoch", "1")
+    buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
+    queues = make_queues(1)
+    queues.free_slots.put_many(list(range(plan.cfg.num_slots)))
+    roles = SerialRoles(plan, buffers, queues)
+    sampler = roles[("device_sampler", 0)]
+    sampler.step(0)
+    (slot,) = get_many(queues.full_slots, 0)
+    sampler.send_stats()
+    episodes = [m for m in drain(queues.stats) if isinstance(m, Episodes)]
+    return plan, buffers, sampler, slot, episodes
+
+
+@pytest.mark.parametrize(
+    "env, steps, valid",
+    [
+        # same-step resets: the row after an end keeps the last observation (t = 3 or 4), the network acted on
+        # the new episode's first and that step moved it on (t = 1 next), not trained on
+        (
+            "CountdownDeviceEnv",
+            [[0, 1, 2, 3, 1, 2, 3, 1, 2], [0, 1, 2, 3, 4, 1, 2, 3, 4]],
+            [[1, 1, 1, 0, 1, 1, 0, 1], [1, 1, 1, 1, 0, 1, 1, 1]],
+        ),
+        # next-step resets: the reset step returns the new episode's first observation (t = 0)
+        (
+            "NextStepCountdownDeviceEnv",
+            [[0, 1, 2, 3, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 0, 1, 2, 3]],
+            [[1, 1, 1, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1, 1, 1]],
+        ),
+    ],
+    ids=["same-step", "next-step"],
+)
+def test_a_device_env_fills_its_slots_as_the_engine_lays_out_an_episode_end(tmp_path, shm_dir, env, steps, valid):
+    plan, buffers, sampler, slot, episodes = one_rollout(tmp_path, shm_dir, f"toy_device_envs:{env}")
+    try:
+        assert plan.cfg.env.env_backend == "device" and plan.spec.device
+        obs = buffers.obs["obs"][slot]  # [T + 1, E, 2]: (step of the episode, env)
+        for env_index in (0, 1):  # an env whose episodes terminate at t = 3, one truncated at t = 4
+            assert obs[:, env_index, 0].tolist() == steps[env_index]
+            assert buffers.valid[slot, :, env_index].astype(int).tolist() == valid[env_index]
+        assert np.flatnonzero(buffers.terminated[slot, :, 0]).tolist() == ([2, 5] if env[0] == "C" else [2, 6])
+        assert np.flatnonzero(buffers.truncated[slot, :, 1]).tolist() == ([3, 7] if env[0] == "C" else [3])
+        assert (buffers.policy_version[slot] == sampler.version).all() and sampler.version == 0
+        assert buffers.env_steps[0] == 8 * 4 and buffers.slot_rows[slot] == 8
+        # the behaviour value of a step's row is its stored observation's, the last one's after an end too
+        with torch.inference_mode():
+            _, _, values, _ = sampler.model.sample({"obs": torch.from_numpy(obs[:-1].reshape(-1, 2))}, None)
+        np.testing.assert_allclose(buffers.values[slot].reshape(-1), values.numpy(), rtol=1e-5, atol=1e-6)
+        # whole episodes: 3 steps of reward 1 (terminated), 4 (truncated), the reset step counted where it is one
+        returns = sorted(r for message in episodes for r in message.returns)
+        lengths = sorted(n for message in episodes for n in message.lengths)
+        assert returns == lengths and set(returns) == {3.0, 4.0}
+    finally:
+        sampler.close()
+        buffers.release()
+
+
+@pytest.mark.parametrize(
+    "env, algo, env_steps, flags, floor",
+    [
+        ("TorchCartPole-v1", "ppo", 400_000, [], 300.0),
+        ("TorchCartPole-v1", "dqn", 60_000, [], 150.0),
+        ("TorchCartPole-v1", "pqn", 200_000, ["--num_envs_per_worker", "32", "--batch_size", "256"], 80.0),
+        ("TorchPendulum-v1", "sac", 4_000, ["--batch_size", "64", "--learning_starts", "1000"], None),
+    ],
+)
+def test_each_algorithm_trains_on_a_shipped_device_env_in_serial_mode(tmp_path, env, algo, env_steps, flags, floor):
+    """Budgets in env steps, floors far below what each reaches (PPO about 450, DQN about 200; PQN as in its
+    Gymnasium test, random play about 22); SAC on Pendulum only runs (its learning is the async figure's)."""
+    result = run_train(
+        ["--env", env, "--algo", algo, "--mode", "serial", "--train_for_env_steps", str(env_steps)]
+        + ["--epsilon_decay_env_steps", "50000", *flags],
+        tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    summary = read_json(os.path.join(tmp_path, "default", "summary.json"))
+    assert summary["env_steps"] >= env_steps and summary["learner_version"] > 0
+    if floor is not None:
+        assert summary["episode_return_mean"] >= floor, summary
+
+
+def running_roles(experiment: str, proc, timeout_sec: float = 60.0) -> set:
+    """The roles processes.json lists once the run's children have started."""
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline and proc.poll() is None:
+        path = os.path.join(experiment, "processes.json")
+        roles = {row["role"] for row in read_json(path)["processes"]} if os.path.exists(path) else set()
+        if roles - {"runner"}:
+            return roles
+        time.sleep(0.2)
+    raise AssertionError("the run's processes never started")
+
+
+def test_an_async_device_run_has_no_worker_processes_and_plays_through_enjoy_and_load_policy(tmp_path, capsys):
+    args = ["--env", "TorchCartPole-v1", "--experiment", "dev", "--train_for_env_steps", "300000"]
+    args += ["--eval_every_sec", "1"]
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(tmp_path), *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    experiment = os.path.join(tmp_path, "dev")
+    roles = running_roles(experiment, proc)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    assert "TorchCartPole-v1 is a device env" in out
+    assert {"learner", "device_sampler", "evaluator"} <= roles and not roles & {"rollout_worker", "policy_worker"}
+    summary = read_json(os.path.join(experiment, "summary.json"))
+    assert summary["env_steps"] >= 300_000 and summary["policy_lag_mean"] is not None
+    assert summary["eval_return_mean"] is not None  # the evaluator played the device env through NumPy
+    episodes = enjoy_episodes(capsys, "--train_dir", str(tmp_path), "--experiment", "dev")
+    assert all(float(r) == float(n) for r, n in episodes)  # CartPole: one point a step
+    policy = sf_engine.load_policy(experiment)
+    from sf_engine.envs.device import make_device_env
+
+    env = make_device_env("TorchCartPole-v1", 3, "cpu")
+    obs, _ = env.reset(seed=0)
+    assert policy.act(obs.numpy()).shape == (3,)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--rnn", "gru"], ["--rnn gru", "device env", "feed-forward"]),
+        (["--num_policies", "2"], ["--num_policies 2", "device env", "one policy"]),
+        (["--env_backend", "gymnasium"], ["device env", "--env_backend auto or device"]),
+    ],
+)
+def test_what_device_mode_cannot_run_is_one_line(tmp_path, capsys, flags, words):
+    assert_refused_untouched(["--env", "TorchCartPole-v1", "--mode", "serial", *flags], tmp_path, capsys, words)
+
+
+def test_a_cpu_env_asked_to_run_as_a_device_env_is_one_line(tmp_path, capsys):
+    words = ["--env_backend device", "CartPole-v1 is not a device env", "--env_backend auto"]
+    assert_refused_untouched(["--env", "CartPole-v1", "--env_backend", "device"], tmp_path, capsys, words)
