@@ -59,8 +59,8 @@ class DeviceSampler:
         self._plan_exploration(cfg)
         self._plan_actions(spec.action)
         self.views = self._slot_views()
-        self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
-        self.episode_length = torch.zeros(self.num_envs, dtype=torch.int64, device=self.device)
+        self.episode_return = np.zeros(self.num_envs)  # kept on the host from the slots' rows, once per rollout
+        self.episode_length = np.zeros(self.num_envs, np.int64)
         self.finished_returns, self.finished_lengths = [], []
         self.slots: list = []  # the free slots taken so far for the next rollout
         self.timer = StageTimer(*SamplerStage)
@@ -130,75 +130,82 @@ class DeviceSampler:
 
     def _rollout(self, slots: list) -> None:
         """--rollout steps of every env into `slots` (one per group), handed over at the end."""
-        buf, views, shape = self.buffers, self.views, (self.num_splits, self.envs_per_split)
-        index = torch.as_tensor(slots)
+        buf = self.buffers
         buf.slot_rows[slots] = 0
         buf.non_finite[slots] = False
-        views["obs"][index, 0] = self.stored_obs.reshape(*shape, *self.stored_obs.shape[1:]).to("cpu")
-        views["valid"][index, 0] = self.next_valid.reshape(shape).to("cpu")
-        explore, ends = self._explore(), []
-        final_values = None  # a SAME_STEP env's value of the last observation of the episodes that just ended
+        self._write(slots, 0, obs=self.stored_obs, valid=self.next_valid)
+        explore = self._explore()
+        ended = None  # a SAME_STEP env's rows whose episode just ended: their values are those of the last obs
         for row in range(self.rollout):
-            with torch.inference_mode():
-                actions, log_probs, values, _ = self.model.sample({self.key: self.acting_obs}, None, **explore)
-            if final_values is not None:
-                values = torch.where(final_values[0], final_values[1], values)
+            actions, log_probs, values = self._act(explore, ended)
             self.timer.lap(SamplerStage.FORWARD)
-            for name, value in (("actions", actions), ("log_probs", log_probs), ("values", values)):
-                views[name][index, row] = value.reshape(*shape, *value.shape[1:]).to("cpu")
-            views["policy_version"][index, row] = self.version
+            self._write(slots, row, actions=actions, log_probs=log_probs, values=values)
             self.timer.lap(SamplerStage.WRITE_SLOT)
             obs, rewards, terminated, truncated, info = self.env.step(self._env_actions(actions))
             self.timer.lap(SamplerStage.ENV_STEP)
             done = terminated | truncated
-            ended = done.reshape(-1, *[1] * (obs.dim() - 1))
-            stored = torch.where(ended, info["final_obs"], obs) if self.same_step else obs
-            final_values = self._final_values(stored, done) if self.same_step and row + 1 < self.rollout else None
-            for name, value in (("rewards", rewards), ("terminated", terminated), ("truncated", truncated)):
-                views[name][index, row] = value.reshape(shape).to("cpu")
-            views["obs"][index, row + 1] = stored.reshape(*shape, *stored.shape[1:]).to("cpu")
-            counted = torch.ones_like(done) if self.same_step else self.next_valid
-            ends.append(self._track_episodes(rewards, counted, done))
+            stored = obs
+            if self.same_step:
+                stored = torch.where(done.reshape(-1, *[1] * (obs.dim() - 1)), info["final_obs"], obs)
+                ended = torch.nonzero(done).squeeze(1) if row + 1 < self.rollout else None
             self.next_valid = ~done
-            if row + 1 < self.rollout:
-                views["valid"][index, row + 1] = self.next_valid.reshape(shape).to("cpu")
+            self._write(slots, row, rewards=rewards, terminated=terminated, truncated=truncated)
+            self._write(slots, row + 1, obs=stored, **({"valid": self.next_valid} if row + 1 < self.rollout else {}))
             buf.env_steps[self.idx] += self.num_envs
             buf.slot_rows[slots] = row + 1
             self.acting_obs, self.stored_obs = obs, stored
             self.timer.lap(SamplerStage.WRITE_SLOT)
         for split, slot in enumerate(slots):
+            buf.policy_version[slot] = self.version
+            self._track_episodes(slot, split)
             buf.slot_filler[slot] = self.idx * self.num_splits + split
             self.pool.hand_over(slot)
-        self._collect_episodes(ends)
+
+    def _write(self, slots: list, row: int, **values) -> None:
+        """Row `row` of each slot of `slots` (group k's rows of each value [N, ...] into slot k), from the device."""
+        width = self.envs_per_split
+        for name, value in values.items():
+            view, value = self.views[name], value.to("cpu")
+            for split, slot in enumerate(slots):
+                view[slot, row] = value[split * width : (split + 1) * width]
 
     def _env_actions(self, actions: torch.Tensor) -> torch.Tensor:
         if self.bounds is not None:
             return torch.clamp(actions, *self.bounds)
         return actions + self.start if self.start else actions
 
-    def _final_values(self, stored: torch.Tensor, done: torch.Tensor):
-        """(done [N], the behaviour value of each row's stored observation [N]) where an episode ended, for the row
-        after it (its bootstrap); None where none did."""
-        if not bool(done.any()):
-            return None
+    def _act(self, explore: dict, ended) -> tuple:
+        """The actions, log-probs and values [N] of the acting observations, in one forward pass with the stored
+        (last) observations of the `ended` rows (a SAME_STEP env's, or None), whose values replace theirs: the row
+        after an end bootstraps the step that ended from them."""
+        obs, extra = self.acting_obs, 0 if ended is None else len(ended)
+        if extra:
+            obs = torch.cat([obs, self.stored_obs[ended]])
+            if "epsilons" in explore:  # the extra rows act greedily: only their values are kept
+                explore = {"epsilons": torch.cat([explore["epsilons"], explore["epsilons"].new_zeros(extra)])}
         with torch.inference_mode():
-            _, _, values, _ = self.model.sample({self.key: stored}, None)
-        return done, values
+            actions, log_probs, values, _ = self.model.sample({self.key: obs}, None, **explore)
+        if extra:
+            values = values[: self.num_envs].index_copy(0, ended, values[self.num_envs :])
+        return actions[: self.num_envs], log_probs[: self.num_envs], values
 
-    def _track_episodes(self, rewards, counted, done) -> tuple:
-        """Adds the step to each env's episode; returns (done, the returns and lengths of the episodes that ended)."""
-        self.episode_return += rewards * counted
-        self.episode_length += counted
-        ended = (done, self.episode_return.clone(), self.episode_length.clone())
-        self.episode_return.masked_fill_(done, 0.0)
-        self.episode_length.masked_fill_(done, 0)
-        return ended
-
-    def _collect_episodes(self, ends: list) -> None:
-        """The episodes of a rollout that ended, to the host once per rollout."""
-        done, returns, lengths = (torch.stack(part).cpu() for part in zip(*ends))
-        self.finished_returns += returns[done].tolist()
-        self.finished_lengths += lengths[done].tolist()
+    def _track_episodes(self, slot: int, split: int) -> None:
+        """The rollout's steps of group `split`, as written in `slot`, added to its envs' episodes; the episodes that
+        ended, kept for the stats. A step counts where it was taken in an episode: every step of a SAME_STEP env, a
+        NEXT_STEP env's but its reset steps."""
+        buf, rows = self.buffers, slice(split * self.envs_per_split, (split + 1) * self.envs_per_split)
+        returns, lengths = self.episode_return[rows], self.episode_length[rows]
+        rewards, valid = buf.rewards[slot], buf.valid[slot]
+        done = buf.terminated[slot] | buf.truncated[slot]
+        for row in range(self.rollout):
+            counted = 1 if self.same_step else valid[row]
+            returns += rewards[row] * counted
+            lengths += counted
+            if done[row].any():
+                ended = np.flatnonzero(done[row])
+                self.finished_returns += returns[ended].tolist()
+                self.finished_lengths += lengths[ended].tolist()
+                returns[ended], lengths[ended] = 0.0, 0
 
     def send_stats(self) -> None:
         """Episodes finished since the last call (the last 100 in full) and stage times."""
