@@ -120,7 +120,7 @@ def running_roles(experiment: str, proc, timeout_sec: float = 60.0) -> set:
     raise AssertionError("the run's processes never started")
 
 
-def test_an_async_device_run_has_no_worker_processes_and_plays_through_enjoy_and_load_policy(tmp_path, capsys):
+def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_enjoy_and_load_policy(tmp_path, capsys):
     args = ["--env", "TorchCartPole-v1", "--experiment", "dev", "--train_for_env_steps", "300000"]
     args += ["--eval_every_sec", "1"]
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(tmp_path), *args]
@@ -136,6 +136,9 @@ def test_an_async_device_run_has_no_worker_processes_and_plays_through_enjoy_and
     assert summary["eval_return_mean"] is not None  # the evaluator played the device env through NumPy
     episodes = enjoy_episodes(capsys, "--train_dir", str(tmp_path), "--experiment", "dev")
     assert all(float(r) == float(n) for r, n in episodes)  # CartPole: one point a step
+    again = run_train([*args[:4], "--train_for_env_steps", "400000"], tmp_path)  # resumed where it stopped
+    assert again.returncode == 0 and "resuming experiment dev from checkpoint_" in again.stdout, again.stdout[-2000:]
+    assert read_json(os.path.join(experiment, "summary.json"))["env_steps"] >= 400_000
     policy = sf_engine.load_policy(experiment)
     from sf_engine.envs.device import make_device_env
 
