@@ -153,10 +153,15 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
         (["--rnn", "gru"], ["--rnn gru", "device env", "feed-forward"]),
         (["--num_policies", "2"], ["--num_policies 2", "device env", "one policy"]),
         (["--env_backend", "gymnasium"], ["device env", "--env_backend auto or device"]),
+        (
+            ["--mode", "sync", "--num_envs_per_worker", "256", "--worker_num_splits", "2"],
+            ["--mode sync", "whole rollouts", "(4096)", "(8192)"],
+        ),
     ],
 )
 def test_what_device_mode_cannot_run_is_one_line(tmp_path, capsys, flags, words):
-    assert_refused_untouched(["--env", "TorchCartPole-v1", "--mode", "serial", *flags], tmp_path, capsys, words)
+    mode = [] if "--mode" in flags else ["--mode", "serial"]
+    assert_refused_untouched(["--env", "TorchCartPole-v1", *mode, *flags], tmp_path, capsys, words)
 
 
 def test_a_cpu_env_asked_to_run_as_a_device_env_is_one_line(tmp_path, capsys):

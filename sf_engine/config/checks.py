@@ -225,6 +225,13 @@ def _check_device_mode(cfg: Config) -> None:
         )
     if cfg.policies.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.policies.num_policies}: {device_env}, which trains one policy")
+    s = cfg.sampler
+    if cfg.run.mode == "sync" and cfg.slots_per_batch % s.total_splits:  # a sampler fills all its slots at once
+        raise ConfigError(
+            f"--mode sync with {device_env} trains on whole rollouts: --batch_size x --num_batches_per_epoch "
+            f"({cfg.learner.batch_size * cfg.learner.num_batches_per_epoch}) must be a multiple of --num_workers x "
+            f"--num_envs_per_worker x --rollout ({s.total_splits * cfg.samples_per_slot})"
+        )
 
 
 def _check_value_based(cfg: Config) -> None:
