@@ -101,3 +101,50 @@ def test_the_contract_is_recognised_and_its_breaches_named_in_one_line():
         check_device_env(env, "TorchAcrobot-v1")
     with pytest.raises(ValueError, match="autoreset_mode"):
         TorchPendulum(2, autoreset_mode=AutoresetMode.DISABLED)
+
+
+class JaxCountdown:
+    """gymnax's functional API in a few lines: observes [step t, last action]; reward 1; terminates at t = 3."""
+
+    default_params = None
+
+    def observation_space(self, params):
+        return gymnasium.spaces.Box(0.0, 100.0, (2,), np.float32)
+
+    def action_space(self, params):
+        return gymnasium.spaces.Discrete(2)
+
+    def reset(self, key, params):
+        import jax.numpy as jnp
+
+        state = jnp.zeros((), jnp.int32)
+        return jnp.zeros(2, jnp.float32), state
+
+    def step(self, key, state, action, params):
+        import jax.numpy as jnp
+
+        step = state + 1
+        last = jnp.stack([step, action]).astype(jnp.float32)
+        terminated, truncated = step >= 3, jnp.zeros((), bool)
+        obs = jnp.where(terminated, jnp.zeros(2, jnp.float32), last)
+        return obs, jnp.where(terminated, 0, step), jnp.float32(1.0), terminated, truncated, {"final_observation": last}
+
+
+def test_a_jax_env_through_the_bridge_keeps_the_contract_without_copies():
+    """A functional JAX env (gymnax's API) as a device env: same-step resets with the last observation kept, ends as
+    bools, rewards as float32, and the observations torch tensors on the JAX array's own memory (DLPack)."""
+    jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'sf_engine[jax]')")
+    from sf_engine.envs.jax_bridge import JaxVectorEnv
+
+    env = JaxVectorEnv(JaxCountdown(), num_envs=3)
+    check_device_env(env, "JaxCountdown")
+    assert is_device_env(env) and env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (3, 2) and obs.dtype == torch.float32
+    for step in (1, 2, 3):
+        obs, reward, terminated, truncated, info = env.step(torch.tensor([0, 1, 1]))
+    assert terminated.dtype == torch.bool and terminated.all() and not truncated.any()
+    assert reward.dtype == torch.float32 and reward.tolist() == [1.0] * 3
+    assert info["final_obs"].tolist() == [[3.0, 0.0], [3.0, 1.0], [3.0, 1.0]] and obs.abs().sum() == 0
+    array = jax.numpy.arange(6.0).reshape(3, 2)
+    assert JaxVectorEnv._torch(array).data_ptr() == array.unsafe_buffer_pointer()  # no copy
