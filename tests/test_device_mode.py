@@ -135,6 +135,10 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
     assert summary["env_steps"] >= 300_000 and summary["policy_lag_mean"] is not None
     assert summary["eval_return_mean"] is not None  # the evaluator played the device env through NumPy
     episodes = enjoy_episodes(capsys, "--train_dir", str(tmp_path), "--experiment", "dev")
+    from sf_engine.play import enjoy
+
+    assert enjoy.main(["--train_dir", str(tmp_path), "--experiment", "dev", "--video", str(tmp_path / "v.mp4")]) == 2
+    assert "--video: TorchCartPole-v1 is a device env, which has no renderer" in capsys.readouterr().err
     assert all(float(r) == float(n) for r, n in episodes)  # CartPole: one point a step
     again = run_train([*args[:4], "--train_for_env_steps", "400000"], tmp_path)  # resumed where it stopped
     assert again.returncode == 0 and "resuming experiment dev from checkpoint_" in again.stdout, again.stdout[-2000:]
@@ -153,6 +157,7 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
         (["--rnn", "gru"], ["--rnn gru", "device env", "feed-forward"]),
         (["--num_policies", "2"], ["--num_policies 2", "device env", "one policy"]),
         (["--env_backend", "gymnasium"], ["device env", "--env_backend auto or device"]),
+        (["--deterministic", "true"], ["--deterministic true", "device env", "drop it"]),
         (
             ["--mode", "sync", "--num_envs_per_worker", "256", "--worker_num_splits", "2"],
             ["--mode sync", "whole rollouts", "(4096)", "(8192)"],

@@ -225,6 +225,8 @@ def _check_device_mode(cfg: Config) -> None:
         )
     if cfg.policies.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.policies.num_policies}: {device_env}, which trains one policy")
+    if cfg.run.deterministic:
+        raise ConfigError(f"--deterministic true: {device_env}, whose runs are not made repeatable yet: drop it")
     s = cfg.sampler
     if cfg.run.mode == "sync" and cfg.slots_per_batch % s.total_splits:  # a sampler fills all its slots at once
         raise ConfigError(

@@ -66,6 +66,9 @@ class VideoEnv:
         self.twin, self.writer, self.max_frames, self.num_envs = None, None, max_frames, spec.num_agents
         self.fps = 60 // spec.frameskip if spec.family == "atari" else None  # the ALE runs at 60 frames/s
         backend, render_mode = cfg.env.env_backend, None
+        if render and spec.device:
+            flag = "--video" if render == "video" else "--render"
+            raise EnjoyError(f"{flag}: {cfg.env.env} is a device env, which has no renderer: replay without {flag}")
         if render == "human" and spec.family == "atari":
             raise EnjoyError(f"--render: {cfg.env.env} is an EnvPool Atari env, which has no screen; use --video")
         if render and spec.family != "atari":
