@@ -7,6 +7,7 @@
 #
 #   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
 #   BUDGET_SEC=585 PONG_SEC=540 perf/gpu_session.sh tests_beside pong bf16 compile_pong breakout learner advice doom
+#   BUDGET_SEC=585 perf/gpu_session.sh device_envs     # envs on the GPU (device mode): PPO, PQN, SAC and TD3
 #       # one call of at most 10 minutes: Pong-v5 from scratch until its score reaches 15 (the CUDA tests beside
 #       # it), then each section that still fits: the A/B runs (bf16, --compile), Breakout's replay, the GPU
 #       # learner's step, the report's advice taken, doom_basic sampling and training (carry .gpu_doom)
@@ -189,10 +190,23 @@ doom() {
   PYTHONPATH=/tmp/doom:$PYTHONPATH run doom_training 60 --env doom_basic --num_workers 16
 }
 
+device_envs() {  # envs on the GPU (device mode): the torch CartPole with PPO and PQN at GPU sizes (one sampler, then
+  # two), the torch Pendulum with SAC and TD3 against Gymnasium's Pendulum through rollout workers
+  local sized=(--num_envs_per_worker 8192 --worker_num_splits 2 --batch_size 65536 --num_batches_per_epoch 2)
+  run device_cartpole_ppo "$RUN_SEC" --env TorchCartPole-v1 "${sized[@]}"
+  run device_cartpole_ppo_w2 "$RUN_SEC" --env TorchCartPole-v1 --num_workers 2 "${sized[@]}"
+  run device_cartpole_pqn "$RUN_SEC" --env TorchCartPole-v1 --algo pqn --num_envs_per_worker 8192 \
+    --worker_num_splits 2 --batch_size 32768 --num_batches_per_epoch 4
+  for algo in sac td3; do
+    run "device_pendulum_$algo" 60 --env TorchPendulum-v1 --algo "$algo" --eval_every_sec 20
+    run "cpu_pendulum_$algo" 60 --env Pendulum-v1 --algo "$algo" --eval_every_sec 20
+  done
+}
+
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
-  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)))
+  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
 for section in "${sections[@]}"; do
