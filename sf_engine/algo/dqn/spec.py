@@ -30,11 +30,16 @@ SPEC = AlgorithmSpec(
         # tuned for CartPole's greedy 475 from launch (docs/value-based.md#figures): a small network makes about
         # twice the updates per second of a 256-wide one; with layer norm, a 2e-3 step and a target copied every
         # 100 updates 17 of 20 runs got there within 12 s (11 by the first evaluation, 5 s into training), against
-        # 1 of 5 with 256 units, 1e-3 and 250
+        # 1 of 5 with 256 units, 1e-3 and 250. The step then decays to 1e-4 by 500,000 env steps: a solved CartPole
+        # stays solved in 78% of the evaluations of the next 3 minutes, against 40% at a constant 2e-3
+        # (docs/value-based.md#holding-what-it-reached)
         "classic": {
             "hidden_size": 64,
             "activation": "relu",
             "learning_rate": 2e-3,
+            "lr_schedule": "linear",
+            "lr_end": 1e-4,
+            "lr_decay_env_steps": 500_000,
             "batch_size": 128,
             "replay_size": 100_000,
             "learning_starts": 1_000,
