@@ -143,7 +143,8 @@ def test_the_target_network_is_copied_every_period(tmp_path):
 def test_the_target_follows_replaced_weights_and_never_takes_non_finite_ones(tmp_path):
     """A restarted learner's last published weights replace the online ones: the target network restarts from
     them (not from the random ones built at start). A copy due while the weights hold a NaN is not made."""
-    plan = dqn_plan(tmp_path, "--target_update_period", "1", "--target_tau", "1")
+    # a constant step: the infinite one set below stays (a schedule would set its own at the first update)
+    plan = dqn_plan(tmp_path, "--target_update_period", "1", "--target_tau", "1", "--lr_schedule", "constant")
     dqn = make_dqn(plan)
     dqn.params.copy_(torch.randn_like(dqn.params))  # what _recover does with the last published weights
     dqn.weights_replaced()
