@@ -67,8 +67,9 @@ def device_env_class(env_id: str):
 def make_device_env(env_id: str, num_envs: int, device: str):
     """`num_envs` envs of the device env `env_id` on `device` (not reset yet), checked against the contract (an
     EnvError line naming what it breaks)."""
+    make = device_env_class(env_id)  # its own EnvError lines (a module not found, a package not installed) as they are
     try:
-        env = device_env_class(env_id)(num_envs=num_envs, device=device)
+        env = make(num_envs=num_envs, device=device)
     except Exception as exc:  # a user's class: its own error, where it was raised
         raise EnvError(
             f"--env {env_id}: {type(exc).__name__}: {exc} (built as Class(num_envs={num_envs}, device={device!r}))"

@@ -46,8 +46,9 @@ class JaxVectorEnv(gymnasium.vector.VectorEnv):
         self.observation_space = gymnasium.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gymnasium.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self._discrete = isinstance(self.single_action_space, spaces.Discrete)
-        self._reset_batch = jax.jit(jax.vmap(env.reset, in_axes=(0, None)), device=self.jax_device)
-        self._step_batch = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)), device=self.jax_device)
+        # jitted without a device: each call runs where its inputs are, the keys on jax_device (and the actions there)
+        self._reset_batch = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+        self._step_batch = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
         self.key = jax.device_put(jax.random.key(0), self.jax_device)
         self.state = None
 
@@ -106,9 +107,7 @@ class GymnaxVectorEnv(JaxVectorEnv):
 
 
 def gymnax_class(env_id: str):
-    """`--env gymnax/NAME`'s maker (built as maker(num_envs=N, device=D)), or None for another id."""
-    if not env_id.startswith(GYMNAX_PREFIX):
-        return None
+    """`--env gymnax/NAME`'s maker (built as maker(num_envs=N, device=D))."""
     import functools
 
-    return functools.partial(GymnaxVectorEnv, env_id[len(GYMNAX_PREFIX) :])
+    return functools.partial(GymnaxVectorEnv, env_id.removeprefix(GYMNAX_PREFIX))
