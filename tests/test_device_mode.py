@@ -121,8 +121,9 @@ def running_roles(experiment: str, proc, timeout_sec: float = 60.0) -> list:
 
 
 def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_enjoy_and_load_policy(tmp_path, capsys):
-    args = ["--env", "TorchCartPole-v1", "--experiment", "dev", "--train_for_env_steps", "300000"]
-    args += ["--num_workers", "2", "--eval_every_sec", "1"]  # two samplers, each with its batch and its weights
+    # two samplers, each with its batch and its weights; the run stops at its first evaluation, whatever the clock
+    args = ["--env", "TorchCartPole-v1", "--experiment", "dev", "--train_for_env_steps", "20000000"]
+    args += ["--num_workers", "2", "--eval_every_sec", "1", "--stop_at_eval_return", "0"]
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--train_dir", str(tmp_path), *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     experiment = os.path.join(tmp_path, "dev")
@@ -132,7 +133,7 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
     assert "TorchCartPole-v1 is a device env" in out
     assert sorted(roles) == ["device_sampler", "device_sampler", "evaluator", "learner", "runner"], roles
     summary = read_json(os.path.join(experiment, "summary.json"))
-    assert summary["env_steps"] >= 300_000 and summary["policy_lag_mean"] is not None
+    assert summary["env_steps"] > 0 and summary["policy_lag_mean"] is not None
     assert summary["eval_return_mean"] is not None  # the evaluator played the device env through NumPy
     episodes = enjoy_episodes(capsys, "--train_dir", str(tmp_path), "--experiment", "dev")
     from sf_engine.play import enjoy
@@ -140,9 +141,10 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
     assert enjoy.main(["--train_dir", str(tmp_path), "--experiment", "dev", "--video", str(tmp_path / "v.mp4")]) == 2
     assert "--video: TorchCartPole-v1 is a device env, which has no renderer" in capsys.readouterr().err
     assert all(float(r) == float(n) for r, n in episodes)  # CartPole: one point a step
-    again = run_train([*args[:4], "--num_workers", "2", "--train_for_env_steps", "400000"], tmp_path)  # resumed
+    more = str(summary["env_steps"] + 100_000)
+    again = run_train([*args[:4], "--num_workers", "2", "--train_for_env_steps", more], tmp_path)  # resumed
     assert again.returncode == 0 and "resuming experiment dev from checkpoint_" in again.stdout, again.stdout[-2000:]
-    assert read_json(os.path.join(experiment, "summary.json"))["env_steps"] >= 400_000
+    assert read_json(os.path.join(experiment, "summary.json"))["env_steps"] >= int(more)
     policy = sf_engine.load_policy(experiment)
     from sf_engine.envs.device import make_device_env
 
