@@ -154,6 +154,24 @@ def test_an_async_device_run_has_no_worker_processes_resumes_and_plays_through_e
 
 
 @pytest.mark.parametrize(
+    "flags, envs, rollout, slots_per_batch",
+    [
+        ([], 256, 16, 1),  # PPO's batch of 4,096 samples: one slot of 256 envs x 16 steps a rollout
+        (["--mode", "sync", "--num_workers", "2"], 128, 16, 2),  # both samplers' rollouts make one batch
+        (["--rollout", "64"], 64, 64, 1),  # a rollout the user gave stays
+        (["--num_envs_per_worker", "64"], 64, 32, 2),  # as do envs the user gave (the rollout is not shortened)
+        (["--algo", "dqn", "--num_envs_per_worker", "auto"], 128, 16, 1),  # a replay buffer: the family's envs
+    ],
+)
+def test_device_mode_sizes_its_env_batch_from_the_training_batch(tmp_path, flags, envs, rollout, slots_per_batch):
+    from sf_engine.run.plan import build_plan
+
+    plan = build_plan(["--env", "TorchCartPole-v1", "--train_dir", str(tmp_path), *flags])
+    s = plan.cfg.sampler
+    assert (s.num_envs_per_worker, s.rollout, plan.cfg.slots_per_batch) == (envs, rollout, slots_per_batch)
+
+
+@pytest.mark.parametrize(
     "flags, words",
     [
         (["--rnn", "gru"], ["--rnn gru", "device env", "feed-forward"]),

@@ -124,12 +124,33 @@ def resolve_sampler(cfg, spec, envs_per_worker_hint: int):
     if cfg.run.mode == "serial":  # every role shares this one process: nothing to balance
         return _fixed_sizes(s, envs_per_worker_hint, "serial mode, nothing to balance")
     if cfg.env.env_backend == "device":  # a sampler process per env batch, which lives on the device
-        return _fixed_sizes(s, envs_per_worker_hint, f"device mode, one sampler per env batch on {cfg.run.device}")
+        return _device_sizes(cfg, s, envs_per_worker_hint, shorten)
     return _measured_sizes(cfg, spec, s, envs_per_worker_hint, shorten)
 
 
+def _device_sizes(cfg, s, envs_per_worker_hint: int, shorten: bool) -> tuple:
+    """Device mode: one sampler where --num_workers is auto. On-policy, --rollout auto = ROLLOUT_SHORT and
+    --num_envs_per_worker auto = the envs whose slots of --rollout steps each hold one training batch (in sync mode,
+    whose rollouts of every sampler together hold one): a device env steps its whole batch as one tensor program, at
+    about the same cost for 256 envs as for 128, so the widest slots cost least per env step
+    (docs/performance.md#device-envs). With a replay buffer, the family's envs per worker."""
+    workers = 1 if s.num_workers == "auto" else s.num_workers
+    envs = s.num_envs_per_worker
+    if envs == "auto" and cfg.uses_replay:
+        envs = envs_per_worker_hint
+    elif envs == "auto":
+        s = dataclasses.replace(s, rollout=ROLLOUT_SHORT) if shorten else s
+        train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
+        slots = workers * s.worker_num_splits if cfg.run.mode == "sync" else 1
+        envs = max(1, train_batch // (s.rollout * slots)) * s.worker_num_splits
+    chosen = dataclasses.replace(s, num_workers=workers, num_envs_per_worker=envs)
+    line = f"device mode, one sampler per env batch on {cfg.run.device}: {count(workers, 'sampler')} x "
+    line += f"{count(envs, 'env')}, rollouts of {chosen.rollout} steps"
+    return chosen, [line]
+
+
 def _fixed_sizes(s, envs_per_worker_hint: int, why: str) -> tuple:
-    """Serial or device mode: one worker and the family's envs per worker, where they are auto."""
+    """Serial mode: one worker and the family's envs per worker, where they are auto."""
     chosen = dataclasses.replace(
         s,
         num_workers=1 if s.num_workers == "auto" else s.num_workers,
