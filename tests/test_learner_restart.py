@@ -92,6 +92,25 @@ def test_a_killed_dqn_learner_goes_on_from_the_replay_buffer_with_every_env_step
     assert os.listdir(shm_dir) == []
 
 
+def test_a_replay_report_sent_again_by_the_next_learner_is_counted_once():
+    """A learner killed after sending a report and before clearing its books leaves them in shared memory; the
+    next one sends them again with what it inserted since, under the same report number: only that is new."""
+    from types import SimpleNamespace
+
+    from sf_engine.stats.books import ReplayReports
+
+    def report(number, inserted, not_trainable, skipped):
+        return SimpleNamespace(
+            report_number=number, inserted=inserted, not_trainable=not_trainable, skipped_non_finite=skipped
+        )
+
+    reports = ReplayReports()
+    assert reports.not_counted(report(1, 128, 2, 0)) == (128, 2, 0)
+    assert reports.not_counted(report(2, 256, 0, 1)) == (256, 0, 1)
+    assert reports.not_counted(report(2, 384, 3, 1)) == (128, 3, 0)  # report 2 again, with a slot more
+    assert reports.not_counted(report(3, 128, 0, 0)) == (128, 0, 0)
+
+
 @pytest.mark.e2e
 def test_with_the_restarts_spent_the_last_published_weights_become_a_checkpoint(tmp_path, shm_dir):
     """--max_worker_restarts 0: the learner's death stops the run, but what it left (the training state it kept,

@@ -38,7 +38,8 @@ CHUNK_SEC = 0.05  # the longest run of updates between two publications of the w
 REPORT_SEC = 1.0  # before learning starts: how often the buffer's figures are reported
 REPLAY_FILE = "replay.npz"  # --save_replay: the buffer beside the checkpoints
 REPLAY_SEED_OFFSET = 7_919  # the buffer's sampling stream, apart from the envs' and the networks'
-TRAINABLE, NOT_TRAINABLE, SKIPPED = range(3)  # the books of the steps inserted (SharedBuffers.replay_books)
+# the books of the steps inserted and not reported yet, then the number of the last report (SharedBuffers.replay_books)
+TRAINABLE, NOT_TRAINABLE, SKIPPED, REPORTED = range(4)
 
 
 class ReplaySource:
@@ -136,7 +137,7 @@ class ReplaySource:
 
     def finish(self) -> None:
         """The run stops: the books of the slots inserted since the last report go out (every env step booked)."""
-        if self.unreported.any():
+        if self.unreported[:REPORTED].any():
             self._report(self.policy, TrainResult(0), np.zeros(0), 0.0)
 
     def _insert(self, slot: int) -> None:
@@ -160,7 +161,7 @@ class ReplaySource:
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
         self.limiter.inserted_steps(valid.size)
-        self.unreported += (trainable, valid.size - trainable - skipped, skipped)
+        self.unreported[:REPORTED] += (trainable, valid.size - trainable - skipped, skipped)
 
     def _batch(self, sample: ReplaySample | SequenceSample) -> ReplayBatch | SequenceBatch:
         device = self.device
@@ -201,7 +202,7 @@ class ReplaySource:
     def _report(self, policy, result: TrainResult, ages: np.ndarray, train_sec: float) -> None:
         """The round's Training message and the buffer's ReplayStatus; `ages` [samples] the policy lag of the
         transitions trained on (none: no lag figures)."""
-        books = self.unreported.copy()
+        books, number = self.unreported[:REPORTED].copy(), int(self.unreported[REPORTED]) + 1
         ages = ages if len(ages) else np.zeros(1)  # the figures below need a value; lag_count says there was none
         count = len(ages) if result.samples else 0
         self.last_report = time.monotonic()
@@ -222,9 +223,12 @@ class ReplaySource:
                 skipped_non_finite=int(books[SKIPPED]),
                 skipped_updates=result.skipped_updates,
                 inserted=int(books[TRAINABLE]),
+                report_number=number,
             )
         )
-        self.unreported -= books
+        # the books cleared and the report counted in one write: a death before it leaves both as they were, and
+        # the next learner sends these books again, under the same number (RunStats counts the difference)
+        self.unreported[:] = np.append(self.unreported[:REPORTED] - books, number)
         self.ctx.send(
             ReplayStatus(
                 inserted=self.limiter.inserted,

@@ -35,8 +35,9 @@ so that they outlive a learner that dies (see weights.py).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
 With a replay buffer (--algo dqn): its arrays, named replay.* (sf_engine.replay.layout), in `replay`; and
-replay_books [3] int64, the env steps inserted and not yet reported in a Training message (trainable, not
-trainable, skipped for a non-finite value), so that a restarted learner reports what a dead one inserted.
+replay_books [4] int64, the env steps inserted and not yet reported in a Training message (trainable, not
+trainable, skipped for a non-finite value) and the number of the last report, so that a restarted learner reports
+what a dead one inserted, once.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
     if cfg.uses_replay:  # the replay buffer (sf_engine.replay.layout), and the books of what went into it
-        layout |= replay_layout(cfg, spec, state) | {"replay_books": ((3,), "int64")}
+        layout |= replay_layout(cfg, spec, state) | {"replay_books": ((4,), "int64")}
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),

@@ -59,6 +59,7 @@ class Training:
     skipped_non_finite: int = 0  # steps a rollout worker skipped for a non-finite value (not in not_trainable)
     skipped_updates: int = 0  # optimizer steps skipped for a non-finite loss or gradient
     inserted: int | None = None  # with a replay buffer: trainable env steps put into it (`samples`: trained)
+    report_number: int = 0  # with a replay buffer: the learner's reports of its inserts, counted across its deaths
 
 
 @dataclass

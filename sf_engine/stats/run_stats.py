@@ -11,9 +11,9 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from sf_engine.stats import messages as msg
+from sf_engine.stats.books import Books, PolicyBooks, ReplayReports
 from sf_engine.stats.bottleneck import diagnose, subtract
 from sf_engine.stats.episode_order import EpisodeOrder
 from sf_engine.stats.rates import RateWindow
@@ -71,43 +71,6 @@ class Throughput:
         return (end_steps - start[1]) / (end_time - start[0])
 
 
-@dataclass
-class Books:
-    """Where the env steps went: sampled = trained + dropped for lag + not trainable (reset steps) +
-    skipped for a non-finite observation, reward or action + recycled untrained (sampling only) + dropped
-    with a failed worker + dropped with a lost sampler actor (--num_remote_samplers) + in flight at the
-    stop (in local slots, or stepped by a sampler actor and not placed here yet)."""
-
-    trained: int = 0
-    dropped_lag: int = 0
-    not_trainable: int = 0
-    skipped_non_finite: int = 0
-    recycled_untrained: int = 0
-    inserted_replay: int = 0  # with a replay buffer: put into it (trained on there, any number of times)
-    dropped_faults: int = 0
-    dropped_lost_samplers: int = 0
-    in_flight_at_stop: int | None = None
-
-    def as_dict(self, sampled: int) -> dict:
-        """`unaccounted` is 0 when none was lost (known once the steps in flight were counted)."""
-        books = {"sampled": sampled, **vars(self)}
-        if self.in_flight_at_stop is not None:
-            books["unaccounted"] = sampled - sum(v for k, v in books.items() if k != "sampled")
-        return books
-
-
-@dataclass
-class PolicyBooks:
-    """One policy's lag over its training batches and the samples it trained (--num_policies > 1)."""
-
-    lag_sum: float = 0.0
-    lag_count: int = 0
-    lag_max: float = 0.0
-    trained: int = 0
-    train_sec: float = 0.0  # the learner's time on this policy's samples
-    forward_sec: float = 0.0  # the policy worker's time on this policy's forwards (batches of several policies)
-
-
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
@@ -151,7 +114,7 @@ class RunStats:
         self.faults: dict = {}  # (role, index) -> traceback of its latest failure, until the supervisor takes it
         self.books = Books()
         self.replay = ReplayFigures()  # --algo dqn: the replay buffer's figures
-        self.replay_samples = 0  # with a replay buffer: transitions sampled and trained on
+        self.replay_samples, self.replay_reports = 0, ReplayReports()  # with a replay buffer: transitions trained
         self.skipped_updates = 0  # the learner's optimizer steps skipped for a non-finite loss or gradient
         self.diagnosis = None
         self.on_gpu = on_gpu  # the learner and policy worker on CUDA: the bottleneck report's advice differs
@@ -275,14 +238,16 @@ class RunStats:
         books.lag_max = max(books.lag_max, m.lag_max)
         books.trained += m.samples
         books.train_sec += m.train_sec
+        not_trainable, skipped = m.not_trainable, m.skipped_non_finite
         if m.inserted is None:
             self.books.trained += m.samples
         else:  # the env steps went into the replay buffer; m.samples were sampled from it
-            self.books.inserted_replay += m.inserted
+            inserted, not_trainable, skipped = self.replay_reports.not_counted(m)
+            self.books.inserted_replay += inserted
             self.replay_samples += m.samples
         self.books.dropped_lag += m.dropped_lag
-        self.books.not_trainable += m.not_trainable
-        self.books.skipped_non_finite += m.skipped_non_finite
+        self.books.not_trainable += not_trainable
+        self.books.skipped_non_finite += skipped
         self.skipped_updates += m.skipped_updates
         self.lag_sum += m.lag_mean * m.lag_count
         self.lag_count += m.lag_count
