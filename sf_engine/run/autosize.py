@@ -133,24 +133,22 @@ def _device_sizes(cfg, s, envs_per_worker_hint: int, shorten: bool) -> tuple:
     --num_envs_per_worker auto = the envs whose slots of --rollout steps each hold one training batch (in sync mode,
     whose rollouts of every sampler together hold one): a device env steps its whole batch as one tensor program, at
     about the same cost for 256 envs as for 128, so the widest slots cost least per env step
-    (docs/performance.md#device-envs). With a replay buffer, the family's envs per worker."""
+    (docs/performance.md#device-envs). With a replay buffer, or envs given, the family's envs per worker."""
+    why = f"device mode, one sampler per env batch on {cfg.run.device}"
+    if cfg.uses_replay or s.num_envs_per_worker != "auto":
+        return _fixed_sizes(s, envs_per_worker_hint, why)
+    s = dataclasses.replace(s, rollout=ROLLOUT_SHORT) if shorten else s
     workers = 1 if s.num_workers == "auto" else s.num_workers
-    envs = s.num_envs_per_worker
-    if envs == "auto" and cfg.uses_replay:
-        envs = envs_per_worker_hint
-    elif envs == "auto":
-        s = dataclasses.replace(s, rollout=ROLLOUT_SHORT) if shorten else s
-        train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
-        slots = workers * s.worker_num_splits if cfg.run.mode == "sync" else 1
-        envs = max(1, train_batch // (s.rollout * slots)) * s.worker_num_splits
+    train_batch = cfg.learner.batch_size * cfg.learner.num_batches_per_epoch
+    slots = workers * s.worker_num_splits if cfg.run.mode == "sync" else 1
+    envs = max(1, train_batch // (s.rollout * slots)) * s.worker_num_splits
     chosen = dataclasses.replace(s, num_workers=workers, num_envs_per_worker=envs)
-    line = f"device mode, one sampler per env batch on {cfg.run.device}: {count(workers, 'sampler')} x "
-    line += f"{count(envs, 'env')}, rollouts of {chosen.rollout} steps"
-    return chosen, [line]
+    return chosen, [f"{why}: {count(workers, 'sampler')} x {count(envs, 'env')}, rollouts of {chosen.rollout} steps"]
 
 
 def _fixed_sizes(s, envs_per_worker_hint: int, why: str) -> tuple:
-    """Serial mode: one worker and the family's envs per worker, where they are auto."""
+    """Serial mode (and device mode but for an on-policy env batch): one worker and the family's envs per worker,
+    where they are auto."""
     chosen = dataclasses.replace(
         s,
         num_workers=1 if s.num_workers == "auto" else s.num_workers,
