@@ -31,7 +31,7 @@ def period(cfg) -> int:
     """Env steps per member between rounds, on average over the members (--pbt_period_env_steps, 'auto'
     resolved): a member whose episodes last longer holds its rows longer and steps more."""
     value = cfg.policies.pbt_period_env_steps
-    return 20 * cfg.learner.batch_size * cfg.learner.num_batches_per_epoch if value == "auto" else int(value)
+    return 20 * cfg.learner.train_batch if value == "auto" else int(value)
 
 
 def _draw(name: str, rng: np.random.Generator) -> float:

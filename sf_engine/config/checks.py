@@ -109,7 +109,7 @@ def _check_learner_values(cfg: Config) -> None:
 def _check_rollout(cfg: Config) -> None:
     """The rollout and BPTT lengths against the training batch (with a replay buffer, any batch)."""
     s, lrn = cfg.sampler, cfg.learner
-    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    train_batch = lrn.train_batch
     if s.rollout != "auto":
         if s.rollout < 2:
             raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
@@ -180,7 +180,7 @@ def _check_run(cfg: Config) -> None:
 def check_resolved(cfg: Config) -> None:
     """Combinations of resolved values (no 'auto' left) that cannot run: a one-line ConfigError."""
     s, lrn = cfg.sampler, cfg.learner
-    train_batch = lrn.batch_size * lrn.num_batches_per_epoch
+    train_batch = lrn.train_batch
     if s.num_envs_per_worker % s.worker_num_splits:
         raise ConfigError(
             f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
@@ -231,7 +231,7 @@ def _check_device_mode(cfg: Config) -> None:
     if cfg.run.mode == "sync" and cfg.slots_per_batch % s.total_splits:  # a sampler fills all its slots at once
         raise ConfigError(
             f"--mode sync with {device_env} trains on whole rollouts: --batch_size x --num_batches_per_epoch "
-            f"({cfg.learner.batch_size * cfg.learner.num_batches_per_epoch}) must be a multiple of --num_workers x "
+            f"({cfg.learner.train_batch}) must be a multiple of --num_workers x "
             f"--num_envs_per_worker x --rollout ({s.total_splits * cfg.samples_per_slot})"
         )
 

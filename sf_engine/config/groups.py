@@ -201,6 +201,11 @@ class LearnerConfig:
         type=int_or_auto,
     )
 
+    @property
+    def train_batch(self) -> int:
+        """Samples the learner trains on at a time (a training batch): batch_size x num_batches_per_epoch."""
+        return self.batch_size * self.num_batches_per_epoch
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -363,7 +368,7 @@ class _ConfigMethods:
         split in sync mode (the learner inserts them, trains, then frees them) and one at a time otherwise."""
         if self.uses_replay:
             return self.sampler.total_splits if self.run.mode == "sync" else 1
-        return self.learner.batch_size * self.learner.num_batches_per_epoch // self.samples_per_slot
+        return self.learner.train_batch // self.samples_per_slot
 
     @property
     def num_slots(self) -> int:
