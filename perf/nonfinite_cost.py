@@ -2,7 +2,7 @@
 env's default flags on this machine:
 
 - a rollout worker's checks of one batched env step in the common case, every value finite
-  (sf_engine.roles.rollout_worker.zero_non_finite over the float observations and over the rewards, as
+  (sf_engine.roles.non_finite.zero_non_finite over the float observations and over the rewards, as
   _record calls it), against that env step alone (the envs of one split stepped with random actions; a
   worker's whole cycle per step is longer, so `worker_share` is an upper bound);
 - the learner's checks of one training iteration (sf_engine.algo.base.all_finite over the flat weights
@@ -39,7 +39,7 @@ def per_call_us(fn, calls: int, repeats: int = 5) -> float:
 
 def worker_figures(plan) -> dict:
     from sf_engine.envs import make_batch_env
-    from sf_engine.roles.rollout_worker import zero_non_finite
+    from sf_engine.roles.non_finite import zero_non_finite
 
     cfg, spec = plan.cfg, plan.spec
     envs = cfg.sampler.envs_per_split

@@ -1,6 +1,7 @@
 """Device mode (sf_engine.roles.device_sampler): a device env's sampler writes the slots as the engine lays an
-episode end out, for both autoreset modes; each algorithm trains on a device env; an async run has no rollout or
-policy worker and its checkpoint plays through enjoy.py and load_policy; what device mode cannot run is one line."""
+episode end out, for both autoreset modes, and skips an env's non-finite values; each algorithm trains on a device
+env; an async run has no rollout or policy worker and its checkpoint plays through enjoy.py and load_policy; what
+device mode cannot run is one line."""
 
 from __future__ import annotations
 
@@ -78,6 +79,33 @@ def test_a_device_env_fills_its_slots_as_the_engine_lays_out_an_episode_end(tmp_
         returns = sorted(r for message in episodes for r in message.returns)
         lengths = sorted(n for message in episodes for n in message.lengths)
         assert returns == lengths and set(returns) == {3.0, 4.0}
+    finally:
+        sampler.close()
+        buffers.release()
+
+
+def test_a_device_env_turning_non_finite_is_skipped_in_its_slots_and_named_once(tmp_path, shm_dir, caplog):
+    # env 1 observes NaN at t = 2 (rows 2 and 6), env 2's steps to t = 1 are rewarded +inf (rows 0, 3 and 6)
+    env = "toy_device_envs:NonFiniteCountdownDeviceEnv"
+    plan, buffers, sampler, slot, episodes = one_rollout(tmp_path, shm_dir, env)
+    try:
+        valid, non_finite = buffers.valid[slot].astype(int).T, buffers.non_finite[slot].astype(int).T
+        # env 1: the step to the NaN and the step from it are skipped, a reset step stays one
+        assert valid[1].tolist() == [1, 0, 0, 1, 0, 0, 0, 1]
+        assert non_finite[1].tolist() == [0, 1, 1, 0, 0, 1, 1, 0]
+        assert buffers.obs["obs"][slot, :, 1, 0].tolist() == [0, 1, 0, 3, 4, 1, 0, 3, 4]  # the NaNs are 0
+        # env 2: its first step skipped; its later steps to t = 1 are reset steps (not trainable: not marked)
+        assert valid[2].tolist() == [0, 1, 1, 0, 1, 1, 0, 1] and non_finite[2].tolist() == [1] + [0] * 7
+        assert buffers.rewards[slot, :, 2].tolist() == [0, 1, 1, 0, 1, 1, 0, 1]
+        assert valid[0].tolist() == [1, 1, 1, 0, 1, 1, 0, 1] and not non_finite[[0, 3]].any()
+        assert all(np.isfinite(getattr(buffers, name)[slot]).all() for name in ("values", "log_probs", "rewards"))
+        assert torch.isfinite(sampler.acting_obs).all() and torch.isfinite(sampler.stored_obs).all()
+        # env 2's inf rewards count 0, every other env's episodes are as they were
+        assert sorted({r for message in episodes for r in message.returns}) == [2.0, 3.0, 4.0]
+        named = sorted(r.getMessage() for r in caplog.records if "its samples are skipped" in r.getMessage())
+        assert len(named) == 2
+        assert f"{env} (worker 0, env 1) returned a non-finite observation at step 2" in named[0]
+        assert f"{env} (worker 0, env 2) returned a non-finite reward at step 1" in named[1]
     finally:
         sampler.close()
         buffers.release()

@@ -34,3 +34,16 @@ class CountdownDeviceEnv(TorchVectorEnv):
 class NextStepCountdownDeviceEnv(CountdownDeviceEnv):
     def __init__(self, num_envs: int = 1, device="cpu"):
         super().__init__(num_envs, device, autoreset_mode=AutoresetMode.NEXT_STEP)
+
+
+class NonFiniteCountdownDeviceEnv(CountdownDeviceEnv):
+    """CountdownDeviceEnv where env 1 observes NaN at t = 2 and env 2's step to t = 1 is rewarded +inf."""
+
+    def physics(self, state: torch.Tensor, actions: torch.Tensor) -> tuple:
+        state, rewards, terminated = super().physics(state, actions)
+        step, row = state.unbind(1)
+        return state, torch.where((row == 2) & (step == 1), torch.inf, rewards), terminated
+
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        step, row = state.unbind(1)
+        return torch.where(((row == 1) & (step == 2)).unsqueeze(1), torch.nan, state).to(torch.float32)

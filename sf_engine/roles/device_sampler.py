@@ -12,6 +12,10 @@ NEXT_STEP env has it as it is; for a SAME_STEP env the row after an end stores t
 (info['final_obs'], what a truncated step bootstraps from, its value among the behaviour values) while the network
 acts on the new episode's first, and that step's reward counts in the new episode's return. The first transition
 of each episode of a SAME_STEP env is the one the learner does not train on.
+
+The rollout workers' non-finite guard (sf_engine.roles.non_finite) checks the slot rows as they reach shared memory:
+a step with a non-finite observation, reward or continuous action is not trained on, its values are 0 in the slot
+and on the device (the network never acts on one), and each env that gave one is named once.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sf_engine.envs.device import make_device_env
 from sf_engine.envs.registry import SEED_MODULUS
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
+from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import SamplerStage, StageTimer
@@ -51,8 +56,15 @@ class DeviceSampler:
         seed = cfg.env.seed * 1_000_003 + (self.idx + ctx.generation * s.num_workers) * self.num_envs
         obs, _ = self.env.reset(seed=seed % SEED_MODULUS)
         self.key = spec.obs[0][0]
+        self.guard = NonFiniteGuard(ctx.buffers, cfg.env.env, self.idx, self.num_splits, self.envs_per_split)
+        self.float_obs = self.key in self.guard.obs_keys
+        obs, bad = self._fresh_obs(obs, None)
         self.acting_obs = self.stored_obs = obs  # what the network acts on; what the slot's next row 0 holds
         self.next_valid = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.skipped = None  # the next row 0's rows skipped for a non-finite obs, per group (None: none)
+        if bad is not None:
+            self.next_valid &= torch.as_tensor(~bad, device=self.device)
+            self.skipped = self._by_group(bad)
         self.model = build_policy(spec, cfg, cfg.run.bf16).to(self.device).requires_grad_(False)
         self.params = flatten_state(self.model)
         self.weights, self.version = ctx.weights(0), -1
@@ -134,12 +146,17 @@ class DeviceSampler:
         buf.slot_rows[slots] = 0
         buf.non_finite[slots] = False
         self._write(slots, 0, obs=self.stored_obs, valid=self.next_valid)
+        if self.skipped is not None:
+            buf.non_finite[slots, 0] = self.skipped
         explore = self._explore()
         ended = None  # a SAME_STEP env's rows whose episode just ended: their values are those of the last obs
         for row in range(self.rollout):
             actions, log_probs, values = self._act(explore, ended)
             self.timer.lap(SamplerStage.FORWARD)
             self._write(slots, row, actions=actions, log_probs=log_probs, values=values)
+            bad_actions = self._zero_non_finite(slots, row, "actions") if self.guard.actions else None
+            if bad_actions is not None:
+                actions = actions.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
             self.timer.lap(SamplerStage.WRITE_SLOT)
             obs, rewards, terminated, truncated, info = self.env.step(self._env_actions(actions))
             self.timer.lap(SamplerStage.ENV_STEP)
@@ -147,13 +164,16 @@ class DeviceSampler:
             stored = obs
             if self.same_step:
                 stored = torch.where(done.reshape(-1, *[1] * (obs.dim() - 1)), info["final_obs"], obs)
-                ended = torch.nonzero(done).squeeze(1) if row + 1 < self.rollout else None
+                ended = torch.nonzero(done).squeeze(1)
+                obs = self._fresh_obs(obs, ended)[0] if len(ended) else obs  # new episodes' first, never stored
+                ended = ended if row + 1 < self.rollout else None
             self.next_valid = ~done
             self._write(slots, row, rewards=rewards, terminated=terminated, truncated=truncated)
             self._write(slots, row + 1, obs=stored, **({"valid": self.next_valid} if row + 1 < self.rollout else {}))
+            self.acting_obs, self.stored_obs = obs, stored
+            self._guard(slots, row, bad_actions)
             buf.env_steps[self.idx] += self.num_envs
             buf.slot_rows[slots] = row + 1
-            self.acting_obs, self.stored_obs = obs, stored
             self.timer.lap(SamplerStage.WRITE_SLOT)
         for split, slot in enumerate(slots):
             buf.policy_version[slot] = self.version
@@ -168,6 +188,60 @@ class DeviceSampler:
             view, value = self.views[name], value.to("cpu")
             for split, slot in enumerate(slots):
                 view[slot, row] = value[split * width : (split + 1) * width]
+
+    def _guard(self, slots: list, row: int, bad_actions) -> None:
+        """The non-finite guard on step `row` of `slots` as written: its rewards, the observations after it (row + 1)
+        and `bad_actions` (each group's rows whose action was not finite, or None). A step holding one is not trained
+        on, nor the next where that obs was; such an obs is 0 on the device too (the network acts on it next)."""
+        for split in range(self.num_splits):
+            self.guard.steps[split] += 1
+        bad_rewards = self._zero_non_finite(slots, row, "rewards")
+        bad_obs = self._zero_non_finite(slots, row + 1, "obs") if self.float_obs else None
+        self.skipped = None
+        if bad_actions is None and bad_rewards is None and bad_obs is None:
+            return
+        buf, width = self.buffers, self.envs_per_split
+        next_valid = self.next_valid.cpu().numpy().reshape(self.num_splits, width)
+        skipped = np.zeros_like(next_valid)
+        for split, slot in enumerate(slots):
+            bad = tuple(None if rows is None else rows[split] for rows in (bad_actions, bad_rewards, bad_obs))
+            next_valid[split], split_skipped = self.guard.skip(split, slot, row, bad, next_valid[split])
+            if split_skipped is not None:
+                skipped[split] = split_skipped
+            if row + 1 < self.rollout:
+                buf.valid[slot, row + 1], buf.non_finite[slot, row + 1] = next_valid[split], skipped[split]
+        self.next_valid = torch.as_tensor(next_valid.reshape(-1), device=self.device)
+        if bad_obs is not None:
+            self.skipped = skipped
+            self.stored_obs = self.stored_obs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+            self.acting_obs = self.acting_obs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _zero_non_finite(self, slots: list, row: int, name: str) -> np.ndarray | None:
+        """Each group's rows [splits, E] whose `name` value (a slot array; 'obs': the observations) at `row` is not
+        finite, those values set to 0 in the slots; None when every one is."""
+        array = self.buffers.obs[self.key] if name == "obs" else getattr(self.buffers, name)
+        rows = [zero_non_finite((array[slot, row],)) for slot in slots]
+        if all(bad is None for bad in rows):
+            return None
+        return np.stack([np.zeros(self.envs_per_split, bool) if bad is None else bad for bad in rows])
+
+    def _fresh_obs(self, obs: torch.Tensor, rows) -> tuple:
+        """A reset's observations (of `rows` [K] only, or all: None) checked: `obs` with their non-finite values set
+        to 0, each env that gave one named, and those envs as a bool [N] on the host (None: none)."""
+        if not self.float_obs:
+            return obs, None
+        part = obs if rows is None else obs[rows]
+        finite = torch.isfinite(part).reshape(len(part), -1).all(1)
+        if bool(finite.all()):
+            return obs, None
+        bad = np.zeros(self.num_envs, bool)
+        bad[(np.arange(self.num_envs) if rows is None else rows.cpu().numpy())[~finite.cpu().numpy()]] = True
+        for split, split_rows in enumerate(self._by_group(bad)):
+            self.guard.name(split, split_rows, NON_FINITE[2])
+        return obs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0), bad
+
+    def _by_group(self, rows: np.ndarray) -> np.ndarray:
+        return rows.reshape(self.num_splits, self.envs_per_split)
 
     def _env_actions(self, actions: torch.Tensor) -> torch.Tensor:
         if self.bounds is not None:
@@ -195,10 +269,10 @@ class DeviceSampler:
         NEXT_STEP env's but its reset steps."""
         buf, rows = self.buffers, slice(split * self.envs_per_split, (split + 1) * self.envs_per_split)
         returns, lengths = self.episode_return[rows], self.episode_length[rows]
-        rewards, valid = buf.rewards[slot], buf.valid[slot]
+        rewards, taken = buf.rewards[slot], buf.valid[slot] | buf.non_finite[slot]  # skipped steps were taken
         done = buf.terminated[slot] | buf.truncated[slot]
         for row in range(self.rollout):
-            counted = 1 if self.same_step else valid[row]
+            counted = 1 if self.same_step else taken[row]
             returns += rewards[row] * counted
             lengths += counted
             if done[row].any():

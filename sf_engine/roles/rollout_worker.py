@@ -10,75 +10,23 @@ A restarted worker (same index, next `generation`) gets fresh envs with new seed
 carry a token `generation x splits + split`, so replies meant for a dead predecessor are ignored.
 The worker marks the slots it fills in `slot_owner` and counts their rows in `slot_rows`, so the runner
 can take back a dead worker's half-written slots. A step with a non-finite observation, reward or action is
-skipped (NonFiniteGuard).
+skipped (sf_engine.roles.non_finite).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import math
 import time
 
 import numpy as np
 
 from sf_engine.envs import make_batch_env
+from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.slot_pool import SlotPool, deterministic_rounds
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import StageTimer, WorkerStage
 
 STATS_EVERY_SEC = 0.5
-# what an env did, for the log: a non-finite action (from the policy), reward or observation
-NON_FINITE = (
-    "got a non-finite action from the policy",
-    "returned a non-finite reward",
-    "returned a non-finite observation",
-)
-
-
-def zero_non_finite(arrays) -> np.ndarray | None:
-    """The rows (first axis) of the float `arrays` that hold a non-finite value, as one bool [E], those
-    values set to 0 in place; None when every value is finite. The common case costs one vectorised pass
-    per array: x . x is finite unless a value is not (or the sum overflows: the exact check finds none)."""
-    rows = None
-    for array in arrays:
-        if math.isfinite(np.vdot(array, array)):  # half the time of np.isfinite(array).all()
-            continue
-        finite = np.isfinite(array)
-        if finite.all():
-            continue
-        array[~finite] = 0
-        bad = ~finite.reshape(len(array), -1).all(1)
-        rows = bad if rows is None else rows | bad
-    return rows
-
-
-class NonFiniteGuard:
-    """What a rollout worker checks for non-finite values: its envs' float observations (uint8 frames
-    cannot hold one) and rewards, and the policy's continuous actions before they reach an env. A step
-    holding one is not trained on (`valid` False, marked `non_finite`: the learner books it apart), its
-    values are set to 0 so that nothing non-finite reaches the policy worker or the learner, and each env
-    that gave one is named in the log once."""
-
-    def __init__(self, buffers, env_id: str, worker: int, num_splits: int, envs_per_split: int):
-        self.obs_keys = tuple(key for key, array in buffers.obs.items() if array.dtype.kind == "f")
-        self.actions = buffers.actions.dtype.kind == "f"  # continuous actions
-        self.env_id, self.worker, self.envs_per_split = env_id, worker, envs_per_split
-        self.steps = [0] * num_splits  # env steps each split has taken
-        self.named = np.zeros((num_splits, envs_per_split), bool)
-
-    def name(self, split: int, rows: np.ndarray, what: str) -> None:
-        """Name in the log each env of `rows` [E] (of `split`) not named yet: `what` it did."""
-        for row in np.flatnonzero(rows & ~self.named[split]):
-            logging.warning(
-                "env %s (worker %d, env %d) %s at step %d: its samples are skipped (each such env is named once)",
-                self.env_id,
-                self.worker,
-                split * self.envs_per_split + row,
-                what,
-                self.steps[split],
-            )
-        self.named[split] |= rows
 
 
 class RolloutWorker:
@@ -257,7 +205,7 @@ class RolloutWorker:
         self.timer.lap(WorkerStage.WRITE_SLOT)
 
     def _record(self, split: int, slot: int, row: int, result, bad_actions=None) -> None:
-        """Write the transition into the slot (a step with a non-finite value skipped: `_skip`); request the
+        """Write the transition into the slot (a step with a non-finite value skipped: the guard's `skip`); request the
         next actions or hand the full slot over. `bad_actions`: the rows whose action was not finite."""
         buf = self.buffers
         buf.rewards[slot, row] = result.rewards
@@ -288,7 +236,7 @@ class RolloutWorker:
         next_valid = ~done if result.alive is None else ~done & result.alive  # after an end: the reset step
         skipped = None  # the next step's rows skipped for a non-finite obs
         if bad_actions is not None or bad_rewards is not None or bad_obs is not None:
-            next_valid, skipped = self._skip(split, slot, row - 1, (bad_actions, bad_rewards, bad_obs), next_valid)
+            next_valid, skipped = self.guard.skip(split, slot, row - 1, (bad_actions, bad_rewards, bad_obs), next_valid)
         self.obs_skipped[split] = skipped
         if buf.policy_id is not None:  # a row changes hands where its new episode's first obs is (the
             self._assign_policies(split, first)  # reset step and its value stay with the old policy)
@@ -316,26 +264,6 @@ class RolloutWorker:
                 return
         self.waiting_for_slot.append(split)
         self._take_free_slots()
-
-    def _skip(self, split: int, slot: int, row: int, bad: tuple, next_valid: np.ndarray) -> tuple:
-        """Not trained on: step `row` where its action, its reward or the obs after it was not finite (its
-        value target would bootstrap from that obs), and the next step where that obs was. `bad`: the rows
-        of each (or None); their values are 0 by now (zero_non_finite), and a zeroed action's log-prob is
-        set to 0 too. Only steps that were trainable are marked `non_finite` (a reset step stays one).
-        Returns (the next step's valid, its rows skipped for their obs or None)."""
-        buf, (actions, _, obs) = self.buffers, bad
-        step = np.logical_or.reduce([rows for rows in bad if rows is not None])
-        buf.non_finite[slot, row] |= step & buf.valid[slot, row]
-        buf.valid[slot, row] &= ~step
-        if actions is not None:
-            buf.log_probs[slot, row][actions] = 0.0
-        skipped = None
-        if obs is not None:
-            skipped, next_valid = next_valid & obs, next_valid & ~obs
-        for rows, what in zip(bad, NON_FINITE):
-            if rows is not None:
-                self.guard.name(split, rows, what)
-        return next_valid, skipped
 
     def _track_episodes(self, split: int, score_rewards, episode_over, valid, objectives=None) -> None:
         """Returns of whole episodes as the user scores them (true game score on Atari)."""
