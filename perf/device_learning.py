@@ -1,11 +1,11 @@
 """The off-policy family and PQN on the shipped device envs against the same algorithm on Gymnasium's env, on this
 machine's CPU, the two alternating: seconds from launch to the return each is asked for (as train.py stops there).
 
-  python perf/device_learning.py                          # pqn CartPole, dqn Acrobot, sac Pendulum; 2 rounds
+  python perf/device_learning.py                          # pqn CartPole, dqn Acrobot, sac and td3 Pendulum; 2 rounds
   python perf/device_learning.py --pairs sac --rounds 3
 
 Each pair: (algorithm, torch id, Gymnasium id, the goal): PQN to a mean training return of 475 on CartPole
-(--stop_at_return), DQN to a greedy evaluation of -100 on Acrobot and SAC to one of -250 on Pendulum
+(--stop_at_return), DQN to a greedy evaluation of -100 on Acrobot, SAC and TD3 to one of -250 on Pendulum
 (--eval_every_sec 5 --stop_at_eval_return), within --limit_sec. Prints each run (stderr) and one JSON line last.
 """
 
@@ -37,13 +37,14 @@ PAIRS = {
         "eval_return_mean",
     ),
 }
+PAIRS["td3"] = PAIRS["sac"]  # the other continuous-action learner, on the same envs and goal
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
-    parser.add_argument("--pairs", default="pqn,dqn,sac", help="comma-separated algorithms of PAIRS")
+    parser.add_argument("--pairs", default="pqn,dqn,sac,td3", help="comma-separated algorithms of PAIRS")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--limit_sec", type=float, default=240.0, help="each run's --train_for_seconds")
     args = parser.parse_args()

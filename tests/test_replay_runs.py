@@ -99,10 +99,11 @@ def test_the_rate_limiter_holds_the_replay_ratio_in_a_serial_run(tmp_path, shm_d
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_dqn_runs_in_sync_and_async_modes(tmp_path, shm_dir, mode):
     """Sync: the learner takes one slot of every split, trains what they allow, publishes, then frees them (so
-    the pool is exactly one round); async: one slot at a time. Both hold the ratio and exit cleanly."""
+    the pool is exactly one round); async: one slot at a time. Both hold the ratio and exit cleanly. Uniform
+    replay here (classic control's default is prioritized: the other DQN runs sample by priority)."""
     result = run_train(
         DQN_SMALL
-        + ["--mode", mode, "--train_for_env_steps", "6000", "--replay_ratio", "2"]
+        + ["--mode", mode, "--train_for_env_steps", "6000", "--replay_ratio", "2", "--prioritized", "false"]
         + ["--experiment", mode, "--shm_dir", shm_dir],
         tmp_path,
         timeout=300,
