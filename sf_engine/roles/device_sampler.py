@@ -160,6 +160,7 @@ class DeviceSampler:
             self.timer.lap(SamplerStage.WRITE_SLOT)
             obs, rewards, terminated, truncated, info = self.env.step(self._env_actions(actions))
             self.timer.lap(SamplerStage.ENV_STEP)
+            self.guard.steps = [steps + 1 for steps in self.guard.steps]  # each group's env steps, for the log
             done = terminated | truncated
             stored = obs
             if self.same_step:
@@ -193,8 +194,6 @@ class DeviceSampler:
         """The non-finite guard on step `row` of `slots` as written: its rewards, the observations after it (row + 1)
         and `bad_actions` (each group's rows whose action was not finite, or None). A step holding one is not trained
         on, nor the next where that obs was; such an obs is 0 on the device too (the network acts on it next)."""
-        for split in range(self.num_splits):
-            self.guard.steps[split] += 1
         bad_rewards = self._zero_non_finite(slots, row, "rewards")
         bad_obs = self._zero_non_finite(slots, row + 1, "obs") if self.float_obs else None
         self.skipped = None
