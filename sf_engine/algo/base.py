@@ -101,9 +101,9 @@ def all_finite(values: Tensor) -> bool:
     against 2.4 ms)."""
     import torch
 
-    if values.numel() <= 64 and values.device.type == "cpu":
-        return all(map(math.isfinite, values.tolist()))
-    flat = values.reshape(-1)
+    flat = values.reshape(-1)  # any shape
+    if flat.numel() <= 64 and flat.device.type == "cpu":
+        return all(map(math.isfinite, flat.tolist()))
     return bool(torch.isfinite(torch.dot(flat, flat))) or bool(torch.isfinite(flat).all())
 
 

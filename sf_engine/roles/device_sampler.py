@@ -28,6 +28,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from sf_engine.algo.acting import build_policy
+from sf_engine.algo.base import all_finite
 from sf_engine.envs.device import make_device_env
 from sf_engine.envs.registry import SEED_MODULUS
 from sf_engine.model.flat_state import flatten_state
@@ -230,9 +231,9 @@ class DeviceSampler:
         if not self.float_obs:
             return obs, None
         part = obs if rows is None else obs[rows]
-        finite = torch.isfinite(part).reshape(len(part), -1).all(1)
-        if bool(finite.all()):
+        if all_finite(part):
             return obs, None
+        finite = torch.isfinite(part).reshape(len(part), -1).all(1)
         bad = np.zeros(self.num_envs, bool)
         bad[(np.arange(self.num_envs) if rows is None else rows.cpu().numpy())[~finite.cpu().numpy()]] = True
         for split, split_rows in enumerate(self._by_group(bad)):
