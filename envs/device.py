@@ -16,10 +16,10 @@ The contract (what the engine runs in device mode): a `gymnasium.vector.VectorEn
                               of envs that did not end: the returned observation), what a truncated episode
                               bootstraps from (Isaac Lab's and Brax's convention)
 
-A device env is named by `--env` as a shipped id (DEVICE_ENV_IDS: TorchCartPole-v1, ...), as `gymnax/NAME` (a gymnax
-env through the JAX bridge, envs.jax_bridge) or as `module:Class`, a VectorEnv subclass built as
-`Class(num_envs=N, device=D)`. envs/torch_envs.py holds `TorchVectorEnv`, a base for
-writing one in torch, and the shipped ones. torch is imported where an env is made, not here: the main process
+A device env is named by `--env` as a shipped id (DEVICE_ENV_IDS: TorchCartPole-v1, ...), as `gymnax/NAME`,
+`brax/NAME` or `playground/NAME` (a JAX env through the JAX bridge, envs.jax_bridge) or as `module:Class`, a VectorEnv
+subclass built as `Class(num_envs=N, device=D)`. envs/torch_envs.py holds `TorchVectorEnv`, a base for writing one in
+torch, and the shipped ones. torch is imported where an env is made, not here: the main process
 decides what an id is without it.
 """
 
@@ -31,7 +31,7 @@ import importlib.util
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
-from .jax_bridge import GYMNAX_PREFIX, gymnax_class
+from .jax_bridge import JAX_ENV_PREFIXES, jax_env_class, jax_env_prefix
 from .spec import EnvError
 from .user_code import import_user_module, user_attribute
 
@@ -50,11 +50,12 @@ def device_env_class(env_id: str):
     where it names something else (a Gymnasium env, a factory: made as such elsewhere)."""
     if env_id in DEVICE_ENV_IDS:
         return getattr(importlib.import_module(".torch_envs", __package__), DEVICE_ENV_IDS[env_id])
-    if env_id.startswith(GYMNAX_PREFIX):  # a JAX env through DLPack (envs.jax_bridge)
-        for package, install in (("jax", "'sf_engine[jax]'"), ("gymnax", "gymnax")):
+    prefix = jax_env_prefix(env_id)
+    if prefix is not None:  # a JAX env through DLPack (envs.jax_bridge)
+        for package, install in (("jax", "'sf_engine[jax]'"), JAX_ENV_PREFIXES[prefix]):
             if importlib.util.find_spec(package) is None:
                 raise EnvError(f"--env {env_id}: {package} is not installed here: pip install {install}")
-        return gymnax_class(env_id)
+        return jax_env_class(env_id)
     if ":" not in env_id:
         return None
     module = import_user_module(env_id, "--env", EnvError)

@@ -3,6 +3,8 @@ two autoreset modes with their time limits."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium
 import numpy as np
 import pytest
@@ -148,3 +150,91 @@ def test_a_jax_env_through_the_bridge_keeps_the_contract_without_copies():
     assert info["final_obs"].tolist() == [[3.0, 0.0], [3.0, 1.0], [3.0, 1.0]] and obs.abs().sum() == 0
     array = jax.numpy.arange(6.0).reshape(3, 2)
     assert JaxVectorEnv._torch(array).data_ptr() == array.unsafe_buffer_pointer()  # no copy
+
+
+@dataclasses.dataclass(frozen=True)
+class BraxCountdownState:
+    """A Brax State's fields: the physics state (the step t), obs [t, last action], reward, done, metrics, info."""
+
+    pipeline_state: object
+    obs: object
+    reward: object
+    done: object
+    metrics: dict
+    info: dict
+
+
+class BraxCountdown:
+    """Brax's API in a few lines: observes [t, last action] (a random [0, u] at a reset), reward 1, done at t = 3;
+    info['steps'] counts every step of the env, across its episodes."""
+
+    observation_size, action_size = 2, 1
+
+    def reset(self, rng):
+        import jax
+        import jax.numpy as jnp
+
+        obs = jnp.stack([jnp.float32(0.0), jax.random.uniform(rng)])
+        return BraxCountdownState(jnp.int32(0), obs, jnp.float32(0.0), jnp.float32(0.0), {}, {"steps": jnp.int32(0)})
+
+    def step(self, state, action):
+        import jax.numpy as jnp
+
+        t = state.pipeline_state + 1
+        obs = jnp.stack([t.astype(jnp.float32), action[0]])
+        done = (t >= 3).astype(jnp.float32)
+        return dataclasses.replace(
+            state,
+            pipeline_state=t,
+            obs=obs,
+            reward=jnp.float32(1.0),
+            done=done,
+            info={"steps": state.info["steps"] + 1},
+        )
+
+
+@pytest.mark.parametrize("episode_length", [5, 2])
+def test_a_brax_api_env_through_the_bridge_ends_episodes_and_restarts_them_from_their_first_state(episode_length):
+    """An env in Brax's API as a device env: a termination (done) or `episode_length` steps end an episode, the
+    last observation kept; the env goes back to the first state its reset drew (info carries on)."""
+    jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'sf_engine[jax]')")
+    from sf_engine.envs.jax_bridge import BraxVectorEnv
+
+    if not hasattr(BraxCountdownState, "registered"):  # a pytree, as Brax's State is (once per process)
+        jax.tree_util.register_dataclass(BraxCountdownState)
+        BraxCountdownState.registered = True
+    env = BraxVectorEnv(BraxCountdown(), episode_length, num_envs=3)
+    check_device_env(env, "BraxCountdown")
+    assert env.single_action_space == gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    first, _ = env.reset(seed=0)
+    first = first.clone()
+    assert first.shape == (3, 2) and first[:, 0].tolist() == [0.0] * 3 and len(set(first[:, 1].tolist())) == 3
+    ends = min(episode_length, 3)
+    for t in range(1, ends + 1):
+        actions = torch.full((3, 1), t / 10)
+        obs, reward, terminated, truncated, info = env.step(actions)
+        assert reward.dtype == torch.float32 and reward.tolist() == [1.0] * 3
+        assert terminated.dtype == truncated.dtype == torch.bool
+        if t < ends:
+            assert not (terminated | truncated).any() and obs[:, 0].tolist() == [float(t)] * 3
+    assert terminated.all() == (episode_length > 3) and truncated.all() == (episode_length <= 3)
+    assert info["final_obs"][:, 0].tolist() == [float(ends)] * 3
+    assert info["final_obs"][:, 1].tolist() == pytest.approx([ends / 10] * 3)
+    assert torch.equal(obs, first)  # back in the first state its reset drew
+    assert env.state[0].info["steps"].tolist() == [ends] * 3  # info carries on
+    obs, *_ = env.step(torch.zeros(3, 1))
+    assert obs[:, 0].tolist() == [1.0] * 3  # the next episode counts from its first state
+
+
+@pytest.mark.parametrize("prefix", ["gymnax/", "brax/", "playground/"])
+def test_a_jax_env_id_without_its_package_is_refused_in_one_line_naming_the_install(prefix):
+    import importlib.util
+
+    from sf_engine.envs.jax_bridge import JAX_ENV_PREFIXES
+
+    package, install = JAX_ENV_PREFIXES[prefix]
+    missing = next((name for name in ("jax", package) if importlib.util.find_spec(name) is None), None)
+    if missing is None:
+        pytest.skip(f"{package} is installed here")
+    with pytest.raises(EnvError, match=rf"^--env {prefix}Some-v0: {missing} is not installed here: pip install "):
+        device_env_class(f"{prefix}Some-v0")

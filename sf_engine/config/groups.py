@@ -29,7 +29,11 @@ TEXTS, DISCRETES = ("bag", "drop"), ("onehot", "embed")  # --text_obs, --discret
 
 @dataclass(frozen=True)
 class EnvConfig:
-    env: str = _f("CartPole-v1", "Environment id: any EnvPool id (CartPole-v1, ...) or registered Gymnasium id.")
+    env: str = _f(
+        "CartPole-v1",
+        "Environment id: an EnvPool id or registered Gymnasium id (CartPole-v1, ALE/Pong-v5, ...), a device env "
+        "(TorchCartPole-v1, gymnax/NAME, brax/NAME, playground/NAME) or module:attr (your own; docs/environments.md).",
+    )
     env_backend: str = _f(
         "auto",
         "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the worker), 'device' (a device env: "
