@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sf_engine.config.algorithms import AlgorithmSpec, algorithm_spec, built_in_algorithms
+from sf_engine.config.env import EnvConfig
 from sf_engine.config.fields import ConfigError, int_or_auto
 from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.policies import PolicyConfig
@@ -22,30 +23,6 @@ ROLLOUT_DEFAULT, ROLLOUT_SHORT = 32, 16  # --rollout auto (sf_engine.run.autosiz
 DEFAULT_ENV_STEPS, DEFAULT_SECONDS = 10_000_000, 3600.0  # the budgets of a run given neither
 
 __all__ = ["ConfigError"]  # the engine's name for it is this module's too
-
-
-TEXTS, DISCRETES = ("bag", "drop"), ("onehot", "embed")  # --text_obs, --discrete_obs (sf_engine.envs.observations)
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    env: str = _f(
-        "CartPole-v1",
-        "Environment id: an EnvPool id or registered Gymnasium id (CartPole-v1, ALE/Pong-v5, ...), a device env "
-        "(TorchCartPole-v1, gymnax/NAME, brax/NAME, playground/NAME) or module:attr (your own; docs/environments.md).",
-    )
-    env_backend: str = _f(
-        "auto",
-        "Who steps the envs: 'envpool' (C++ batched), 'gymnasium' (vector env in the worker), 'device' (a device env: "
-        "torch tensors on --device, stepped with the acting network in one sampler process), or 'auto' (device for a "
-        "device env, else EnvPool when it has the id).",
-        choices=("auto", "envpool", "gymnasium", "device"),
-    )
-    seed: int = _f(0, "Base random seed; worker w's envs and the networks derive theirs from it.")
-    text_obs: str = _f("bag", "A Dict observation's text: 'bag', a count per token; 'drop', left out.", choices=TEXTS)
-    discrete_obs: str = _f(
-        "onehot", "A Dict observation's Discrete parts: 'onehot'; 'embed', rows of a learned table.", choices=DISCRETES
-    )
 
 
 @dataclass(frozen=True)
