@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import gymnasium
 import numpy as np
@@ -27,6 +28,10 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from .spec import EnvError
+
+# JAX takes 75% of a GPU's memory when it starts, unless told not to: the torch half of the process (the acting
+# network) and the learner's process need theirs. Set before jax is imported (here, in the function that first needs it)
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # --env prefix -> (the package its ids need, what installs it)
 JAX_ENV_PREFIXES = {

@@ -5,9 +5,10 @@
 # wheels and unpacked into .gpu_site/ (git-ignored), slimmed to fit the 64 MiB the device tool carries in all:
 # EnvPool's wheel and its assets hold every env family (about 50 MB and 90 MB), of which only Atari and classic
 # control stay (EnvPool's entry.py then registers only those). VizDoom's wheel (39 MB, 149 MB unpacked; the doom_* envs) does not fit
-# beside them: it goes to .gpu_doom/ as it is, carried alone in the calls that run Doom and installed there.
+# beside them: it goes to .gpu_doom/ as it is, carried alone in the calls that run Doom and installed there; Brax's
+# wheels go to .gpu_brax/ the same way.
 #
-#   perf/gpu_prepare.sh            # then carry .gpu_site (and .gpu_doom for Doom) in the device tool's calls
+#   perf/gpu_prepare.sh            # then carry .gpu_site (and .gpu_doom for Doom, .gpu_brax for Brax) in the calls
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -22,9 +23,19 @@ trap 'rm -rf "$WHEELS"' EXIT
   envpool==1.2.5 envpool-assets==0.3.0 gymnasium==1.4.0 farama-notifications==0.0.6 faster-fifo==1.5.2 \
   dm-env==1.6 dm-tree==0.1.10 optree==0.20.0 vizdoom==1.3.2 2>&1 | grep -v "^WARNING: Location" || true
 
-rm -rf "$SITE" .gpu_doom
+# Brax and MuJoCo (perf/brax_ppo.py, the `brax` section): about 19 MB of wheels, carried alone in .gpu_brax/ beside
+# .gpu_site; what Brax imports that the machine's image lacks (flax, optax and orbax are there; Warp, 390 MB unpacked,
+# is left out: MJX runs without it, in JAX)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS/brax" \
+  brax==0.14.2 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-mjx==3.17.0 jaxopt==0.8.5 ml-collections==1.1.0 \
+  trimesh==5.2.0 tensorboardx==2.6.5 glfw==2.11.0 2>&1 | grep -v "^WARNING: Location" || true
+
+rm -rf "$SITE" .gpu_doom .gpu_brax
 mkdir -p "$SITE" .gpu_doom
 mv "$WHEELS"/vizdoom-*.whl .gpu_doom/
+mv "$WHEELS/brax" .gpu_brax
 for wheel in "$WHEELS"/*.whl; do
   unzip -q -o "$wheel" -d "$SITE"
 done
@@ -40,7 +51,7 @@ if [ -f ../shared/baselines/single_process_ppo.py ]; then  # the one-file baseli
   mkdir -p "$SITE"/baselines
   cp ../shared/baselines/single_process_ppo.py "$SITE"/baselines/
 fi
-for folder in /.gpu_site/ /.gpu_doom/; do
+for folder in /.gpu_site/ /.gpu_doom/ /.gpu_brax/; do
   grep -qx "$folder" .git/info/exclude 2>/dev/null || echo "$folder" >> .git/info/exclude
 done
-du -sh "$SITE" .gpu_doom
+du -sh "$SITE" .gpu_doom .gpu_brax

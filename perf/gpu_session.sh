@@ -8,11 +8,13 @@
 #   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
 #   BUDGET_SEC=585 PONG_SEC=540 perf/gpu_session.sh tests_beside pong bf16 compile_pong breakout learner advice doom
 #   BUDGET_SEC=585 perf/gpu_session.sh device_envs     # envs on the GPU (device mode): PPO, PQN, SAC and TD3
+#   BUDGET_SEC=585 perf/gpu_session.sh brax            # Brax's ant: our PPO against Brax's trainer (carry .gpu_brax)
 #       # one call of at most 10 minutes: Pong-v5 from scratch until its score reaches 15 (the CUDA tests beside
 #       # it), then each section that still fits: the A/B runs (bf16, --compile), Breakout's replay, the GPU
 #       # learner's step, the report's advice taken, doom_basic sampling and training (carry .gpu_doom)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
-# PONG_TARGET (the score that ends it, 15), BUDGET_SEC (the seconds this call has: a section that no longer fits
+# PONG_TARGET (the score that ends it, 15), BRAX_SEC and BRAX_STEPS (`brax`: each run's limit, 270 s, and
+# env steps, 20,000,000), BUDGET_SEC (the seconds this call has: a section that no longer fits
 # is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script without a GPU),
 # PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16 values `bf16`
 # runs, "false true").
@@ -25,6 +27,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 RUN_SEC=${RUN_SEC:-20}
 PONG_SEC=${PONG_SEC:-270}
+BRAX_SEC=${BRAX_SEC:-270}  # each of the two runs of `brax`, at most
 TD=$(mktemp -d)
 # installed, envs/ is the package sf_engine.envs; not installed (the GPU machine's copy), a link makes it one
 $PY -c "import sf_engine.envs" 2> /dev/null || ln -s ../envs sf_engine/envs
@@ -203,10 +206,17 @@ device_envs() {  # envs on the GPU (device mode): the torch CartPole with PPO an
   done
 }
 
+brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, the same env steps (carry .gpu_brax)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/brax .gpu_brax/*.whl || return 1
+  PYTHONPATH=/tmp/brax:$PYTHONPATH timeout $((2 * BRAX_SEC + 60)) $PY perf/brax_ppo.py --env ant --device "$DEVICE" \
+    --env_steps "${BRAX_STEPS:-20000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+}
+
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
-  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520)))
+  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520))
+  [brax]=$((2 * BRAX_SEC + 60)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
 for section in "${sections[@]}"; do
