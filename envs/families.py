@@ -115,8 +115,12 @@ FAMILY_DEFAULTS["box2d"] = FAMILY_DEFAULTS["continuous"]
 TWO_PLAYER_DEFAULTS = {"eval_every_sec": 30.0, "eval_episodes": 20}
 
 
-# a device env (envs.device): its sampler steps the whole batch at once, one slot per rollout (no double buffering)
-DEVICE_DEFAULTS = {"worker_num_splits": 1}
+# a device env (envs.device): its sampler steps the whole batch at once, one slot per rollout (no double buffering),
+# its rollout sized by device mode (sf_engine.run.autosize: short, so that an on-policy batch is many envs wide, as a
+# step of the batch costs about the same for more envs) over the family's (PPO on Playground's CartpoleBalance, the
+# continuous family's batch of 4,096: its 64 steps x 64 envs about 6,000 env steps/s, 16 x 256 a mean return of 950
+# in 39 s; docs/performance.md#device-envs)
+DEVICE_DEFAULTS = {"worker_num_splits": 1, "rollout": "auto"}
 
 
 def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
