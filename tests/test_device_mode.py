@@ -18,9 +18,10 @@ from conftest import REPO, assert_refused_untouched, enjoy_episodes, read_json, 
 import sf_engine
 
 
-def one_rollout(tmp_path, shm_dir, env: str):
+def one_rollout(tmp_path, shm_dir, env: str, device_obs: bool = False):
     """A serial plan of `env` (4 envs, rollout 8), its device sampler's first rollout: (plan, buffers, sampler,
-    the slot, the stats it sent)."""
+    the slot, the stats it sent, the roles). `device_obs`: the slots' observations in a tensor apart from the shared
+    memory, as on a GPU (sf_engine.runtime.device_slots; here on the CPU)."""
     from sf_engine.run.serial import SerialRoles
     from sf_engine.runtime.ipc import drain, get_many
     from sf_engine.runtime.shared_buffers import SharedBuffers
@@ -30,6 +31,8 @@ def one_rollout(tmp_path, shm_dir, env: str):
     plan = serial_plan(tmp_path, shm_dir, env, "--rollout", "8", "--batch_size", "32", "--num_batches_per_epoch", "1")
     buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
     queues = make_queues(1)
+    if device_obs:
+        queues.device_obs = torch.zeros(plan.layout["obs.obs"][0])
     queues.free_slots.put_many(list(range(plan.cfg.num_slots)))
     roles = SerialRoles(plan, buffers, queues)
     sampler = roles[("device_sampler", 0)]
@@ -37,7 +40,7 @@ def one_rollout(tmp_path, shm_dir, env: str):
     (slot,) = get_many(queues.full_slots, 0)
     sampler.send_stats()
     episodes = [m for m in drain(queues.stats) if isinstance(m, Episodes)]
-    return plan, buffers, sampler, slot, episodes
+    return plan, buffers, sampler, slot, episodes, roles
 
 
 @pytest.mark.parametrize(
@@ -60,7 +63,7 @@ def one_rollout(tmp_path, shm_dir, env: str):
     ids=["same-step", "next-step"],
 )
 def test_a_device_env_fills_its_slots_as_the_engine_lays_out_an_episode_end(tmp_path, shm_dir, env, steps, valid):
-    plan, buffers, sampler, slot, episodes = one_rollout(tmp_path, shm_dir, f"toy_device_envs:{env}")
+    plan, buffers, sampler, slot, episodes, _ = one_rollout(tmp_path, shm_dir, f"toy_device_envs:{env}")
     try:
         assert plan.cfg.env.env_backend == "device" and plan.spec.device
         obs = buffers.obs["obs"][slot]  # [T + 1, E, 2]: (step of the episode, env)
@@ -87,7 +90,7 @@ def test_a_device_env_fills_its_slots_as_the_engine_lays_out_an_episode_end(tmp_
 def test_a_device_env_turning_non_finite_is_skipped_in_its_slots_and_named_once(tmp_path, shm_dir, caplog):
     # env 1 observes NaN at t = 2 (rows 2 and 6), env 2's steps to t = 1 are rewarded +inf (rows 0, 3 and 6)
     env = "toy_device_envs:NonFiniteCountdownDeviceEnv"
-    plan, buffers, sampler, slot, episodes = one_rollout(tmp_path, shm_dir, env)
+    plan, buffers, sampler, slot, episodes, _ = one_rollout(tmp_path, shm_dir, env)
     try:
         valid, non_finite = buffers.valid[slot].astype(int).T, buffers.non_finite[slot].astype(int).T
         # env 1: the step to the NaN and the step from it are skipped, a reset step stays one
@@ -109,6 +112,51 @@ def test_a_device_env_turning_non_finite_is_skipped_in_its_slots_and_named_once(
     finally:
         sampler.close()
         buffers.release()
+
+
+@pytest.mark.parametrize("env", ["CountdownDeviceEnv", "NonFiniteCountdownDeviceEnv"])
+def test_slot_observations_in_the_devices_memory_never_reach_the_host(tmp_path, shm_dir, env):
+    """As on a GPU: the sampler writes the observations into the device's array (a non-finite one zeroed there),
+    nothing into the shared memory's, and the learner's batch takes them from there."""
+    plan, buffers, sampler, slot, _, roles = one_rollout(tmp_path, shm_dir, f"toy_device_envs:{env}", device_obs=True)
+    try:
+        device_obs = sampler.ctx.queues.device_obs
+        assert sampler.views["obs"] is device_obs and not buffers.obs["obs"].any()
+        steps = [0, 1, 2, 3, 4, 1, 2, 3, 4] if env[0] == "C" else [0, 1, 0, 3, 4, 1, 0, 3, 4]  # the NaN at t = 2: 0
+        assert device_obs[slot, :, 1, 0].tolist() == steps and torch.isfinite(device_obs).all()
+        batch = roles[("learner", 0)].source.gather([slot])
+        torch.testing.assert_close(batch.obs["obs"], device_obs[slot])  # [T + 1, E, 2], time-major
+    finally:
+        sampler.close()
+        buffers.release()
+
+
+@pytest.mark.parametrize("mode, device", [("serial", "cpu"), ("async", "cpu"), ("async", "cuda")])
+def test_ppo_learns_from_slot_observations_kept_apart_from_the_shared_memory(tmp_path, monkeypatch, mode, device):
+    """On a GPU the slots' observations live in its memory, in an array the main process makes (sent to the
+    processes with their queues); the CPU runs take the same way here. The shared memory's are never written, so
+    CartPole learns only if the learner trains on that array (on the zeros it stays near the random 22)."""
+    from sf_engine.run import runner
+    from sf_engine.runtime import device_slots
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if device == "cpu":
+        monkeypatch.setattr(device_slots, "keeps_obs_on_device", lambda cfg: cfg.env.env_backend == "device")
+    made = []
+    monkeypatch.setattr(
+        runner, "make_device_obs", lambda plan: made.append(device_slots.make_device_obs(plan)) or made[0]
+    )
+    result = sf_engine.train(
+        env="TorchCartPole-v1",
+        mode=mode,
+        device=device,
+        train_dir=str(tmp_path),
+        experiment=mode,
+        train_for_env_steps=400_000,
+    )
+    assert made[0] is not None and made[0].device.type == device and made[0].abs().sum() > 0
+    assert result.summary["env_steps"] >= 400_000 and result.summary["episode_return_mean"] >= 300.0, result.summary
 
 
 @pytest.mark.parametrize(

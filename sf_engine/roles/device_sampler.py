@@ -5,7 +5,8 @@ Runs in a device-sampler process (or the runner in serial and sync mode's one pr
 --num_envs_per_worker envs are --worker_num_splits groups of envs_per_split rows, a trajectory slot each: one
 `step` takes a free slot for every group, plays --rollout steps of the whole batch (one forward pass and one env
 step each), writes every row of every slot and hands the slots to the learner, tagged with the policy version
-that acted. The learner trains on them as on a rollout worker's.
+that acted. The learner trains on them as on a rollout worker's. On a GPU the slots' observations are in its memory
+(sf_engine.runtime.device_slots): they are written there, never copied to the host.
 
 The slots keep the engine's layout of an episode end (the step after it is a reset step, not trained on): a
 NEXT_STEP env has it as it is; for a SAME_STEP env the row after an end stores the ended episode's last observation
@@ -34,6 +35,7 @@ from sf_engine.envs.registry import SEED_MODULUS
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
+from sf_engine.runtime.device_slots import slot_obs
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import SamplerStage, StageTimer
@@ -97,11 +99,12 @@ class DeviceSampler:
         self.start = int(action.start[0]) if action.start else 0
 
     def _slot_views(self) -> dict:
-        """Tensor views of the slot arrays this sampler writes, in the run's shared memory."""
+        """Tensor views of the slot arrays this sampler writes: the observations where they live (on a GPU its
+        memory, sf_engine.runtime.device_slots), the rest in the run's shared memory."""
         buf = self.buffers
         names = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
         views = {name: torch.from_numpy(getattr(buf, name)) for name in names}
-        views["obs"] = torch.from_numpy(buf.obs[self.key])
+        views["obs"] = slot_obs(buf, self.ctx.queues, self.key)
         return views
 
     def describe(self) -> str:
@@ -187,7 +190,8 @@ class DeviceSampler:
         """Row `row` of each slot of `slots` (group k's rows of each value [N, ...] into slot k), from the device."""
         width = self.envs_per_split
         for name, value in values.items():
-            view, value = self.views[name], value.to("cpu")
+            view = self.views[name]
+            value = value.to(view.device)
             for split, slot in enumerate(slots):
                 view[slot, row] = value[split * width : (split + 1) * width]
 
@@ -196,7 +200,7 @@ class DeviceSampler:
         and `bad_actions` (each group's rows whose action was not finite, or None). A step holding one is not trained
         on, nor the next where that obs was; such an obs is 0 on the device too (the network acts on it next)."""
         bad_rewards = self._zero_non_finite(slots, row, "rewards")
-        bad_obs = self._zero_non_finite(slots, row + 1, "obs") if self.float_obs else None
+        bad_obs = self._zero_non_finite_obs(slots, row + 1) if self.float_obs else None
         self.skipped = None
         if bad_actions is None and bad_rewards is None and bad_obs is None:
             return
@@ -217,13 +221,25 @@ class DeviceSampler:
             self.acting_obs = self.acting_obs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
     def _zero_non_finite(self, slots: list, row: int, name: str) -> np.ndarray | None:
-        """Each group's rows [splits, E] whose `name` value (a slot array; 'obs': the observations) at `row` is not
-        finite, those values set to 0 in the slots; None when every one is."""
-        array = self.buffers.obs[self.key] if name == "obs" else getattr(self.buffers, name)
+        """Each group's rows [splits, E] whose `name` value (a slot array in shared memory) at `row` is not finite,
+        those values set to 0 in the slots; None when every one is."""
+        array = getattr(self.buffers, name)
         rows = [zero_non_finite((array[slot, row],)) for slot in slots]
         if all(bad is None for bad in rows):
             return None
         return np.stack([np.zeros(self.envs_per_split, bool) if bad is None else bad for bad in rows])
+
+    def _zero_non_finite_obs(self, slots: list, row: int) -> np.ndarray | None:
+        """The same for the observations at `row`, where they live (on a GPU: checked there, one bool back per env
+        only when a value is not finite)."""
+        view = self.views["obs"]
+        written = view[slots, row]  # [splits, E, *shape]
+        if all_finite(written):
+            return None
+        bad = ~torch.isfinite(written).reshape(len(slots), self.envs_per_split, -1).all(-1)
+        for slot in slots:
+            view[slot, row].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return bad.cpu().numpy()
 
     def _fresh_obs(self, obs: torch.Tensor, rows) -> tuple:
         """A reset's observations (of `rows` [K] only, or all: None) checked: `obs` with their non-finite values set

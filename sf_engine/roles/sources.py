@@ -65,6 +65,8 @@ class TrajectorySource:
         population are read, never its data)."""
         self.ctx, self.cfg, self.pool, self.timer = learner.ctx, learner.cfg, learner.pool, learner.timer
         self.buffers, self.device = learner.buffers, learner.device
+        device_obs = learner.ctx.queues.device_obs  # device mode on a GPU: the slots' observations there
+        self.device_obs = {} if device_obs is None else {learner.ctx.plan.spec.obs[0][0]: device_obs}
         self.policies, self.population = learner.policies, learner.population
         self.pending: list = []  # full slots taken, the batch not whole yet (freed by the supervisor on a death)
         self.slots: list = []  # the round's slots
@@ -140,8 +142,12 @@ class TrajectorySource:
             return to_device(picked, self.device).reshape(picked.shape[0], -1, *picked.shape[3:])
 
         fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
+        obs = {key: time_major(array) for key, array in self.buffers.obs.items() if key not in self.device_obs}
+        for key, array in self.device_obs.items():  # in the device's memory already: gathered there
+            picked = array[torch.as_tensor(index, device=array.device)].transpose(0, 1)
+            obs[key] = picked.reshape(picked.shape[0], -1, *picked.shape[3:]).to(self.device)
         return TrajectoryBatch(
-            obs={key: time_major(array) for key, array in self.buffers.obs.items()},
+            obs=obs,
             **{name: time_major(array) for name, array in fields.items() if array is not None},
         )
 

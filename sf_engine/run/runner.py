@@ -30,6 +30,7 @@ from sf_engine.run.experiment import Experiment, check_not_running
 from sf_engine.run.plan import build_plan, log_plan, saved_config
 from sf_engine.run.supervisor import ChildFailed, Supervisor
 from sf_engine.runtime.checkpoint import checkpoint_dir, env_steps_of, latest_valid_checkpoint
+from sf_engine.runtime.device_slots import make_device_obs
 from sf_engine.runtime.ipc import drain_into, make_lifeline
 from sf_engine.runtime.role import RunStopped
 from sf_engine.runtime.run_plan import RunPlan
@@ -134,6 +135,7 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
             queues = make_queues(
                 cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
             )
+            queues.device_obs = make_device_obs(plan)
             SlotPool(buffers, queues).fill()
             stats = RunStats(
                 plan.env_steps_base,
