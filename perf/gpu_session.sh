@@ -95,8 +95,11 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
   BUILD=$!
 }
 
-tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA
-  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py > "$OUT/tests.txt" 2>&1
+tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA, and
+  # device mode's slot observations in the GPU's memory (PPO learning from them, in a run of its own processes)
+  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py \
+    "tests/test_device_mode.py::test_ppo_learns_from_slot_observations_kept_apart_from_the_shared_memory" \
+    > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
 
