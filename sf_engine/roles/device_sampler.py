@@ -200,7 +200,7 @@ class DeviceSampler:
         and `bad_actions` (each group's rows whose action was not finite, or None). A step holding one is not trained
         on, nor the next where that obs was; such an obs is 0 on the device too (the network acts on it next)."""
         bad_rewards = self._zero_non_finite(slots, row, "rewards")
-        bad_obs = self._zero_non_finite_obs(slots, row + 1) if self.float_obs else None
+        bad_obs = self._zero_non_finite(slots, row + 1, "obs") if self.float_obs else None
         self.skipped = None
         if bad_actions is None and bad_rewards is None and bad_obs is None:
             return
@@ -221,25 +221,28 @@ class DeviceSampler:
             self.acting_obs = self.acting_obs.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
     def _zero_non_finite(self, slots: list, row: int, name: str) -> np.ndarray | None:
-        """Each group's rows [splits, E] whose `name` value (a slot array in shared memory) at `row` is not finite,
-        those values set to 0 in the slots; None when every one is."""
-        array = getattr(self.buffers, name)
+        """Each group's rows [splits, E] whose `name` value (a slot array; 'obs': the observations, where they live)
+        at `row` is not finite, those values set to 0 in the slots; None when every one is."""
+        if name == "obs" and self.ctx.queues.device_obs is not None:
+            return self._zero_non_finite_device_obs(slots, row)
+        array = self.buffers.obs[self.key] if name == "obs" else getattr(self.buffers, name)
         rows = [zero_non_finite((array[slot, row],)) for slot in slots]
         if all(bad is None for bad in rows):
             return None
         return np.stack([np.zeros(self.envs_per_split, bool) if bad is None else bad for bad in rows])
 
-    def _zero_non_finite_obs(self, slots: list, row: int) -> np.ndarray | None:
-        """The same for the observations at `row`, where they live (on a GPU: checked there, one bool back per env
-        only when a value is not finite)."""
+    def _zero_non_finite_device_obs(self, slots: list, row: int) -> np.ndarray | None:
+        """The same for observations in the device's memory: checked there, a bool per env back only when one is not
+        finite."""
         view = self.views["obs"]
-        written = view[slots, row]  # [splits, E, *shape]
-        if all_finite(written):
+        if all(all_finite(view[slot, row]) for slot in slots):
             return None
-        bad = ~torch.isfinite(written).reshape(len(slots), self.envs_per_split, -1).all(-1)
-        for slot in slots:
-            view[slot, row].nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        return bad.cpu().numpy()
+        bad = np.zeros((len(slots), self.envs_per_split), bool)
+        for split, slot in enumerate(slots):
+            written = view[slot, row]
+            bad[split] = (~torch.isfinite(written).reshape(len(written), -1).all(1)).cpu().numpy()
+            written.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return bad
 
     def _fresh_obs(self, obs: torch.Tensor, rows) -> tuple:
         """A reset's observations (of `rows` [K] only, or all: None) checked: `obs` with their non-finite values set
