@@ -215,12 +215,15 @@ def _brax_env(name: str, device) -> tuple:
 
 
 def _playground_env(name: str, device) -> tuple:
-    """(the MuJoCo Playground env `name`, its config's episode length): on a GPU in its config's implementation, on
-    the CPU in MJX's JAX one (Warp's is for GPUs)."""
+    """(the MuJoCo Playground env `name`, its config's episode length): on a GPU in its config's implementation
+    (Warp's, where warp is installed), else in MJX's JAX one (Warp's is for GPUs)."""
+    import importlib.util
+
     from mujoco_playground import registry
 
     config = registry.get_default_config(name)
-    overrides = {"impl": "jax"} if str(device).startswith("cpu") else {}
+    on_gpu = not str(device).startswith("cpu") and importlib.util.find_spec("warp") is not None
+    overrides = {} if on_gpu else {"impl": "jax"}
     return registry.load(name, config, overrides), config.episode_length
 
 

@@ -23,14 +23,15 @@ trap 'rm -rf "$WHEELS"' EXIT
   envpool==1.2.5 envpool-assets==0.3.0 gymnasium==1.4.0 farama-notifications==0.0.6 faster-fifo==1.5.2 \
   dm-env==1.6 dm-tree==0.1.10 optree==0.20.0 vizdoom==1.3.2 2>&1 | grep -v "^WARNING: Location" || true
 
-# Brax and MuJoCo (perf/brax_ppo.py, the `brax` section): about 19 MB of wheels, carried alone in .gpu_brax/ beside
-# .gpu_site; what Brax imports that the machine's image lacks (flax, optax and orbax are there; Warp, 390 MB unpacked,
-# is left out: MJX runs without it, in JAX)
+# Brax, MuJoCo and MuJoCo Playground (perf/brax_ppo.py, the `brax` section): about 27 MB of wheels, carried alone
+# in .gpu_brax/ beside .gpu_site; what Brax imports that the machine's image lacks (flax, optax and orbax are there;
+# Warp, 390 MB unpacked, is left out: MJX and Playground run without it, in JAX)
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS/brax" \
   brax==0.14.2 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-mjx==3.17.0 jaxopt==0.8.5 ml-collections==1.1.0 \
-  trimesh==5.2.0 tensorboardx==2.6.5 glfw==2.11.0 2>&1 | grep -v "^WARNING: Location" || true
+  trimesh==5.2.0 tensorboardx==2.6.5 glfw==2.11.0 playground==0.2.0 2>&1 \
+  | grep -v "^WARNING: Location" || true
 
 rm -rf "$SITE" .gpu_doom .gpu_brax
 mkdir -p "$SITE" .gpu_doom

@@ -209,17 +209,20 @@ device_envs() {  # envs on the GPU (device mode): the torch CartPole with PPO an
   done
 }
 
-brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, the same env steps (carry .gpu_brax)
+brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, the same env steps, then Playground's
+  # CartpoleBalance at GPU sizes (carry .gpu_brax)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/brax .gpu_brax/*.whl || return 1
   PYTHONPATH=/tmp/brax:$PYTHONPATH timeout $((2 * BRAX_SEC + 60)) $PY perf/brax_ppo.py --env ant --device "$DEVICE" \
     --env_steps "${BRAX_STEPS:-20000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+  PYTHONPATH=/tmp/brax:$PYTHONPATH run playground_cartpole 60 --env playground/CartpoleBalance \
+    --num_envs_per_worker 4096 --rollout 16 --batch_size 16384  # one slot of 16 steps x 4,096 envs a batch
 }
 
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
   [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520))
-  [brax]=$((2 * BRAX_SEC + 60)))
+  [brax]=$((2 * BRAX_SEC + 150)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
 for section in "${sections[@]}"; do
