@@ -180,6 +180,8 @@ class DeviceSampler:
             buf.env_steps[self.idx] += self.num_envs
             buf.slot_rows[slots] = row + 1
             self.timer.lap(SamplerStage.WRITE_SLOT)
+        if self.views["obs"].is_cuda:  # the copies into the GPU's slots done before another process reads them
+            torch.cuda.current_stream(self.views["obs"].device).synchronize()
         for split, slot in enumerate(slots):
             buf.policy_version[slot] = self.version
             self._track_episodes(slot, split)

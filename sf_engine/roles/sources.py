@@ -146,6 +146,8 @@ class TrajectorySource:
         for key, array in self.device_obs.items():  # in the device's memory already: gathered there
             picked = array[torch.as_tensor(index, device=array.device)].transpose(0, 1)
             obs[key] = picked.reshape(picked.shape[0], -1, *picked.shape[3:]).to(self.device)
+            if array.is_cuda:  # read before the slots go back to the samplers
+                torch.cuda.current_stream(array.device).synchronize()
         return TrajectoryBatch(
             obs=obs,
             **{name: time_major(array) for name, array in fields.items() if array is not None},
