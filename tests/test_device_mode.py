@@ -16,6 +16,7 @@ import torch
 from conftest import REPO, assert_refused_untouched, enjoy_episodes, read_json, run_train, serial_plan
 
 import sf_engine
+from sf_engine.runtime.device_slots import DeviceObs
 
 
 def one_rollout(tmp_path, shm_dir, env: str, device_obs: bool = False):
@@ -32,7 +33,7 @@ def one_rollout(tmp_path, shm_dir, env: str, device_obs: bool = False):
     buffers = SharedBuffers.create(str(tmp_path / "segment"), plan.layout)
     queues = make_queues(1)
     if device_obs:
-        queues.device_obs = torch.zeros(plan.layout["obs.obs"][0])
+        queues.device_obs = DeviceObs(torch.zeros(plan.layout["obs.obs"][0]))
     queues.free_slots.put_many(list(range(plan.cfg.num_slots)))
     roles = SerialRoles(plan, buffers, queues)
     sampler = roles[("device_sampler", 0)]
@@ -120,7 +121,7 @@ def test_slot_observations_in_the_devices_memory_never_reach_the_host(tmp_path, 
     nothing into the shared memory's, and the learner's batch takes them from there."""
     plan, buffers, sampler, slot, _, roles = one_rollout(tmp_path, shm_dir, f"toy_device_envs:{env}", device_obs=True)
     try:
-        device_obs = sampler.ctx.queues.device_obs
+        device_obs = sampler.ctx.queues.device_obs.slots
         assert sampler.views["obs"] is device_obs and not buffers.obs["obs"].any()
         steps = [0, 1, 2, 3, 4, 1, 2, 3, 4] if env[0] == "C" else [0, 1, 0, 3, 4, 1, 0, 3, 4]  # the NaN at t = 2: 0
         assert device_obs[slot, :, 1, 0].tolist() == steps and torch.isfinite(device_obs).all()
@@ -131,11 +132,25 @@ def test_slot_observations_in_the_devices_memory_never_reach_the_host(tmp_path, 
         buffers.release()
 
 
-@pytest.mark.parametrize("mode, device", [("serial", "cpu"), ("async", "cpu"), ("async", "cuda")])
-def test_ppo_learns_from_slot_observations_kept_apart_from_the_shared_memory(tmp_path, monkeypatch, mode, device):
-    """On a GPU the slots' observations live in its memory, in an array the main process makes (sent to the
-    processes with their queues); the CPU runs take the same way here. The shared memory's are never written, so
-    CartPole learns only if the learner trains on that array (on the zeros it stays near the random 22)."""
+@pytest.mark.parametrize(
+    "mode, device, algo",
+    [
+        ("serial", "cpu", "ppo"),
+        ("async", "cpu", "ppo"),
+        ("async", "cuda", "ppo"),
+        ("serial", "cpu", "dqn"),
+        ("async", "cpu", "dqn"),
+        ("async", "cuda", "dqn"),
+        ("async", "cpu", "sac"),
+    ],
+)
+def test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory(
+    tmp_path, monkeypatch, mode, device, algo
+):
+    """On a GPU the observations of the slots and of the replay buffer live in its memory, in arrays the main process
+    makes (sent to the processes with their queues); the CPU runs take the same way here. The shared memory's are
+    never written, so CartPole is learnt only if the learner trains on those arrays (on the zeros it stays near the
+    random 22); SAC on Pendulum only runs (its learning is the async figure's)."""
     from sf_engine.run import runner
     from sf_engine.runtime import device_slots
 
@@ -147,16 +162,26 @@ def test_ppo_learns_from_slot_observations_kept_apart_from_the_shared_memory(tmp
     monkeypatch.setattr(
         runner, "make_device_obs", lambda plan: made.append(device_slots.make_device_obs(plan)) or made[0]
     )
+    env, env_steps, floor, flags = {
+        "ppo": ("TorchCartPole-v1", 400_000, 300.0, {}),
+        "dqn": ("TorchCartPole-v1", 60_000, 150.0, {"epsilon_decay_env_steps": 50_000}),
+        "sac": ("TorchPendulum-v1", 4_000, None, {"batch_size": 64, "learning_starts": 1_000}),
+    }[algo]
     result = sf_engine.train(
-        env="TorchCartPole-v1",
+        env=env,
+        algo=algo,
         mode=mode,
         device=device,
         train_dir=str(tmp_path),
         experiment=mode,
-        train_for_env_steps=400_000,
+        train_for_env_steps=env_steps,
+        **flags,
     )
-    assert made[0] is not None and made[0].device.type == device and made[0].abs().sum() > 0
-    assert result.summary["env_steps"] >= 400_000 and result.summary["episode_return_mean"] >= 300.0, result.summary
+    written = [made[0].slots] + ([made[0].replay] if algo != "ppo" else [])
+    assert all(array.device.type == device and array.abs().sum() > 0 for array in written)
+    assert result.summary["env_steps"] >= env_steps and result.summary["learner_version"] > 0
+    if floor is not None:
+        assert result.summary["episode_return_mean"] >= floor, result.summary
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """The replay buffer: full trajectory slots copied in as n-step transitions, minibatches sampled out, uniformly or
 in proportion to priority. Runs in the learner process (or the runner in serial mode) over the arrays that
-sf_engine.replay.layout lays out in the run's shared memory, so a learner restarted after a crash finds what its
-predecessor inserted.
+sf_engine.replay.layout lays out in the run's shared memory (its observations, in device mode on a GPU, in the GPU's
+memory: sf_engine.runtime.device_slots), so a learner restarted after a crash finds what its predecessor inserted.
 
 A slot of E envs becomes E columns of the ring, each an env's T steps and T + 1 observation rows (the slot's
 bootstrap row included); transition (column c, step t) is obs row t, its action, its n-step return and
@@ -83,7 +83,7 @@ class ReplayBuffer:
         steps, envs = rewards.shape
         columns = (int(self.counters[REPLAY_NEXT]) + np.arange(envs)) % self.columns
         for key, rows in obs.items():
-            self.obs[key][columns] = rows.swapaxes(0, 1)
+            _put_columns(self.obs[key], columns, rows)
         targets = n_step_transitions(rewards, terminated, truncated, valid, self.gamma, self.n_step)
         a = self.arrays
         a["actions"][columns] = actions.swapaxes(0, 1)
@@ -115,11 +115,11 @@ class ReplayBuffer:
         a = self.arrays
         next_rows = rows + a["steps"][columns, rows]
         return ReplaySample(
-            obs={key: array[columns, rows] for key, array in self.obs.items()},
+            obs={key: _take(array, columns, rows) for key, array in self.obs.items()},
             actions=a["actions"][columns, rows],
             returns=a["returns"][columns, rows],
             discounts=a["discounts"][columns, rows],
-            next_obs={key: array[columns, next_rows] for key, array in self.obs.items()},
+            next_obs={key: _take(array, columns, next_rows) for key, array in self.obs.items()},
             weights=weights.astype(np.float32),
             policy_version=a["policy_version"][columns, rows],
             indices=indices,
@@ -186,7 +186,7 @@ class ReplayBuffer:
         temporary = f"{path}.{os.getpid()}.tmp"  # a killed writer's is removed as a checkpoint's (*.tmp)
         try:
             with open(temporary, "wb") as f:
-                np.savez(f, **self.arrays)
+                np.savez(f, **{name: _on_host(array) for name, array in self.arrays.items()})
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temporary, path)
@@ -204,13 +204,15 @@ class ReplayBuffer:
             raise ValueError(f"{path} is not a saved replay buffer (not an .npz archive)")
         with np.load(path, allow_pickle=False) as saved:
             mismatched = [
-                name for name, array in self.arrays.items() if _stored(saved, name) != (array.shape, array.dtype)
+                name
+                for name, array in self.arrays.items()
+                if _stored(saved, name) != (tuple(array.shape), _on_host(array[:0]).dtype)  # [:0]: the dtype only
             ]
             if mismatched:
                 return f"replay buffer {path} not loaded: its {mismatched[0]} does not fit this run's buffer"
             try:
                 for name, array in self.arrays.items():  # each array read once; a torn one fails its CRC here
-                    array[...] = saved[name]
+                    _fill(array, saved[name])
             except Exception:
                 self._clear()  # empty rather than half loaded (counters that promise data the file did not hold)
                 raise
@@ -224,6 +226,40 @@ class ReplayBuffer:
         if self.tree is not None:
             self.arrays["priorities"][...] = 0.0
             self.tree.rebuild()
+
+
+# The buffer's observations are NumPy arrays in the run's shared memory, or in device mode on a GPU tensors in its
+# memory (sf_engine.runtime.device_slots): written, read, saved and loaded through these.
+def _put_columns(array, columns: np.ndarray, rows) -> None:
+    """array[columns] = rows [T + 1, E, ...] swapped to [E, T + 1, ...]."""
+    if isinstance(array, np.ndarray):
+        array[columns] = rows.swapaxes(0, 1)
+        return
+    import torch
+
+    array[torch.as_tensor(columns, device=array.device)] = torch.as_tensor(rows, device=array.device).transpose(0, 1)
+
+
+def _take(array, columns: np.ndarray, rows: np.ndarray):
+    """array[columns, rows]: a NumPy array's, or a tensor's gathered on its device."""
+    if isinstance(array, np.ndarray):
+        return array[columns, rows]
+    import torch
+
+    return array[torch.as_tensor(columns, device=array.device), torch.as_tensor(rows, device=array.device)]
+
+
+def _on_host(array) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else array.cpu().numpy()
+
+
+def _fill(array, saved: np.ndarray) -> None:
+    if isinstance(array, np.ndarray):
+        array[...] = saved
+        return
+    import torch
+
+    array.copy_(torch.from_numpy(saved))
 
 
 def _stored(saved, name: str):

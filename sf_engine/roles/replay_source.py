@@ -22,6 +22,7 @@ import time
 from typing import Iterator
 
 import numpy as np
+import torch
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import ReplayBatch, SequenceBatch
@@ -56,8 +57,14 @@ class ReplaySource:
         algorithm = self.policy.algorithm
         self.sequences = sequences if cfg.algorithm.data == SEQUENCES else None
         self.observe = getattr(algorithm, "observe", None)  # SAC's: the observations of each slot inserted
+        # the slots' observations and the buffer's: in the run's shared memory, or on a GPU in its memory (device mode)
+        device_obs, arrays = learner.ctx.queues.device_obs, learner.buffers.replay
+        self.slot_obs = learner.buffers.obs
+        if device_obs is not None:
+            key = learner.ctx.plan.spec.obs[0][0]
+            self.slot_obs, arrays = {key: device_obs.slots}, arrays | {f"obs.{key}": device_obs.replay}
         self.buffer = ReplayBuffer(
-            learner.buffers.replay,
+            arrays,
             cfg.learner.gamma,
             self.rcfg.n_step,
             self.rcfg.prioritized,
@@ -99,6 +106,9 @@ class ReplaySource:
         slots, self.pending = in_fill_order(self.buffers, self.pending, self.cfg.run.deterministic), []
         for slot in slots:
             self._insert(slot)
+        for array in self.slot_obs.values():
+            if isinstance(array, torch.Tensor) and array.is_cuda:  # copied in before the slots go back
+                torch.cuda.current_stream(array.device).synchronize()
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
         if self.sync:
             self.held = slots
@@ -146,7 +156,7 @@ class ReplaySource:
         b = self.buffers
         valid, non_finite = b.valid[slot], b.non_finite[slot]
         self.buffer.insert(
-            {key: array[slot] for key, array in b.obs.items()},
+            {key: array[slot] for key, array in self.slot_obs.items()},
             b.actions[slot],
             b.rewards[slot],
             b.terminated[slot],
@@ -156,7 +166,7 @@ class ReplaySource:
             *((b.rnn_states[slot], b.episode_start[slot]) if self.sequences else ()),
         )
         if self.observe is not None:  # each trainable step's observation once, as inserted
-            self.observe({key: array[slot][:-1][valid] for key, array in b.obs.items()})
+            self.observe({key: _rows(array[slot][:-1], valid) for key, array in self.slot_obs.items()})
         b.take_rows([slot])  # inserted: out of the books of steps not trained yet
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
@@ -166,8 +176,8 @@ class ReplaySource:
     def _batch(self, sample: ReplaySample | SequenceSample) -> ReplayBatch | SequenceBatch:
         device = self.device
 
-        def tensor(array):
-            return to_device(array, device)
+        def tensor(array):  # the observations of a buffer on the device are tensors there already
+            return array.to(device) if isinstance(array, torch.Tensor) else to_device(array, device)
 
         if self.sequences:
             return SequenceBatch(
@@ -270,3 +280,8 @@ class ReplaySource:
             self.limiter.rebase()
         except Exception as exc:  # a torn or foreign file: start empty rather than fail the run
             logging.warning("replay buffer %s not loaded (%s): it refills from the envs", path, exc)
+
+
+def _rows(array, mask: np.ndarray):
+    """array[mask] (a bool [T, E] over its first two axes): a NumPy array's, or a tensor's on its device."""
+    return array[mask] if isinstance(array, np.ndarray) else array[torch.as_tensor(mask, device=array.device)]

@@ -66,7 +66,7 @@ class TrajectorySource:
         self.ctx, self.cfg, self.pool, self.timer = learner.ctx, learner.cfg, learner.pool, learner.timer
         self.buffers, self.device = learner.buffers, learner.device
         device_obs = learner.ctx.queues.device_obs  # device mode on a GPU: the slots' observations there
-        self.device_obs = {} if device_obs is None else {learner.ctx.plan.spec.obs[0][0]: device_obs}
+        self.device_obs = {} if device_obs is None else {learner.ctx.plan.spec.obs[0][0]: device_obs.slots}
         self.policies, self.population = learner.policies, learner.population
         self.pending: list = []  # full slots taken, the batch not whole yet (freed by the supervisor on a death)
         self.slots: list = []  # the round's slots

@@ -1,40 +1,56 @@
-"""Device mode's slot observations in the device's memory: on a GPU, the observations a device sampler writes into its
-trajectory slots and the learner trains on never pass through the host.
+"""Device mode's observations in the device's memory: on a GPU, the observations a device sampler writes into its
+trajectory slots, and those the replay buffer keeps (DQN, SAC, TD3), never pass through the host: the sampler writes
+them there, the learner gathers its batches there and copies slots into its replay buffer there.
 
-The main process makes that array once per run and holds it while the run lives, as it holds the run's shared memory,
-so a sampler or a learner that dies takes none of it along; every process of the run gets it with its queues (through
-CUDA IPC, as the process starts). On the CPU, and for an algorithm that trains from a replay buffer (which takes its
-rows from the host's slots), the slots' observations stay in the run's shared memory: the samplers and the learner
-then see that array as a tensor, through the same code.
+The main process makes these arrays once per run and holds them while the run lives, as it holds the run's shared
+memory, so a sampler or a learner that dies takes none of it along (a restarted learner finds the replay buffer its
+predecessor filled); every process of the run gets them with its queues (through CUDA IPC, as the process starts).
+On the CPU they stay in the run's shared memory: the samplers and the learner then see those arrays as tensors, or
+NumPy arrays, through the same code.
 
-torch is imported where the array is made: the main process of a run without one needs no torch.
+torch is imported where the arrays are made: the main process of a run without them needs no torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass
+class DeviceObs:
+    """A run's observations in its device's memory: the slots' [slots, rollout + 1, envs per split, *shape] and,
+    with a replay buffer, the buffer's [columns, rollout + 1, *shape] (None without one)."""
+
+    slots: object
+    replay: object = None
+
 
 def keeps_obs_on_device(cfg) -> bool:
-    """Whether a run's slot observations live in its device's memory: a device env on a GPU, on-policy."""
-    return cfg.env.env_backend == "device" and cfg.run.device.startswith("cuda") and not cfg.uses_replay
+    """Whether a run's observations live in its device's memory: a device env on a GPU."""
+    return cfg.env.env_backend == "device" and cfg.run.device.startswith("cuda")
 
 
-def make_device_obs(plan):
-    """The slot observations [slots, rollout + 1, envs per split, *shape] in the memory of the run's device, zeroed,
-    where keeps_obs_on_device (else None: the shared memory's)."""
+def make_device_obs(plan) -> DeviceObs | None:
+    """The observations of the run's slots (and replay buffer) in the memory of its device, zeroed, where
+    keeps_obs_on_device (else None: the shared memory's)."""
     if not keeps_obs_on_device(plan.cfg):
         return None
     import torch
     import torch.multiprocessing  # noqa: F401  its reductions send a CUDA tensor to a child as a CUDA IPC handle
 
+    from sf_engine.replay.layout import REPLAY_PREFIX
     from sf_engine.runtime.transfer import torch_dtype
 
-    shape, dtype = plan.layout[f"obs.{plan.spec.obs[0][0]}"]
-    return torch.zeros(shape, dtype=torch_dtype(dtype), device=plan.cfg.run.device)
+    def zeros(name: str):
+        shape, dtype = plan.layout[name]
+        return torch.zeros(shape, dtype=torch_dtype(dtype), device=plan.cfg.run.device)
+
+    name = f"obs.{plan.spec.obs[0][0]}"
+    return DeviceObs(zeros(name), zeros(REPLAY_PREFIX + name) if plan.cfg.uses_replay else None)
 
 
 def slot_obs(buffers, queues, key: str):
-    """The run's slot observations of `key` as a tensor: the device's array (queues.device_obs), or a view of the
-    shared memory's."""
+    """The run's slot observations of `key` as a tensor: the device's array, or a view of the shared memory's."""
     import torch
 
-    return queues.device_obs if queues.device_obs is not None else torch.from_numpy(buffers.obs[key])
+    return queues.device_obs.slots if queues.device_obs is not None else torch.from_numpy(buffers.obs[key])

@@ -120,7 +120,7 @@ class Queues:
     stats: Queue
     weights: dict  # (reader role, policy) -> channel of that policy's shared weight vector
     lifeline: object = None  # read end of a pipe only the main process can write to
-    device_obs: object = None  # device mode on a GPU: the slots' observations in its memory (runtime.device_slots)
+    device_obs: object = None  # device mode on a GPU: the observations in its memory (runtime.device_slots.DeviceObs)
 
 
 def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1) -> Queues:
