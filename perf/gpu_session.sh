@@ -96,9 +96,9 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 }
 
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA, and
-  # device mode's slot observations in the GPU's memory (PPO learning from them, in a run of its own processes)
+  # device mode's observations in the GPU's memory (PPO and DQN learning from them, in runs of their own processes)
   timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py \
-    "tests/test_device_mode.py::test_ppo_learns_from_slot_observations_kept_apart_from_the_shared_memory" \
+    "tests/test_device_mode.py::test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory" \
     > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
