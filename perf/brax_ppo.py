@@ -31,59 +31,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import run_train  # noqa: E402
 
-# Brax's published PPO settings (its README's training examples), by env
+# Brax's published PPO settings (its README's training examples), by env: what they share, then each env's own
+SHARED = dict(episode_length=1000, normalize_observations=True, action_repeat=1, num_minibatches=32, learning_rate=3e-4)
+ANT_LIKE = dict(reward_scaling=10, unroll_length=5, num_updates_per_batch=4, discounting=0.97, entropy_cost=1e-2)
 BRAX_SETTINGS = {
-    "ant": dict(
-        num_timesteps=50_000_000,
-        num_evals=10,
-        reward_scaling=10,
-        episode_length=1000,
-        normalize_observations=True,
-        action_repeat=1,
-        unroll_length=5,
-        num_minibatches=32,
-        num_updates_per_batch=4,
-        discounting=0.97,
-        learning_rate=3e-4,
-        entropy_cost=1e-2,
-        num_envs=4096,
-        batch_size=2048,
-        seed=1,
-    ),
-    "halfcheetah": dict(
-        num_timesteps=50_000_000,
-        num_evals=20,
-        reward_scaling=1,
-        episode_length=1000,
-        normalize_observations=True,
-        action_repeat=1,
-        unroll_length=20,
-        num_minibatches=32,
-        num_updates_per_batch=8,
-        discounting=0.95,
-        learning_rate=3e-4,
-        entropy_cost=1e-3,
-        num_envs=2048,
-        batch_size=512,
-        seed=3,
-    ),
-    "inverted_pendulum": dict(
-        num_timesteps=2_000_000,
-        num_evals=20,
-        reward_scaling=10,
-        episode_length=1000,
-        normalize_observations=True,
-        action_repeat=1,
-        unroll_length=5,
-        num_minibatches=32,
-        num_updates_per_batch=4,
-        discounting=0.97,
-        learning_rate=3e-4,
-        entropy_cost=1e-2,
-        num_envs=2048,
-        batch_size=1024,
-        seed=1,
-    ),
+    "ant": SHARED | ANT_LIKE | dict(num_timesteps=50_000_000, num_evals=10, num_envs=4096, batch_size=2048, seed=1),
+    "halfcheetah": SHARED
+    | dict(num_timesteps=50_000_000, num_evals=20, reward_scaling=1, unroll_length=20, num_updates_per_batch=8)
+    | dict(discounting=0.95, entropy_cost=1e-3, num_envs=2048, batch_size=512, seed=3),
+    "inverted_pendulum": SHARED
+    | ANT_LIKE
+    | dict(num_timesteps=2_000_000, num_evals=20, num_envs=2048, batch_size=1024, seed=1),
 }
 STATUS = re.compile(r"\[\s*([\d.]+)s\] env steps ([\d,]+) \|")
 
