@@ -32,7 +32,8 @@ def run_train(flags: list, timeout_sec: float, repo: str = REPO, python: str = s
             "1000",
         ] + flags
         start = time.monotonic()
-        env = {**os.environ, "PYTHONPATH": repo}  # that checkout's sf_engine, in every process of the run
+        # that checkout's sf_engine in every process of the run, before what the caller's path holds (its packages)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
         proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_sec, env=env)
         elapsed = time.monotonic() - start
         if proc.returncode != 0:

@@ -13,8 +13,8 @@
 #       # it), then each section that still fits: the A/B runs (bf16, --compile), Breakout's replay, the GPU
 #       # learner's step, the report's advice taken, doom_basic sampling and training (carry .gpu_doom)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
-# PONG_TARGET (the score that ends it, 15), BRAX_SEC and BRAX_STEPS (`brax`: each run's limit, 270 s, and
-# env steps, 20,000,000), BUDGET_SEC (the seconds this call has: a section that no longer fits
+# PONG_TARGET (the score that ends it, 15), BRAX_SEC and BRAX_STEPS (`brax`: each run's limit, 150 s, and
+# env steps, 10,000,000), BUDGET_SEC (the seconds this call has: a section that no longer fits
 # is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script without a GPU),
 # PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16 values `bf16`
 # runs, "false true").
@@ -27,7 +27,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 RUN_SEC=${RUN_SEC:-20}
 PONG_SEC=${PONG_SEC:-270}
-BRAX_SEC=${BRAX_SEC:-270}  # each of the two runs of `brax`, at most
+BRAX_SEC=${BRAX_SEC:-150}  # each of the two runs of perf/brax_ppo.py in `brax`, at most
 TD=$(mktemp -d)
 # installed, envs/ is the package sf_engine.envs; not installed (the GPU machine's copy), a link makes it one
 $PY -c "import sf_engine.envs" 2> /dev/null || ln -s ../envs sf_engine/envs
@@ -97,9 +97,9 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA, and
   # device mode's observations in the GPU's memory (PPO and DQN learning from them, in runs of their own processes)
-  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py \
-    "tests/test_device_mode.py::test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory" \
-    > "$OUT/tests.txt" 2>&1
+  local kept=tests/test_device_mode.py::test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory
+  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py "$kept[async-cuda-ppo]" \
+    "$kept[async-cuda-dqn]" > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
 
@@ -213,7 +213,7 @@ brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, th
   # CartpoleBalance at GPU sizes (carry .gpu_brax)
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/brax .gpu_brax/*.whl || return 1
   PYTHONPATH=/tmp/brax:$PYTHONPATH timeout $((2 * BRAX_SEC + 60)) $PY perf/brax_ppo.py --env ant --device "$DEVICE" \
-    --env_steps "${BRAX_STEPS:-20000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+    --env_steps "${BRAX_STEPS:-10000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
   PYTHONPATH=/tmp/brax:$PYTHONPATH run playground_cartpole 60 --env playground/CartpoleBalance \
     --num_envs_per_worker 4096 --rollout 16 --batch_size 16384  # one slot of 16 steps x 4,096 envs a batch
 }
@@ -222,7 +222,7 @@ brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, th
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
   [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520))
-  [brax]=$((2 * BRAX_SEC + 150)))
+  [brax]=$((2 * BRAX_SEC + 240)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
 for section in "${sections[@]}"; do

@@ -154,9 +154,10 @@ def test_a_jax_env_through_the_bridge_keeps_the_contract_without_copies():
 
 @dataclasses.dataclass(frozen=True)
 class BraxCountdownState:
-    """A Brax State's fields: the physics state (the step t), obs [t, last action], reward, done, metrics, info."""
+    """A Brax State's fields: the physics state (the step t, the step it is done at), obs [t, last action], reward,
+    done, metrics, info."""
 
-    pipeline_state: object
+    pipeline_state: dict
     obs: object
     reward: object
     done: object
@@ -165,8 +166,8 @@ class BraxCountdownState:
 
 
 class BraxCountdown:
-    """Brax's API in a few lines: observes [t, last action] (a random [0, u] at a reset), reward 1, done at t = 3;
-    info['steps'] counts every step of the env, across its episodes."""
+    """Brax's API in a few lines: observes [t, last action] ([0, u] at a reset, u uniform), reward 1, done at t = 2
+    where u < 0.5, else at t = 3; info['steps'] counts every step of the env, across its episodes."""
 
     observation_size, action_size = 2, 1
 
@@ -174,56 +175,56 @@ class BraxCountdown:
         import jax
         import jax.numpy as jnp
 
-        obs = jnp.stack([jnp.float32(0.0), jax.random.uniform(rng)])
-        return BraxCountdownState(jnp.int32(0), obs, jnp.float32(0.0), jnp.float32(0.0), {}, {"steps": jnp.int32(0)})
+        u = jax.random.uniform(rng)
+        state = {"t": jnp.int32(0), "done_at": jnp.where(u < 0.5, 2, 3)}
+        obs = jnp.stack([jnp.float32(0.0), u])
+        return BraxCountdownState(state, obs, jnp.float32(0.0), jnp.float32(0.0), {}, {"steps": jnp.int32(0)})
 
     def step(self, state, action):
         import jax.numpy as jnp
 
-        t = state.pipeline_state + 1
-        obs = jnp.stack([t.astype(jnp.float32), action[0]])
-        done = (t >= 3).astype(jnp.float32)
+        t = state.pipeline_state["t"] + 1
         return dataclasses.replace(
             state,
-            pipeline_state=t,
-            obs=obs,
+            pipeline_state={"t": t, "done_at": state.pipeline_state["done_at"]},
+            obs=jnp.stack([t.astype(jnp.float32), action[0]]),
             reward=jnp.float32(1.0),
-            done=done,
+            done=(t >= state.pipeline_state["done_at"]).astype(jnp.float32),
             info={"steps": state.info["steps"] + 1},
         )
 
 
 @pytest.mark.parametrize("episode_length", [5, 2])
-def test_a_brax_api_env_through_the_bridge_ends_episodes_and_restarts_them_from_their_first_state(episode_length):
-    """An env in Brax's API as a device env: a termination (done) or `episode_length` steps end an episode, the
-    last observation kept; the env goes back to the first state its reset drew (info carries on)."""
+def test_a_brax_api_env_through_the_bridge_ends_each_episode_and_restarts_it_from_its_first_state(episode_length):
+    """An env in Brax's API as a device env, env by env: a termination (done) or `episode_length` steps end an
+    episode, the last observation kept; that env goes back to the first state its reset drew (info carries on), the
+    others go on."""
     jax = pytest.importorskip("jax", reason="jax is not installed (pip install 'sf_engine[jax]')")
     from sf_engine.envs.jax_bridge import BraxVectorEnv
 
     if not hasattr(BraxCountdownState, "registered"):  # a pytree, as Brax's State is (once per process)
         jax.tree_util.register_dataclass(BraxCountdownState)
         BraxCountdownState.registered = True
-    env = BraxVectorEnv(BraxCountdown(), episode_length, num_envs=3)
+    env = BraxVectorEnv(BraxCountdown(), episode_length, num_envs=8)
     check_device_env(env, "BraxCountdown")
     assert env.single_action_space == gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
     first, _ = env.reset(seed=0)
     first = first.clone()
-    assert first.shape == (3, 2) and first[:, 0].tolist() == [0.0] * 3 and len(set(first[:, 1].tolist())) == 3
-    ends = min(episode_length, 3)
-    for t in range(1, ends + 1):
-        actions = torch.full((3, 1), t / 10)
-        obs, reward, terminated, truncated, info = env.step(actions)
-        assert reward.dtype == torch.float32 and reward.tolist() == [1.0] * 3
-        assert terminated.dtype == truncated.dtype == torch.bool
-        if t < ends:
-            assert not (terminated | truncated).any() and obs[:, 0].tolist() == [float(t)] * 3
-    assert terminated.all() == (episode_length > 3) and truncated.all() == (episode_length <= 3)
-    assert info["final_obs"][:, 0].tolist() == [float(ends)] * 3
-    assert info["final_obs"][:, 1].tolist() == pytest.approx([ends / 10] * 3)
-    assert torch.equal(obs, first)  # back in the first state its reset drew
-    assert env.state[0].info["steps"].tolist() == [ends] * 3  # info carries on
-    obs, *_ = env.step(torch.zeros(3, 1))
-    assert obs[:, 0].tolist() == [1.0] * 3  # the next episode counts from its first state
+    done_at = torch.where(first[:, 1] < 0.5, 2, 3)
+    assert first[:, 0].eq(0).all() and set(done_at.tolist()) == {2, 3}  # both kinds among the 8
+    ends, steps = done_at.clamp(max=episode_length), torch.zeros(8, dtype=torch.long)  # each env's episode steps
+    for t in (1, 2, 3):
+        obs, reward, terminated, truncated, info = env.step(torch.full((8, 1), t / 10))
+        steps += 1
+        ended = steps == ends
+        assert reward.dtype == torch.float32 and reward.tolist() == [1.0] * 8
+        assert torch.equal(terminated, ended & (done_at <= episode_length))
+        assert torch.equal(truncated, ended & ~terminated)
+        assert torch.equal(info["final_obs"][:, 0], steps.float())  # the last observation, before any restart
+        assert torch.equal(obs[ended], first[ended])  # back in the first state its reset drew
+        assert torch.equal(obs[~ended, 0], steps[~ended].float())  # the others go on
+        steps[ended] = 0
+    assert env.state[0].info["steps"].tolist() == [3] * 8  # info carries on
 
 
 @pytest.mark.parametrize("prefix", ["gymnax/", "brax/", "playground/"])

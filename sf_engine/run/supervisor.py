@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sf_engine.envs import reap_orphaned_processes
 from sf_engine.runtime.checkpoint import latest_valid_checkpoint, remove_temporary_files
+from sf_engine.runtime.device_slots import queues_for
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import RUN_STOPPED_EXIT, run_role
 from sf_engine.runtime.shared_buffers import LEARNING, WRITING
@@ -64,7 +65,10 @@ class Supervisor:
     def _spawn(self, role: str, index: int = 0, generation: int = 0) -> None:
         self.buffers.heartbeat[heartbeat_index(role, index)] = 0.0  # not beaten yet
         process = self.mp_context.Process(
-            target=run_role, args=(role, index, generation, self.plan, self.queues), name=f"{role}_{index}", daemon=True
+            target=run_role,
+            args=(role, index, generation, self.plan, queues_for(role, self.queues)),
+            name=f"{role}_{index}",
+            daemon=True,
         )
         process.start()
         self.children[(role, index)] = Child(process, time.monotonic(), generation)

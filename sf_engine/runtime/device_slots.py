@@ -13,7 +13,10 @@ torch is imported where the arrays are made: the main process of a run without t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+DEVICE_OBS_ROLES = ("device_sampler", "learner")  # the processes that read or write them
 
 
 @dataclass
@@ -54,3 +57,11 @@ def slot_obs(buffers, queues, key: str):
     import torch
 
     return queues.device_obs.slots if queues.device_obs is not None else torch.from_numpy(buffers.obs[key])
+
+
+def queues_for(role: str, queues):
+    """The queues a process of `role` starts with: without the device's arrays where it has no use for them (taking
+    them would open a CUDA context there)."""
+    if queues.device_obs is None or role in DEVICE_OBS_ROLES:
+        return queues
+    return dataclasses.replace(queues, device_obs=None)

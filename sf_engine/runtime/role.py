@@ -11,6 +11,7 @@ sf_engine.run.serial; a sampler node, sf_engine.scaleout.sampler_node).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import queue
@@ -193,6 +194,9 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
                 instance.close()
             except Exception:  # an env that failed may fail to close too; the process ends anyway
                 pass
+        if queues.device_obs is not None:  # dropped here: on CUDA the main process frees it once every process has
+            queues.device_obs = instance = None
+            gc.collect()
 
 
 class InProcessRoles:
