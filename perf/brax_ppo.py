@@ -177,7 +177,8 @@ def main() -> None:
     if done.returncode != 0:
         raise SystemExit(f"Brax's trainer exited with {done.returncode}")
     brax = json.loads(done.stdout.strip().splitlines()[-1])
-    ours = run_ours(args.env, chosen, args.device, args.timeout_sec)
+    # Brax's trainer runs whole training steps past num_timesteps: ours then takes the env steps it took
+    ours = run_ours(args.env, chosen | {"num_timesteps": brax["env_steps"]}, args.device, args.timeout_sec)
     print(f"ours: {ours}", file=sys.stderr)
     brax.pop("evaluations")
     result = {
