@@ -35,7 +35,7 @@ from sf_engine.envs.registry import SEED_MODULUS
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
-from sf_engine.runtime.device_slots import slot_obs
+from sf_engine.runtime.device_slots import settle, slot_obs_arrays
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import SamplerStage, StageTimer
@@ -104,7 +104,7 @@ class DeviceSampler:
         buf = self.buffers
         names = ("actions", "log_probs", "values", "policy_version", "rewards", "terminated", "truncated", "valid")
         views = {name: torch.from_numpy(getattr(buf, name)) for name in names}
-        views["obs"] = slot_obs(buf, self.ctx.queues, self.key)
+        views["obs"] = torch.as_tensor(slot_obs_arrays(self.ctx)[self.key])  # a NumPy array's: a view of it
         return views
 
     def describe(self) -> str:
@@ -180,8 +180,7 @@ class DeviceSampler:
             buf.env_steps[self.idx] += self.num_envs
             buf.slot_rows[slots] = row + 1
             self.timer.lap(SamplerStage.WRITE_SLOT)
-        if self.views["obs"].is_cuda:  # the copies into the GPU's slots done before another process reads them
-            torch.cuda.current_stream(self.views["obs"].device).synchronize()
+        settle(self.views["obs"])  # written before the learner reads it
         for split, slot in enumerate(slots):
             buf.policy_version[slot] = self.version
             self._track_episodes(slot, split)

@@ -31,6 +31,7 @@ from sf_engine.replay.buffer import ReplayBuffer, ReplaySample
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.sequences import SequenceSample, SequenceShape
 from sf_engine.roles.sources import in_fill_order
+from sf_engine.runtime.device_slots import settle, slot_obs_arrays
 from sf_engine.runtime.transfer import to_device
 from sf_engine.stats.messages import ReplayStatus, Training
 from sf_engine.stats.stages import LearnerStage
@@ -59,10 +60,9 @@ class ReplaySource:
         self.observe = getattr(algorithm, "observe", None)  # SAC's: the observations of each slot inserted
         # the slots' observations and the buffer's: in the run's shared memory, or on a GPU in its memory (device mode)
         device_obs, arrays = learner.ctx.queues.device_obs, learner.buffers.replay
-        self.slot_obs = learner.buffers.obs
+        self.slot_obs = slot_obs_arrays(learner.ctx)
         if device_obs is not None:
-            key = learner.ctx.plan.spec.obs[0][0]
-            self.slot_obs, arrays = {key: device_obs.slots}, arrays | {f"obs.{key}": device_obs.replay}
+            arrays = arrays | {f"obs.{key}": device_obs.replay for key in self.slot_obs}
         self.buffer = ReplayBuffer(
             arrays,
             cfg.learner.gamma,
@@ -107,8 +107,7 @@ class ReplaySource:
         for slot in slots:
             self._insert(slot)
         for array in self.slot_obs.values():
-            if isinstance(array, torch.Tensor) and array.is_cuda:  # copied in before the slots go back
-                torch.cuda.current_stream(array.device).synchronize()
+            settle(array)  # copied in before the slots go back
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
         if self.sync:
             self.held = slots

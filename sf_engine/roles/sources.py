@@ -22,6 +22,7 @@ import torch
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
+from sf_engine.runtime.device_slots import settle, slot_obs_arrays
 from sf_engine.runtime.transfer import to_device
 from sf_engine.stats.messages import Recycled, Training
 from sf_engine.stats.stages import LearnerStage
@@ -65,8 +66,7 @@ class TrajectorySource:
         population are read, never its data)."""
         self.ctx, self.cfg, self.pool, self.timer = learner.ctx, learner.cfg, learner.pool, learner.timer
         self.buffers, self.device = learner.buffers, learner.device
-        device_obs = learner.ctx.queues.device_obs  # device mode on a GPU: the slots' observations there
-        self.device_obs = {} if device_obs is None else {learner.ctx.plan.spec.obs[0][0]: device_obs.slots}
+        self.slot_obs = slot_obs_arrays(learner.ctx)  # device mode on a GPU: in its memory
         self.policies, self.population = learner.policies, learner.population
         self.pending: list = []  # full slots taken, the batch not whole yet (freed by the supervisor on a death)
         self.slots: list = []  # the round's slots
@@ -142,14 +142,18 @@ class TrajectorySource:
             return to_device(picked, self.device).reshape(picked.shape[0], -1, *picked.shape[3:])
 
         fields = {field.name: getattr(self.buffers, field.name) for field in SLOT_FIELDS}
-        obs = {key: time_major(array) for key, array in self.buffers.obs.items() if key not in self.device_obs}
-        for key, array in self.device_obs.items():  # in the device's memory already: gathered there
+
+        def on_device(array):  # in the device's memory already: gathered there, read before the slots go back
             picked = array[torch.as_tensor(index, device=array.device)].transpose(0, 1)
-            obs[key] = picked.reshape(picked.shape[0], -1, *picked.shape[3:]).to(self.device)
-            if array.is_cuda:  # read before the slots go back to the samplers
-                torch.cuda.current_stream(array.device).synchronize()
+            batch = picked.reshape(picked.shape[0], -1, *picked.shape[3:]).to(self.device)
+            settle(array)
+            return batch
+
         return TrajectoryBatch(
-            obs=obs,
+            obs={
+                key: time_major(array) if isinstance(array, np.ndarray) else on_device(array)
+                for key, array in self.slot_obs.items()
+            },
             **{name: time_major(array) for name, array in fields.items() if array is not None},
         )
 

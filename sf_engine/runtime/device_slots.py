@@ -52,11 +52,20 @@ def make_device_obs(plan) -> DeviceObs | None:
     return DeviceObs(zeros(name), zeros(REPLAY_PREFIX + name) if plan.cfg.uses_replay else None)
 
 
-def slot_obs(buffers, queues, key: str):
-    """The run's slot observations of `key` as a tensor: the device's array, or a view of the shared memory's."""
+def slot_obs_arrays(ctx) -> dict:
+    """key -> the slot observations of the run of `ctx` (a RoleContext): the device's array (a tensor), or the shared
+    memory's (NumPy arrays)."""
+    device_obs = ctx.queues.device_obs
+    return ctx.buffers.obs if device_obs is None else {ctx.plan.spec.obs[0][0]: device_obs.slots}
+
+
+def settle(array) -> None:
+    """The copies queued into or out of `array` done, where it is a GPU's, before another process uses it (a slot
+    handed over or given back): nothing orders one process's GPU work after another's."""
     import torch
 
-    return queues.device_obs.slots if queues.device_obs is not None else torch.from_numpy(buffers.obs[key])
+    if isinstance(array, torch.Tensor) and array.is_cuda:
+        torch.cuda.current_stream(array.device).synchronize()
 
 
 def queues_for(role: str, queues):
