@@ -5,19 +5,22 @@
 # figures under $OUT: one JSON line per run in figures.jsonl; the output of every run goes to runs.log and
 # their train.log files to train_logs.txt (at most 8 files come back from that machine).
 #
-#   perf/gpu_session.sh                                   # machine build tests smoke cartpole pong_ceiling pong
-#   BUDGET_SEC=585 PONG_SEC=540 perf/gpu_session.sh tests_beside pong bf16 compile_pong breakout learner advice doom
-#   BUDGET_SEC=585 perf/gpu_session.sh device_envs     # envs on the GPU (device mode): PPO, PQN, SAC and TD3
-#   BUDGET_SEC=585 perf/gpu_session.sh brax            # Brax's ant: our PPO against Brax's trainer (carry .gpu_brax)
-#       # one call of at most 10 minutes: Pong-v5 from scratch until its score reaches 15 (the CUDA tests beside
-#       # it), then each section that still fits: the A/B runs (bf16, --compile), Breakout's replay, the GPU
-#       # learner's step, the report's advice taken, doom_basic sampling and training (carry .gpu_doom)
+#   BUDGET_SEC=585 perf/gpu_session.sh      # machine build tests smoke device_envs: the CUDA tests, every CUDA
+#                                           # path end to end, the torch CartPole on the GPU (PPO, PQN)
+#   BUDGET_SEC=585 PONG_SEC=540 perf/gpu_session.sh tests_beside pong    # Pong-v5 from scratch until its score
+#                                           # reaches 15, the CUDA tests beside it
+#   BUDGET_SEC=585 perf/gpu_session.sh device_pendulum    # SAC and TD3 on the torch Pendulum against Gymnasium's
+#   BUDGET_SEC=585 perf/gpu_session.sh brax               # Brax's ant: our PPO against Brax's trainer (.gpu_brax)
+#   BUDGET_SEC=585 perf/gpu_session.sh bf16 compile_pong breakout learner advice doom   # the A/B runs (bf16,
+#                                           # --compile), Breakout's replay, the GPU learner's step, the report's
+#                                           # advice taken, doom_basic sampling and training (carry .gpu_doom)
+#   perf/gpu_session.sh cartpole pong_ceiling     # CPU envs on 16 cores (measured on an H100, 2026-11-27)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
-# PONG_TARGET (the score that ends it, 15), BRAX_SEC and BRAX_STEPS (`brax`: each run's limit, 150 s, and
-# env steps, 10,000,000), BUDGET_SEC (the seconds this call has: a section that no longer fits
-# is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script without a GPU),
-# PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16 values `bf16`
-# runs, "false true").
+# PONG_TARGET (the score that ends it, 15), PENDULUM_SEC (`device_pendulum`'s runs, 120), BRAX_SEC and BRAX_STEPS
+# (`brax`: each run's limit, 150 s, and env steps, 10,000,000), BUDGET_SEC (the seconds this call has: a section
+# that no longer fits is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script
+# without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16
+# values `bf16` runs, "false true").
 set -uo pipefail
 : "${OUT:?OUT must name the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -27,6 +30,7 @@ PY=${PY:-python3}
 DEVICE=${DEVICE:-cuda}
 RUN_SEC=${RUN_SEC:-20}
 PONG_SEC=${PONG_SEC:-270}
+PENDULUM_SEC=${PENDULUM_SEC:-120}  # each of `device_pendulum`'s four runs
 BRAX_SEC=${BRAX_SEC:-150}  # each of the two runs of perf/brax_ppo.py in `brax`, at most
 TD=$(mktemp -d)
 # installed, envs/ is the package sf_engine.envs; not installed (the GPU machine's copy), a link makes it one
@@ -47,7 +51,8 @@ try:
 except OSError as exc:
     s = {"error": str(exc)}
 keys = ("env_steps_per_sec", "frames_per_sec", "episode_return_mean", "eval_return_mean", "policy_lag_mean",
-        "policy_lag_max", "num_workers", "num_envs_per_worker", "inference_batch_mean", "learner_version",
+        "policy_lag_max", "learner_samples", "num_workers", "num_envs_per_worker", "inference_batch_mean",
+        "learner_version",
         "bottleneck", "bottleneck_report", "replay_ratio", "wall_sec", "env_steps", "episodes", "error")
 number = lambda text: float(text.replace(",", ""))
 window, returns, stopped = None, [], None
@@ -109,7 +114,7 @@ tests_beside() {  # the same in the background, beside a run that is timed for i
 }
 
 smoke() {
-  timeout 200 $PY perf/gpu_smoke.py > "$OUT/gpu_smoke.json" 2> "$TD/smoke.err"
+  timeout 200 $PY perf/gpu_smoke.py --device "$DEVICE" > "$OUT/gpu_smoke.json" 2> "$TD/smoke.err"
   { echo "=== gpu_smoke stderr"; cat "$TD/smoke.err"; } >> "$OUT/runs.log"
   cat "$OUT/gpu_smoke.json"
 }
@@ -196,16 +201,22 @@ doom() {
   PYTHONPATH=/tmp/doom:$PYTHONPATH run doom_training 60 --env doom_basic --num_workers 16
 }
 
-device_envs() {  # envs on the GPU (device mode): the torch CartPole with PPO and PQN at GPU sizes (one sampler, then
-  # two), the torch Pendulum with SAC and TD3 against Gymnasium's Pendulum through rollout workers
+device_envs() {  # envs on the GPU (device mode): the torch CartPole with PPO at GPU sizes (one sampler, two, then one
+  # of 4x the envs, whose learner step takes 4x the samples) and with PQN
   local sized=(--num_envs_per_worker 8192 --worker_num_splits 2 --batch_size 65536 --num_batches_per_epoch 2)
   run device_cartpole_ppo "$RUN_SEC" --env TorchCartPole-v1 "${sized[@]}"
   run device_cartpole_ppo_w2 "$RUN_SEC" --env TorchCartPole-v1 --num_workers 2 "${sized[@]}"
+  run device_cartpole_ppo_big "$RUN_SEC" --env TorchCartPole-v1 --num_envs_per_worker 32768 --worker_num_splits 2 \
+    --rollout 16 --batch_size 262144 --num_batches_per_epoch 1
   run device_cartpole_pqn "$RUN_SEC" --env TorchCartPole-v1 --algo pqn --num_envs_per_worker 8192 \
     --worker_num_splits 2 --batch_size 32768 --num_batches_per_epoch 4
+}
+
+device_pendulum() {  # SAC and TD3 on the torch Pendulum (device mode) against Gymnasium's Pendulum through rollout
+  # workers: updates/s and the return after PENDULUM_SEC each
   for algo in sac td3; do
-    run "device_pendulum_$algo" 60 --env TorchPendulum-v1 --algo "$algo" --eval_every_sec 20
-    run "cpu_pendulum_$algo" 60 --env Pendulum-v1 --algo "$algo" --eval_every_sec 20
+    run "device_pendulum_$algo" "$PENDULUM_SEC" --env TorchPendulum-v1 --algo "$algo" --eval_every_sec 20
+    run "cpu_pendulum_$algo" "$PENDULUM_SEC" --env Pendulum-v1 --algo "$algo" --eval_every_sec 20
   done
 }
 
@@ -221,10 +232,11 @@ brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, th
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
-  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((3 * RUN_SEC + 520))
+  [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((4 * RUN_SEC + 120))
+  [device_pendulum]=$((4 * PENDULUM_SEC + 80))
   [brax]=$((2 * BRAX_SEC + 240)))
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke cartpole pong_ceiling pong)
+[ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke device_envs)
 for section in "${sections[@]}"; do
   if [ -n "${BUDGET_SEC:-}" ] && [ $((BUDGET_SEC - SECONDS)) -lt "${NEEDS[$section]:-0}" ]; then
     echo "{\"run\": \"$section\", \"skipped\": \"$((BUDGET_SEC - SECONDS)) s left of BUDGET_SEC\"}" \

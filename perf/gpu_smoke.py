@@ -1,15 +1,18 @@
-"""GPU check of every CUDA path, end to end. Skips, printing why, without CUDA.
+"""GPU check of every CUDA path, end to end. Skips, printing why, without CUDA (`--device cpu` tries it here).
 
-  python perf/gpu_smoke.py
-Runs, each with --device cuda: CartPole with --compile and an evaluator (the policy worker and the learner on
-the GPU, the weights shared through CUDA IPC, CUDA graphs; no rollout worker with a CUDA context, as
-nvidia-smi lists the processes holding one), CartPole with a GRU core (its torch path), CartPole --algo dqn
-(the replay's minibatches to the GPU), then enjoy.py --device cuda on the first run. Prints one JSON line:
-each check and `ok`.
+  python perf/gpu_smoke.py [--device cuda] [--parallel 4]
+Runs, each with --device cuda for 15 s (30 s with --compile), `--parallel` at a time: every built-in algorithm
+(PPO with --compile and an evaluator, with a GRU core, with a user's encoder from a file of the user's directory;
+DQN, PQN and R2D2 on CartPole-v1; SAC and TD3 on Pendulum-v1). Checks that the policy worker acted on the GPU,
+the learner shared its weights there (CUDA IPC), a version was published, and no rollout worker held a CUDA context
+(nvidia-smi lists the processes holding one). Then enjoy.py --device cuda on the first run, and
+sf_engine.load_policy(..., device="cuda") on every run's checkpoint, acting on a batch of the env's observations.
+Prints one JSON line: each check and `ok`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -17,13 +20,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = {  # name -> flags; each run 15 s
-    "cartpole_compile": ["--compile", "true", "--eval_every_sec", "5"],
-    "cartpole_gru": ["--rnn", "gru", "--rnn_size", "64"],
-    "cartpole_dqn": ["--algo", "dqn"],
+RUNS = {  # name -> (env, flags); each run 15 s, the compiling one 30 s (it compiles for the first 10-15 s)
+    "cartpole_compile": ("CartPole-v1", ["--compile", "true", "--eval_every_sec", "5", "--train_for_seconds", "30"]),
+    "cartpole_gru": ("CartPole-v1", ["--rnn", "gru", "--rnn_size", "64"]),
+    "cartpole_user_encoder": ("CartPole-v1", ["--encoder", "my_encoder:make"]),
+    "cartpole_dqn": ("CartPole-v1", ["--algo", "dqn"]),
+    "cartpole_pqn": ("CartPole-v1", ["--algo", "pqn"]),
+    "cartpole_r2d2": ("CartPole-v1", ["--algo", "r2d2"]),
+    "pendulum_sac": ("Pendulum-v1", ["--algo", "sac"]),
+    "pendulum_td3": ("Pendulum-v1", ["--algo", "td3"]),
 }
+ENCODER = """import torch
+
+
+def make(observation_space):
+    size = int(observation_space.shape[0])
+    return torch.nn.Sequential(torch.nn.Linear(size, 64), torch.nn.ELU(), torch.nn.Linear(64, 64), torch.nn.ELU())
+"""
 
 
 def _cuda_pids() -> set:
@@ -33,23 +49,36 @@ def _cuda_pids() -> set:
     return {int(pid) for pid in out.split()}
 
 
-def _train(train_dir: str, name: str, flags: list) -> dict:
-    """One 15-s run: its exit code, each role's device from the log, the roles that held a CUDA context."""
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--device", "cuda", "--train_dir", train_dir]
+def _started(exp: str, deadline: float) -> dict:
+    """pid -> role of a run once its learner and policy worker are ready (or at the deadline)."""
+    while True:
+        try:
+            with open(os.path.join(exp, "train.log")) as f:
+                log = f.read()
+            with open(os.path.join(exp, "processes.json")) as f:
+                roles = {row["pid"]: row["role"] for row in json.load(f)["processes"]}
+            if ("learner[0] INFO ready" in log and "policy_worker[0] INFO ready" in log) or time.time() > deadline:
+                return roles
+        except (OSError, ValueError, KeyError):
+            if time.time() > deadline:
+                return {}
+        time.sleep(0.5)
+
+
+def _train(device: str, user_dir: str, train_dir: str, name: str) -> dict:
+    """One run: its exit code, each role's device from the log, the roles that held a CUDA context."""
+    env, flags = RUNS[name]
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--device", device, "--train_dir", train_dir]
     proc = subprocess.Popen(
-        cmd + ["--experiment", name, "--train_for_seconds", "15"] + flags,
+        cmd + ["--experiment", name, "--env", env, "--train_for_seconds", "15"] + flags,
+        cwd=user_dir,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     exp = os.path.join(train_dir, name)
-    time.sleep(10)  # running by now: which processes hold a CUDA context
-    holders = _cuda_pids()
-    try:
-        with open(os.path.join(exp, "processes.json")) as f:
-            roles = {row["pid"]: row["role"] for row in json.load(f)["processes"]}
-    except OSError:
-        roles = {}
+    roles = _started(exp, time.time() + 14 + 15 * ("--compile" in flags))  # which processes hold a CUDA context
+    holders = _cuda_pids() if device == "cuda" else None
     out, _ = proc.communicate(timeout=300)
     with open(os.path.join(exp, "train.log")) as f:
         log = f.read()
@@ -57,7 +86,7 @@ def _train(train_dir: str, name: str, flags: list) -> dict:
         summary = json.load(f)
     policy = re.search(r"policy_worker\[0\] INFO ready: .*built on (\S+)", log)
     shared = re.search(r"learner\[0\] INFO ready: .* weights shared on (\S+)", log)
-    on_cuda = sorted({role for pid, role in roles.items() if pid in holders})
+    on_cuda = None if holders is None else sorted({role for pid, role in roles.items() if pid in holders})
     result = {
         "exit_code": proc.returncode,
         "policy_worker_device": policy and policy.group(1),
@@ -69,49 +98,85 @@ def _train(train_dir: str, name: str, flags: list) -> dict:
     }
     result["ok"] = bool(
         proc.returncode == 0
-        and str(result["policy_worker_device"]).startswith("cuda")
-        and str(result["shared_weights_device"]).startswith("cuda")
+        and str(result["policy_worker_device"]).startswith(device)
+        and str(result["shared_weights_device"]).startswith(device)
         and summary["learner_version"] > 0
-        and "learner" in on_cuda  # the listing sees this run's processes: the check below means something
-        and not any(role.startswith("rollout_worker") for role in on_cuda)
+        # the listing sees this run's processes (the learner's), so that it means something that no worker is there
+        and (on_cuda is None or ("learner" in on_cuda and not any(r.startswith("rollout_worker") for r in on_cuda)))
     )
     if not result["ok"]:
         result["tail"] = out[-1500:]
     return result
 
 
+def _load_policy(device: str, train_dir: str, name: str) -> dict:
+    """sf_engine.load_policy(..., device) on the run's checkpoint: where its weights are, and its actions for a
+    batch of 8 of the env's observations."""
+    import gymnasium as gym
+    import numpy as np
+
+    import sf_engine
+
+    try:
+        policy = sf_engine.load_policy(os.path.join(train_dir, name), device=device)
+        env = gym.make_vec(RUNS[name][0], num_envs=8)
+        obs, _ = env.reset(seed=0)
+        actions = np.asarray(policy.act(obs))
+        _, rewards, _, _, _ = env.step(actions)
+        env.close()
+        weights = str(next(policy.model.parameters()).device)
+        ok = weights.startswith(device) and len(actions) == 8 and len(rewards) == 8
+        return {"ok": ok, "weights_on": weights, "actions": actions.tolist()}
+    except Exception as exc:  # noqa: BLE001 - one JSON line whatever failed
+        return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+
+
+def _enjoy(device: str, train_dir: str) -> dict:
+    cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", train_dir, "--experiment"]
+    enjoy = subprocess.run(
+        cmd + ["cartpole_compile", "--device", device, "--num_episodes", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return {"ok": enjoy.returncode == 0, "exit_code": enjoy.returncode, "out": enjoy.stdout.strip().splitlines()[-2:]}
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: try the script here")
+    parser.add_argument("--parallel", type=int, default=4, help="runs at a time (the GPU machine has 16 cores)")
+    args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"bench": "gpu_smoke", "skipped": True, "reason": "no CUDA device"}))
         return 0
-    result: dict = {"bench": "gpu_smoke", "skipped": False}
+    result: dict = {"bench": "gpu_smoke", "skipped": False, "device": args.device}
     with tempfile.TemporaryDirectory(prefix="sf_engine_gpu_") as train_dir:
-        for name, flags in RUNS.items():
+        user_dir = os.path.join(train_dir, "user")
+        os.makedirs(user_dir)
+        with open(os.path.join(user_dir, "my_encoder.py"), "w") as f:
+            f.write(ENCODER)
+        sys.path.insert(0, user_dir)  # load_policy finds the user's encoder as the run did
+
+        def one(name: str) -> dict:
             try:
-                result[name] = _train(train_dir, name, flags)
+                return _train(args.device, user_dir, train_dir, name)
             except (OSError, KeyError, ValueError, subprocess.TimeoutExpired) as exc:  # still one JSON line
-                result[name] = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
-        enjoy = subprocess.run(
-            [
-                sys.executable,
-                os.path.join(REPO, "enjoy.py"),
-                "--train_dir",
-                train_dir,
-                "--experiment",
-                "cartpole_compile",
-                "--device",
-                "cuda",
-                "--num_episodes",
-                "3",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        result["enjoy"] = {"exit_code": enjoy.returncode, "out": enjoy.stdout.strip().splitlines()[-2:]}
-    result["ok"] = all(result[name]["ok"] for name in RUNS) and enjoy.returncode == 0
+                return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            result.update(zip(RUNS, pool.map(one, RUNS)))
+        result["enjoy"] = _enjoy(args.device, train_dir)
+        result["load_policy"] = {name: _load_policy(args.device, train_dir, name) for name in RUNS}
+    result["ok"] = (
+        all(result[name]["ok"] for name in RUNS)
+        and result["enjoy"]["ok"]
+        and all(check["ok"] for check in result["load_policy"].values())
+    )
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 
