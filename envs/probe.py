@@ -105,12 +105,13 @@ def _probe_envpool(env_id: str) -> _Probed:
             f"--env {env_id}: EnvPool has no such id{did_you_mean(env_id, envpool_ids())} "
             f"(use --env_backend gymnasium for Gymnasium ids)"
         )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # its spaces' float64 bounds cast to float32: Gymnasium's warning, not the user's
         warnings.simplefilter("ignore")
         pool_spec = envpool.make_spec(env_id)
+        obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
     atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
     frameskip = int(pool_spec.config.frame_skip) if atari else 1
-    return _Probed(pool_spec.observation_space, pool_spec.action_space, atari=atari, frameskip=frameskip)
+    return _Probed(obs_space, action_space, atari=atari, frameskip=frameskip)
 
 
 def _probe_gymnasium(env_id: str, text: str, discrete: str) -> _Probed:
