@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch._dynamo
+import torch._inductor.config
 from conftest import assert_refused_untouched
 from torch.distributions import Normal
 from torch.nn import functional as F
@@ -184,17 +186,23 @@ def assert_grads(module, expected) -> None:
         torch.testing.assert_close(param.grad, grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "torch"])
+@pytest.mark.parametrize("path", ["kernels", "torch", "compile"])
 @pytest.mark.parametrize("target_entropy", ["-1", "3"])
-def test_one_update_matches_a_plain_torch_sac_step(tmp_path, monkeypatch, compiled, target_entropy):
+def test_one_update_matches_a_plain_torch_sac_step(tmp_path, monkeypatch, path, target_entropy):
     """The critics' gradient is their loss's alone (the actor loss's does not reach their weights), the actor's
     goes through the critics, the temperature's moves alpha down while the entropy is above its target (and up
-    below: --target_entropy 3); the |TD errors| and the statistics are the reference's."""
-    if compiled and kernels.KERNELS is None:
+    below: --target_entropy 3); the |TD errors| and the statistics are the reference's. With the compiled CPU
+    kernels, with torch's ops, and with --compile (the losses through torch.compile, its random draws torch's)."""
+    if path == "kernels" and kernels.KERNELS is None:
         pytest.skip("the compiled CPU kernels are not built")
-    if not compiled:
+    if path == "torch":
         monkeypatch.setattr(kernels, "KERNELS", None)
-    sac = make_sac(sac_plan(tmp_path, "--target_entropy", target_entropy, "--learning_rate", "0.001"))
+    if path == "compile":
+        monkeypatch.setattr(torch._inductor.config, "fallback_random", True, raising=False)
+        torch._dynamo.reset()  # compiled anew here, counted below
+        torch._dynamo.utils.counters.clear()
+    flags = ["--target_entropy", target_entropy, "--learning_rate", "0.001", "--compile", str(path == "compile")]
+    sac = make_sac(sac_plan(tmp_path, *flags))
     batch = sac_batch()
     expected = reference_step(sac, batch, seed=7)
     log_alpha, critic_params, actor_params = (
@@ -220,6 +228,8 @@ def test_one_update_matches_a_plain_torch_sac_step(tmp_path, monkeypatch, compil
     assert result.losses.keys() == expected["stats"].keys()
     for name, value in expected["stats"].items():
         assert result.losses[name] == pytest.approx(value.item(), rel=1e-4, abs=1e-5), name
+    if path == "compile":  # the critics' and the actor's losses, each one graph
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
 def test_the_critics_and_the_temperature_step_at_the_critic_learning_rate(tmp_path):

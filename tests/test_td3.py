@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 import torch
+import torch._dynamo
+import torch._inductor.config
 from conftest import read_json, run_train, train_error
 
 import sf_engine
@@ -52,6 +54,30 @@ def test_the_actor_and_the_targets_move_every_policy_delay_updates_and_the_criti
     assert moved == [(True, True, True, True), (False, True, False, False)] * 2
 
 
+def test_compile_takes_the_eager_updates_through_compiled_losses(tmp_path, monkeypatch):
+    """--compile: the critics' and the actor's losses through torch.compile (its random draws torch's, as eager
+    ones are) take the same three updates from the same weights, the actor's at the first and the third."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True, raising=False)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    runs = []
+    for compile_flag in ("false", "true"):
+        torch.manual_seed(0)
+        td3, _ = _td3(tmp_path, "--policy_delay", "2", "--compile", compile_flag)
+        results = []
+        for step in range(3):
+            torch.manual_seed(step)
+            results.append(td3.train(_batch(seed=step)))
+        runs.append((td3, results))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the critics' loss and the actor's
+    (eager, eager_results), (compiled, compiled_results) = runs
+    for name in ("params", "critic_params", "target_params", "actor_target_params"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(eager, name), rtol=1e-4, atol=1e-6, msg=name)
+    for mine, theirs in zip(compiled_results, eager_results):
+        torch.testing.assert_close(mine.priorities, theirs.priorities, rtol=1e-4, atol=1e-5)
+        assert mine.losses == pytest.approx(theirs.losses, rel=1e-4, abs=1e-5)
+
+
 def test_target_policy_smoothing_keeps_the_noise_within_its_clip_and_acting_explores_within_the_bounds(tmp_path):
     td3, _ = _td3(tmp_path, "--target_noise", "5.0", "--target_noise_clip", "0.1")
     next_x = torch.randn(4096, 3)
@@ -59,7 +85,8 @@ def test_target_policy_smoothing_keeps_the_noise_within_its_clip_and_acting_expl
         smoothed = td3.actor_target.squashed(next_x)
     seen = []
     td3.target = lambda x, actions: (seen.append(actions) or actions[:, 0],) * 2  # the target critics see the actions
-    td3._targets(next_x, _batch(4096))
+    batch = _batch(4096)
+    td3._targets(next_x, batch.returns, batch.discounts)
     assert (seen[0] - smoothed).abs().max() <= 0.1 + 1e-6 and (seen[0] - smoothed).abs().max() > 0.09
     actions = td3.model.sample({"obs": torch.randn(4096, 3)})[0]
     greedy = td3.model.greedy({"obs": torch.zeros(1, 3)})[0]

@@ -93,6 +93,36 @@ def keep_beating(beat: Callable[[], None], every_sec: float = 5.0):
         thread.join()
 
 
+class CompiledLosses:
+    """--compile for a replay learner's losses (SAC's, TD3's): `compiled(fn)` is `fn` through torch.compile (on a
+    GPU with CUDA graphs, mode reduce-overhead: a whole forward, and its backward, in one launch each), or `fn` as it
+    is without --compile; `fn` takes and returns tensors of fixed shapes (a minibatch's). Each update runs in
+    `step()`: heartbeats meanwhile for the first two, which compile (seconds to a minute; TD3's actor loss may first
+    come in the second), and on a GPU a new CUDA-graph step, from which the last one's outputs may be overwritten
+    (what an update returns is a copy)."""
+
+    def __init__(self, cfg, device, beat: Callable[[], None]):
+        self.on, self.cuda, self.beat, self.compiling = cfg.run.compile, device.type == "cuda", beat, 2
+
+    def compiled(self, fn: Callable) -> Callable:
+        import torch
+
+        return torch.compile(fn, mode="reduce-overhead" if self.cuda else None, dynamic=False) if self.on else fn
+
+    @contextlib.contextmanager
+    def step(self):
+        if not self.on:
+            yield
+            return
+        import torch
+
+        if self.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        with keep_beating(self.beat) if self.compiling else contextlib.nullcontext():
+            yield
+        self.compiling = max(0, self.compiling - 1)
+
+
 def all_finite(values: Tensor) -> bool:
     """Whether every value of the float tensor is finite (no NaN, no inf). A few values on the CPU (an
     update's loss stats) are read as Python floats (0.4 us); more by x . x over the flat values, finite

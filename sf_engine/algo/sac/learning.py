@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo.base import (
+    CompiledLosses,
+    TrainingHooks,
+    TrainResult,
+    all_finite,
+    schedule_learning_rate,
+    set_learning_rate,
+)
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import follow_online
 from sf_engine.model.flat_state import FlatAdam, flatten_state
@@ -59,6 +66,8 @@ class SAC:
         self.target_entropy = self.scfg.target_entropy * self.model.distribution.size
         self.num_updates = 0
         self._set_learning_rate(lr)
+        self.compile = CompiledLosses(cfg, device, hooks.beat)  # --compile
+        self.critic_loss, self.actor_loss = map(self.compile.compiled, (self._critic_loss, self._actor_loss))
 
     @property
     def learning_rate(self) -> float:
@@ -79,34 +88,30 @@ class SAC:
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
+        with self.compile.step():
+            return self._update(batch)
+
+    def _update(self, batch: ReplayBatch) -> TrainResult:
         actor = self.model
         x, next_x = actor.inputs(batch.obs), actor.inputs(batch.next_obs)
         alpha = self.log_alpha.detach().exp()
-        actions = actor.distribution.unscale(batch.actions)
-        targets = self._targets(next_x, batch, alpha)
-
-        # the critics: 0.5 x the squared errors of both, weighted
         self.critic_optimizer.zero_grad()
-        q1, q2 = self.critic(x, actions)
-        error1, error2 = q1 - targets, q2 - targets
-        critic_loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        critic_loss, q_mean, td_abs = self.critic_loss(
+            x, actor.distribution.unscale(batch.actions), next_x, batch.returns, batch.discounts, batch.weights, alpha
+        )
         critic_loss.backward()
         critic_norm = self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
 
-        # the actor: maximize min(Q1, Q2) + the entropy bonus, through the critics (their weights held)
         self.optimizer.zero_grad()
-        self.critic.requires_grad_(False)
-        squashed, log_probs = actor.distribution.rsample(actor.params_of(x))
-        q_new = torch.minimum(*self.critic(x, squashed))
-        actor_loss = (alpha * log_probs - q_new).mean()
+        self.critic.requires_grad_(False)  # the actor's loss goes through the critics, their weights held
+        actor_loss, log_probs = self.actor_loss(x, alpha)
         actor_loss.backward()
         self.critic.requires_grad_(True)
         actor_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
 
-        log_probs = log_probs.detach()
-        td_abs = 0.5 * (error1.detach().abs() + error2.detach().abs())
+        td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs do not)
         stats = torch.stack(
-            [critic_loss.detach(), actor_loss.detach(), alpha, -log_probs.mean(), q1.detach().mean(), td_abs.mean()]
+            [critic_loss.detach(), actor_loss.detach(), alpha, -log_probs.mean(), q_mean, td_abs.mean()]
         )
         figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack([critic_norm, actor_norm])).reshape(1)])
         figures = figures.cpu()
@@ -124,13 +129,24 @@ class SAC:
         losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
         return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
-    @torch.no_grad()
-    def _targets(self, next_x: torch.Tensor, batch: ReplayBatch, alpha: torch.Tensor) -> torch.Tensor:
-        """[B] the n-step soft targets: returns + discount x (min of the target critics - alpha x log pi) at an
-        action the actor samples for the next observation."""
-        next_actions, next_log_probs = self.model.distribution.rsample(self.model.params_of(next_x))
-        next_q = torch.minimum(*self.target(next_x, next_actions)) - alpha * next_log_probs
-        return batch.returns + batch.discounts * next_q
+    def _critic_loss(self, x, actions, next_x, returns, discounts, weights, alpha) -> tuple:
+        """The critics' loss (0.5 x the squared errors of both, weighted by `weights`), Q1's mean and |TD error| [B]
+        (the mean of the two critics'), on the n-step soft targets: `returns` + `discounts` x (min of the target
+        critics - alpha x log pi) at an action the actor samples for the next observation."""
+        with torch.no_grad():
+            next_actions, next_log_probs = self.model.distribution.rsample(self.model.params_of(next_x))
+            next_q = torch.minimum(*self.target(next_x, next_actions)) - alpha * next_log_probs
+            targets = returns + discounts * next_q
+        q1, q2 = self.critic(x, actions)
+        error1, error2 = q1 - targets, q2 - targets
+        loss = 0.5 * (weights * (error1.square() + error2.square())).mean()
+        return loss, q1.detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())
+
+    def _actor_loss(self, x, alpha) -> tuple:
+        """The actor's loss (maximize min(Q1, Q2) + the entropy bonus, through the critics) and its actions'
+        log-probabilities [B]."""
+        squashed, log_probs = self.model.distribution.rsample(self.model.params_of(x))
+        return (alpha * log_probs - torch.minimum(*self.critic(x, squashed))).mean(), log_probs.detach()
 
     def observe(self, obs: dict) -> None:
         """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy, each

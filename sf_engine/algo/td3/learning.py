@@ -13,7 +13,14 @@ import copy
 import torch
 
 from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo.base import (
+    CompiledLosses,
+    TrainingHooks,
+    TrainResult,
+    all_finite,
+    schedule_learning_rate,
+    set_learning_rate,
+)
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.td3.networks import TD3Actor
 from sf_engine.model.flat_state import FlatAdam, flatten_state
@@ -47,6 +54,8 @@ class TD3:
         self.critic_optimizer = FlatAdam(self.critic, self.critic_params, lr=lr, eps=eps)
         self.num_updates = 0
         self.last_actor_loss = torch.zeros((), device=device)
+        self.compile = CompiledLosses(cfg, device, hooks.beat)  # --compile
+        self.critic_loss, self.actor_loss = map(self.compile.compiled, (self._critic_loss, self._actor_loss))
 
     @property
     def learning_rate(self) -> float:
@@ -63,29 +72,31 @@ class TD3:
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
+        with self.compile.step():
+            return self._update(batch)
+
+    def _update(self, batch: ReplayBatch) -> TrainResult:
         actor = self.model
         x, next_x = actor.inputs(batch.obs), actor.inputs(batch.next_obs)
-        targets = self._targets(next_x, batch)
-
         self.critic_optimizer.zero_grad()
-        q1, q2 = self.critic(x, actor.distribution.unscale(batch.actions))
-        error1, error2 = q1 - targets, q2 - targets
-        critic_loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        critic_loss, q_mean, td_abs = self.critic_loss(
+            x, actor.distribution.unscale(batch.actions), next_x, batch.returns, batch.discounts, batch.weights
+        )
         critic_loss.backward()
         norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
 
         delayed = self.num_updates % self.tcfg.policy_delay == 0  # the actor and the targets move this step
-        if delayed:  # the actor: maximize Q1 at its own action, through the critic (its weights held)
+        if delayed:
             self.optimizer.zero_grad()
-            self.critic.requires_grad_(False)
-            actor_loss = -self.critic(x, actor.squashed(x))[0].mean()
+            self.critic.requires_grad_(False)  # the actor's loss goes through the critic, its weights held
+            actor_loss = self.actor_loss(x)
             actor_loss.backward()
             self.critic.requires_grad_(True)
             norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm))
-            self.last_actor_loss = actor_loss.detach()
+            self.last_actor_loss = actor_loss.detach().clone()  # kept for the updates between (a compiled one's is not)
 
-        td_abs = 0.5 * (error1.detach().abs() + error2.detach().abs())
-        stats = torch.stack([critic_loss.detach(), self.last_actor_loss, q1.detach().mean(), td_abs.mean()])
+        td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs do not)
+        stats = torch.stack([critic_loss.detach(), self.last_actor_loss, q_mean, td_abs.mean()])
         figures = torch.cat([stats, torch.linalg.vector_norm(torch.stack(norms)).reshape(1)]).cpu()
         if not all_finite(figures):
             return TrainResult(0, {}, 0, 1, torch.zeros_like(td_abs))
@@ -99,16 +110,29 @@ class TD3:
         losses = dict(zip(LOSS_STATS + ("grad_norm",), figures.tolist()))
         return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
+    def _critic_loss(self, x, actions, next_x, returns, discounts, weights) -> tuple:
+        """The critics' loss (0.5 x the squared errors of both, weighted by `weights`), Q1's mean and |TD error| [B]
+        (the mean of the two critics')."""
+        targets = self._targets(next_x, returns, discounts)
+        q1, q2 = self.critic(x, actions)
+        error1, error2 = q1 - targets, q2 - targets
+        loss = 0.5 * (weights * (error1.square() + error2.square())).mean()
+        return loss, q1.detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())
+
+    def _actor_loss(self, x) -> torch.Tensor:
+        """The actor's loss: maximize Q1 at its own action, through the critic."""
+        return -self.critic(x, self.model.squashed(x))[0].mean()
+
     @torch.no_grad()
-    def _targets(self, next_x: torch.Tensor, batch: ReplayBatch) -> torch.Tensor:
-        """[B] the n-step targets: returns + discount x the smaller target critic's value at the target actor's
+    def _targets(self, next_x: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor) -> torch.Tensor:
+        """[B] the n-step targets: `returns` + `discounts` x the smaller target critic's value at the target actor's
         action plus clipped Gaussian noise (target policy smoothing)."""
         action = self.actor_target.squashed(next_x)
         noise = (torch.randn_like(action) * self.tcfg.target_noise).clamp(
             -self.tcfg.target_noise_clip, self.tcfg.target_noise_clip
         )
         next_q = torch.minimum(*self.target(next_x, (action + noise).clamp(-1.0, 1.0)))
-        return batch.returns + batch.discounts * next_q
+        return returns + discounts * next_q
 
     def observe(self, obs: dict) -> None:
         """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy): with
