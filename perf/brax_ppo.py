@@ -14,7 +14,8 @@ Rates: Brax's env steps from its second evaluation to its last over the seconds 
 before the second); ours from the second status line (every 2 s) with env steps to the last. Returns: the last
 evaluation of each, the greedy policy (Brax's deterministic_eval, which changes nothing of its training) on 128
 episodes of at most 1,000 steps; ours every 20 s in its evaluator process, so its last comes up to 20 s before the
-end of the same env steps. Each trainer runs in a process of its own (JAX takes the GPU's memory it is given).
+end of the same env steps (or at what it reached when --timeout_sec less 30 s stopped it). Each trainer runs in a
+process of its own (JAX takes the GPU's memory it is given).
 Prints each run (stderr) and one JSON line last. Needs brax beside jax.
 """
 
@@ -140,7 +141,8 @@ def run_ours(env: str, chosen: dict, device: str, timeout_sec: float) -> dict:
             lines.extend((float(m[1]), int(m[2].replace(",", ""))) for m in map(STATUS.search, f) if m and m[2] != "0")
 
     evaluation = ["--eval_every_sec", "20", "--eval_episodes", "128", "--eval_max_steps", "128000"]
-    flags = our_flags(env, chosen, device) + evaluation + ["--status_every_sec", "2"]
+    stop = ["--train_for_seconds", str(max(10, int(timeout_sec) - 30))]  # within the limit: it ends with its figures
+    flags = our_flags(env, chosen, device) + evaluation + stop + ["--status_every_sec", "2"]
     summary = run_train(flags, timeout_sec, inspect=read_status)
     (t0, s0), (t1, s1) = lines[1], lines[-1]
     return {
@@ -172,8 +174,13 @@ def main() -> None:
         return
     child = [sys.executable, os.path.abspath(__file__), "--brax_only", *sys.argv[1:]]
     platform = {"JAX_PLATFORMS": "cuda" if args.device == "cuda" else "cpu"}
-    done = subprocess.run(child, capture_output=True, text=True, timeout=args.timeout_sec, env=os.environ | platform)
-    sys.stderr.write(done.stderr[-3000:])
+    try:  # its evaluations go to stderr as they come: a run past the limit leaves them there
+        done = subprocess.run(
+            child, stdout=subprocess.PIPE, text=True, timeout=args.timeout_sec, env=os.environ | platform
+        )
+    except subprocess.TimeoutExpired:
+        print(json.dumps({"env": f"brax/{args.env}", "device": args.device, "brax": f"past {args.timeout_sec} s"}))
+        raise SystemExit(f"Brax's trainer ran past --timeout_sec {args.timeout_sec}: its evaluations are above")
     if done.returncode != 0:
         raise SystemExit(f"Brax's trainer exited with {done.returncode}")
     brax = json.loads(done.stdout.strip().splitlines()[-1])

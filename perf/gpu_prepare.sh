@@ -17,21 +17,27 @@ KEEP="atari classic_control python"  # EnvPool's families (and its Python core) 
 WHEELS=$(mktemp -d)
 trap 'rm -rf "$WHEELS"' EXIT
 
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" \
-  envpool==1.2.5 envpool-assets==0.3.0 gymnasium==1.4.0 farama-notifications==0.0.6 faster-fifo==1.5.2 \
-  dm-env==1.6 dm-tree==0.1.10 optree==0.20.0 vizdoom==1.3.2 2>&1 | grep -v "^WARNING: Location" || true
+# download DIR PACKAGE...: each package's cp312 manylinux wheel into DIR, or a stop naming what is missing
+download() {
+  local dir=$1
+  shift
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  local got
+  got=$(find "$dir" -maxdepth 1 -name '*.whl' | wc -l)
+  [ "$got" -eq $# ] || { echo "gpu_prepare.sh: $got of $# wheels downloaded into $dir: $*" >&2; exit 1; }
+}
+
+download "$WHEELS" envpool==1.2.5 envpool-assets==0.3.0 gymnasium==1.4.0 farama-notifications==0.0.6 \
+  faster-fifo==1.5.2 dm-env==1.6 dm-tree==0.1.10 optree==0.20.0 vizdoom==1.3.2
 
 # Brax, MuJoCo and MuJoCo Playground (perf/brax_ppo.py, the `brax` section): about 27 MB of wheels, carried alone
 # in .gpu_brax/ beside .gpu_site; what Brax imports that the machine's image lacks (flax, optax and orbax are there;
 # Warp, 390 MB unpacked, is left out: MJX and Playground run without it, in JAX)
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS/brax" \
-  brax==0.14.2 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-mjx==3.17.0 jaxopt==0.8.5 ml-collections==1.1.0 \
-  trimesh==5.2.0 tensorboardx==2.6.5 glfw==2.11.0 playground==0.2.0 2>&1 \
-  | grep -v "^WARNING: Location" || true
+download "$WHEELS/brax" brax==0.14.2 mujoco==4.0.0 mujoco-core==4.0.0 mujoco-mjx==3.17.0 jaxopt==0.8.5 \
+  ml-collections==1.1.0 trimesh==5.2.0 tensorboardx==2.6.5 glfw==2.11.0 playground==0.2.0
 
 rm -rf "$SITE" .gpu_doom .gpu_brax
 mkdir -p "$SITE" .gpu_doom

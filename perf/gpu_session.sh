@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's measurements, prepared here so that its short time goes to measuring: run on the device
-# tool's machine (one H100, 16 cores, Python 3.12 with its own PyTorch) in the repository root, with
+# tool's machine (one H100 or H200, 16 cores, Python 3.12 with its own PyTorch) in the repository root, with
 # .gpu_site/ carried (perf/gpu_prepare.sh makes it; .gpu_doom/ too for `doom`). Each section writes its
 # figures under $OUT: one JSON line per run in figures.jsonl; the output of every run goes to runs.log and
 # their train.log files to train_logs.txt (at most 8 files come back from that machine).
@@ -14,13 +14,15 @@
 #   BUDGET_SEC=585 perf/gpu_session.sh bf16 compile_pong breakout learner advice doom   # the A/B runs (bf16,
 #                                           # --compile), Breakout's replay, the GPU learner's step, the report's
 #                                           # advice taken, doom_basic sampling and training (carry .gpu_doom)
+#   BUDGET_SEC=585 perf/gpu_session.sh offpolicy_updates  # SAC's and TD3's updates/s, GPU against CPU, --compile
+#                                           # (carry .gpu_brax, for MuJoCo)
 #   perf/gpu_session.sh cartpole pong_ceiling     # CPU envs on 16 cores (measured on an H100, 2026-11-27)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
 # PONG_TARGET (the score that ends it, 15), PENDULUM_SEC (`device_pendulum`'s runs, 120), BRAX_SEC and BRAX_STEPS
-# (`brax`: each run's limit, 150 s, and env steps, 10,000,000), BUDGET_SEC (the seconds this call has: a section
-# that no longer fits is skipped and named in figures.jsonl; unset, none is), DEVICE (cuda; cpu to try the script
-# without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's packages), BF16_FLAGS (the --bf16
-# values `bf16` runs, "false true").
+# (`brax`: each run's limit, 150 s, and env steps, 10,000,000), BUDGET_SEC (the seconds this call has, at most the
+# device time left less a minute: a section or run that no longer fits is skipped and named in figures.jsonl),
+# DEVICE (cuda; cpu to try the script without a GPU), PY (python3), SITE (.gpu_site; empty to use this machine's
+# packages), BF16_FLAGS (the --bf16 values `bf16` runs, "false true").
 set -uo pipefail
 : "${OUT:?OUT must name the folder whose files come back}"
 cd "$(dirname "$0")/.."
@@ -37,13 +39,18 @@ TD=$(mktemp -d)
 $PY -c "import sf_engine.envs" 2> /dev/null || ln -s ../envs sf_engine/envs
 
 # run NAME SECONDS FLAGS...: train.py for SECONDS, then its summary's figures and last bottleneck report as one
-# JSON line
+# JSON line (skipped, and named in figures.jsonl, where BUDGET_SEC no longer leaves SECONDS and 30 s for it)
 run() {
   local name=$1 seconds=$2
   shift 2
-  timeout $((seconds + 90)) $PY train.py --train_dir "$TD" --experiment "$name" --device "$DEVICE" \
-    --train_for_seconds "$seconds" --train_for_env_steps 100000000000 "$@" > "$TD/$name.out" 2>&1
-  { echo "=== $name: $*"; cat "$TD/$name.out"; } >> "$OUT/runs.log"
+  if [ -n "${BUDGET_SEC:-}" ] && [ $((BUDGET_SEC - SECONDS)) -lt $((seconds + 30)) ]; then
+    echo "{\"run\": \"$name\", \"skipped\": \"$((BUDGET_SEC - SECONDS)) s left of BUDGET_SEC\"}" \
+      | tee -a "$OUT/figures.jsonl"
+    return
+  fi
+  echo "=== $name: $*" >> "$OUT/runs.log"  # its output straight there: a call cut short keeps what it printed
+  timeout -k 20 $((seconds + 90)) $PY train.py --train_dir "$TD" --experiment "$name" --device "$DEVICE" \
+    --train_for_seconds "$seconds" --train_for_env_steps 100000000000 "$@" >> "$OUT/runs.log" 2>&1
   $PY - "$TD/$name" "$name" "$*" >> "$OUT/figures.jsonl" <<'EOF'
 import json, os, sys
 try:
@@ -89,7 +96,7 @@ machine() {
 build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in the background, beside `tests` and
   # `smoke` (which time nothing), and waited for before `cartpole`
   # built apart, then each library renamed into place: a process that starts meanwhile never opens half a file
-  { timeout 180 $PY setup.py build_ext --build-lib "$TD/lib" --build-temp "$TD/tmp" > "$OUT/build.log" 2>&1
+  { timeout -k 20 180 $PY setup.py build_ext --build-lib "$TD/lib" --build-temp "$TD/tmp" > "$OUT/build.log" 2>&1
     echo "build exit $?" >> "$OUT/machine.txt"
     for lib in "$TD"/lib/sf_engine/model/*.so; do
       name=$(basename "$lib")
@@ -103,7 +110,7 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA, and
   # device mode's observations in the GPU's memory (PPO and DQN learning from them, in runs of their own processes)
   local kept=tests/test_device_mode.py::test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory
-  timeout 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py "$kept[async-cuda-ppo]" \
+  timeout -k 20 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py "$kept[async-cuda-ppo]" \
     "$kept[async-cuda-dqn]" > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
@@ -114,8 +121,8 @@ tests_beside() {  # the same in the background, beside a run that is timed for i
 }
 
 smoke() {
-  timeout 200 $PY perf/gpu_smoke.py --device "$DEVICE" > "$OUT/gpu_smoke.json" 2> "$TD/smoke.err"
-  { echo "=== gpu_smoke stderr"; cat "$TD/smoke.err"; } >> "$OUT/runs.log"
+  echo "=== gpu_smoke (each run's result as it ends)" >> "$OUT/runs.log"
+  timeout -k 20 240 $PY perf/gpu_smoke.py --device "$DEVICE" > "$OUT/gpu_smoke.json" 2>> "$OUT/runs.log"
   cat "$OUT/gpu_smoke.json"
 }
 
@@ -126,7 +133,7 @@ cartpole() {  # ours sized for 16 cores and the GPU, eager and --compile, agains
   run cartpole_w14 "$RUN_SEC" "${sized[@]}"
   run cartpole_w14_compile $((RUN_SEC + 20)) "${sized[@]}" --compile true
   for envs in 1024 8192; do
-    timeout $((RUN_SEC + 60)) $PY "${BASELINE:-.gpu_site/baselines/single_process_ppo.py}" --device "$DEVICE" \
+    timeout -k 20 $((RUN_SEC + 60)) $PY "${BASELINE:-.gpu_site/baselines/single_process_ppo.py}" --device "$DEVICE" \
       --seconds "$RUN_SEC" --num_envs "$envs" --target 1e9 > "$TD/single_ppo.out" 2>&1  # throughput: never stops early
     { echo "=== single_process_ppo --num_envs $envs"; cat "$TD/single_ppo.out"; } >> "$OUT/runs.log"
     $PY -c 'import json, sys; print(json.dumps({"run": "single_process_ppo", "num_envs": int(sys.argv[1]),
@@ -136,7 +143,7 @@ cartpole() {  # ours sized for 16 cores and the GPU, eager and --compile, agains
 }
 
 pong_ceiling() {  # Pong's envs alone on every core: the frames/s that training is held against
-  timeout 90 $PY perf/ceiling.py --env Pong-v5 --env_only --processes "$(nproc)" --seconds 10 \
+  timeout -k 20 90 $PY perf/ceiling.py --env Pong-v5 --env_only --processes "$(nproc)" --seconds 10 \
     | tee -a "$OUT/figures.jsonl"
 }
 
@@ -164,7 +171,7 @@ declare -A PONG_STEPS=()
 pong_step() {
   [ -z "${PONG_STEPS[$*]:-}" ] || return 0
   PONG_STEPS[$*]=1
-  timeout 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
+  timeout -k 20 120 $PY perf/learner_step.py --steps 30 -- --device "$DEVICE" --env Pong-v5 --num_workers 14 \
     --num_envs_per_worker 32 "$@" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
 }
 
@@ -180,7 +187,7 @@ learner() {  # the GPU learner's step alone at CartPole's GPU sizes, and where i
   # Pong's at minibatches of 1,024 (the Atari default before 2026-11-27) and 256 (its default, as in Sample
   # Factory and CleanRL; float32, as `bf16` measures it): the samples/s a GPU learner takes at each, against the
   # 16,000 env steps/s that Pong's envs make on these cores
-  timeout 240 $PY perf/learner_step.py --steps 20 --profile 5 -- --device "$DEVICE" --num_workers 14 \
+  timeout -k 20 240 $PY perf/learner_step.py --steps 20 --profile 5 -- --device "$DEVICE" --num_workers 14 \
     --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1 2>> "$OUT/runs.log" \
     | tee -a "$OUT/figures.jsonl"
   pong_step --batch_size 1024 --num_batches_per_epoch 4
@@ -220,20 +227,35 @@ device_pendulum() {  # SAC and TD3 on the torch Pendulum (device mode) against G
   done
 }
 
+brax_site() {  # Brax's, MuJoCo's and Playground's wheels (carry .gpu_brax) installed once, in /tmp/brax
+  [ -d /tmp/brax ] || $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/brax .gpu_brax/*.whl
+}
+
 brax() {  # Brax's ant through the JAX bridge against Brax's own PPO trainer, the same env steps, then Playground's
   # CartpoleBalance at GPU sizes (carry .gpu_brax)
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/brax .gpu_brax/*.whl || return 1
-  PYTHONPATH=/tmp/brax:$PYTHONPATH timeout $((2 * BRAX_SEC + 60)) $PY perf/brax_ppo.py --env ant --device "$DEVICE" \
-    --env_steps "${BRAX_STEPS:-10000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+  brax_site || return 1
+  PYTHONPATH=/tmp/brax:$PYTHONPATH timeout -k 20 $((2 * BRAX_SEC + 60)) $PY perf/brax_ppo.py --env ant \
+    --device "$DEVICE" --env_steps "${BRAX_STEPS:-10000000}" --timeout_sec "$BRAX_SEC" 2>> "$OUT/runs.log" \
+    | tee -a "$OUT/figures.jsonl"
   PYTHONPATH=/tmp/brax:$PYTHONPATH run playground_cartpole 60 --env playground/CartpoleBalance \
     --num_envs_per_worker 4096 --rollout 16 --batch_size 16384  # one slot of 16 steps x 4,096 envs a batch
 }
 
+offpolicy_updates() {  # SAC's and TD3's learner alone at batch 256 on HalfCheetah-v5's shapes: updates/s on the GPU
+  # against the CPU (4 threads, a learner's share of these cores beside its samplers), eager and --compile (MuJoCo
+  # from .gpu_brax)
+  brax_site || return 1
+  for algo in sac td3; do
+    PYTHONPATH=/tmp/brax:$PYTHONPATH timeout -k 20 200 $PY perf/sac_updates.py --algo "$algo" --device cpu "$DEVICE" \
+      --compile both --threads 4 --updates 500 --no_baseline 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+  done
+}
+
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
-declare -A NEEDS=([machine]=10 [build]=0 [tests]=120 [tests_beside]=0 [smoke]=200 [cartpole]=$((4 * RUN_SEC + 160))
+declare -A NEEDS=([machine]=10 [build]=0 [tests]=180 [tests_beside]=0 [smoke]=240 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
   [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((4 * RUN_SEC + 120))
-  [device_pendulum]=$((4 * PENDULUM_SEC + 80))
+  [device_pendulum]=$((4 * PENDULUM_SEC + 80)) [offpolicy_updates]=400
   [brax]=$((2 * BRAX_SEC + 240)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke device_envs)

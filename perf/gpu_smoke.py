@@ -3,11 +3,11 @@
   python perf/gpu_smoke.py [--device cuda] [--parallel 4]
 Runs, each with --device cuda for 15 s (30 s with --compile), `--parallel` at a time: every built-in algorithm
 (PPO with --compile and an evaluator, with a GRU core, with a user's encoder from a file of the user's directory;
-DQN, PQN and R2D2 on CartPole-v1; SAC and TD3 on Pendulum-v1). Checks that the policy worker acted on the GPU,
-the learner shared its weights there (CUDA IPC), a version was published, and no rollout worker held a CUDA context
-(nvidia-smi lists the processes holding one). Then enjoy.py --device cuda on the first run, and
-sf_engine.load_policy(..., device="cuda") on every run's checkpoint, acting on a batch of the env's observations.
-Prints one JSON line: each check and `ok`.
+DQN, PQN and R2D2 on CartPole-v1; SAC and TD3 on Pendulum-v1, SAC also with --compile). Checks that the policy
+worker acted on the GPU, the learner shared its weights there (CUDA IPC), a version was published, and no rollout
+worker held a CUDA context (nvidia-smi lists the processes holding one). Then enjoy.py --device cuda on the first
+run, and sf_engine.load_policy(..., device="cuda") on every run's checkpoint, acting on a batch of the env's
+observations. Prints one JSON line: each check and `ok` (and each run's result to stderr as it ends).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = {  # name -> (env, flags); each run 15 s, the compiling one 30 s (it compiles for the first 10-15 s)
+sys.path.insert(0, REPO)  # load_policy's sf_engine: this checkout's
+RUNS = {  # name -> (env, flags); each run 15 s, the compiling ones 30 s (they compile for the first 10-15 s)
     "cartpole_compile": ("CartPole-v1", ["--compile", "true", "--eval_every_sec", "5", "--train_for_seconds", "30"]),
     "cartpole_gru": ("CartPole-v1", ["--rnn", "gru", "--rnn_size", "64"]),
     "cartpole_user_encoder": ("CartPole-v1", ["--encoder", "my_encoder:make"]),
@@ -32,7 +34,9 @@ RUNS = {  # name -> (env, flags); each run 15 s, the compiling one 30 s (it comp
     "cartpole_r2d2": ("CartPole-v1", ["--algo", "r2d2"]),
     "pendulum_sac": ("Pendulum-v1", ["--algo", "sac"]),
     "pendulum_td3": ("Pendulum-v1", ["--algo", "td3"]),
+    "pendulum_sac_compile": ("Pendulum-v1", ["--algo", "sac", "--compile", "true", "--train_for_seconds", "30"]),
 }
+RUN_LIMIT_SEC = 90  # a run (15 or 30 s, start-up and compiling included) still going then is killed and fails
 ENCODER = """import torch
 
 
@@ -49,37 +53,51 @@ def _cuda_pids() -> set:
     return {int(pid) for pid in out.split()}
 
 
-def _started(exp: str, deadline: float) -> dict:
-    """pid -> role of a run once its learner and policy worker are ready (or at the deadline)."""
+def _started(exp: str, proc, deadline: float) -> dict:
+    """pid -> role of a run once its learner and policy worker are ready (or at the deadline, or its end)."""
     while True:
         try:
             with open(os.path.join(exp, "train.log")) as f:
                 log = f.read()
             with open(os.path.join(exp, "processes.json")) as f:
                 roles = {row["pid"]: row["role"] for row in json.load(f)["processes"]}
-            if ("learner[0] INFO ready" in log and "policy_worker[0] INFO ready" in log) or time.time() > deadline:
+            if "learner[0] INFO ready" in log and "policy_worker[0] INFO ready" in log:
                 return roles
         except (OSError, ValueError, KeyError):
-            if time.time() > deadline:
-                return {}
+            roles = {}
+        if time.time() > deadline or proc.poll() is not None:
+            return roles
         time.sleep(0.5)
 
 
 def _train(device: str, user_dir: str, train_dir: str, name: str) -> dict:
-    """One run: its exit code, each role's device from the log, the roles that held a CUDA context."""
+    """One run: its exit code, each role's device from the log, the roles that held a CUDA context (nvidia-smi
+    read every 2 s from the moment it is ready to its end)."""
     env, flags = RUNS[name]
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--device", device, "--train_dir", train_dir]
-    proc = subprocess.Popen(
-        cmd + ["--experiment", name, "--env", env, "--train_for_seconds", "15"] + flags,
-        cwd=user_dir,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    exp = os.path.join(train_dir, name)
-    roles = _started(exp, time.time() + 14 + 15 * ("--compile" in flags))  # which processes hold a CUDA context
-    holders = _cuda_pids() if device == "cuda" else None
-    out, _ = proc.communicate(timeout=300)
+    exp, start = os.path.join(train_dir, name), time.time()
+    with open(os.path.join(train_dir, f"{name}.out"), "w+") as out:
+        proc = subprocess.Popen(
+            cmd + ["--experiment", name, "--env", env, "--train_for_seconds", "15"] + flags,
+            cwd=user_dir,
+            text=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its processes, killed together where it overruns
+        )
+        try:
+            roles = _started(exp, proc, time.time() + 60)
+            holders: set | None = None if device == "cpu" else set()
+            while proc.poll() is None and time.time() < start + RUN_LIMIT_SEC:
+                if holders is not None:
+                    holders |= _cuda_pids()
+                time.sleep(2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        output = out.read()
     with open(os.path.join(exp, "train.log")) as f:
         log = f.read()
     with open(os.path.join(exp, "summary.json")) as f:
@@ -100,12 +118,12 @@ def _train(device: str, user_dir: str, train_dir: str, name: str) -> dict:
         proc.returncode == 0
         and str(result["policy_worker_device"]).startswith(device)
         and str(result["shared_weights_device"]).startswith(device)
-        and summary["learner_version"] > 0
+        and (summary["learner_version"] or 0) > 0
         # the listing sees this run's processes (the learner's), so that it means something that no worker is there
         and (on_cuda is None or ("learner" in on_cuda and not any(r.startswith("rollout_worker") for r in on_cuda)))
     )
     if not result["ok"]:
-        result["tail"] = out[-1500:]
+        result["tail"] = output[-1500:]
     return result
 
 
@@ -137,7 +155,7 @@ def _enjoy(device: str, train_dir: str) -> dict:
         cmd + ["cartpole_compile", "--device", device, "--num_episodes", "3"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=60,
     )
     return {"ok": enjoy.returncode == 0, "exit_code": enjoy.returncode, "out": enjoy.stdout.strip().splitlines()[-2:]}
 
@@ -164,13 +182,18 @@ def main() -> int:
 
         def one(name: str) -> dict:
             try:
-                return _train(args.device, user_dir, train_dir, name)
-            except (OSError, KeyError, ValueError, subprocess.TimeoutExpired) as exc:  # still one JSON line
-                return {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+                result = _train(args.device, user_dir, train_dir, name)
+            except Exception as exc:  # noqa: BLE001 - still one JSON line
+                result = {"ok": False, "error": f"{exc.__class__.__name__}: {exc}"}
+            print(json.dumps({name: result}), file=sys.stderr, flush=True)  # as it ends: kept if the script is cut
+            return result
 
         with ThreadPoolExecutor(max_workers=args.parallel) as pool:
             result.update(zip(RUNS, pool.map(one, RUNS)))
-        result["enjoy"] = _enjoy(args.device, train_dir)
+        try:
+            result["enjoy"] = _enjoy(args.device, train_dir)
+        except subprocess.TimeoutExpired:
+            result["enjoy"] = {"ok": False, "error": "past 60 s"}
         result["load_policy"] = {name: _load_policy(args.device, train_dir, name) for name in RUNS}
     result["ok"] = (
         all(result[name]["ok"] for name in RUNS)
