@@ -7,8 +7,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch._dynamo
-import torch._inductor.config
 from conftest import read_json, run_train, train_error
 
 import sf_engine
@@ -54,22 +52,25 @@ def test_the_actor_and_the_targets_move_every_policy_delay_updates_and_the_criti
     assert moved == [(True, True, True, True), (False, True, False, False)] * 2
 
 
-def test_compile_takes_the_eager_updates_through_compiled_losses(tmp_path, monkeypatch):
+def test_compile_takes_the_eager_updates_through_compiled_losses(tmp_path):
     """--compile: the critics' and the actor's losses through torch.compile (its random draws torch's, as eager
     ones are) take the same three updates from the same weights, the actor's at the first and the third."""
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True, raising=False)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
+    import torch._dynamo as dynamo
+    from test_sac import _eager_random_draws
+
+    dynamo.reset()
+    dynamo.utils.counters.clear()
     runs = []
     for compile_flag in ("false", "true"):
         torch.manual_seed(0)
         td3, _ = _td3(tmp_path, "--policy_delay", "2", "--compile", compile_flag)
         results = []
-        for step in range(3):
-            torch.manual_seed(step)
-            results.append(td3.train(_batch(seed=step)))
+        with _eager_random_draws():
+            for step in range(3):
+                torch.manual_seed(step)
+                results.append(td3.train(_batch(seed=step)))
         runs.append((td3, results))
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the critics' loss and the actor's
+    assert dynamo.utils.counters["stats"]["unique_graphs"] == 2  # the critics' loss and the actor's
     (eager, eager_results), (compiled, compiled_results) = runs
     for name in ("params", "critic_params", "target_params", "actor_target_params"):
         torch.testing.assert_close(getattr(compiled, name), getattr(eager, name), rtol=1e-4, atol=1e-6, msg=name)
