@@ -54,13 +54,16 @@ class BatchEnv:
 
     resets_next_step = True  # an env that ends resets on the next step, which belongs to no episode
 
-    def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False):
+    def __init__(self, env, num_envs: int, spec: EnvSpec, true_score_from_info: bool = False, layout=None):
+        """`layout`: the envs.observations.ObsLayout that makes the whole batch's observations flat entries (EnvPool's
+        Dict observations with Discrete parts; a Gymnasium env's are made so env by env)."""
         self._env, self.num_envs, self.spec = env, num_envs, spec
         self._true_score = true_score_from_info
+        self._entries = _as_dict if layout is None else layout.batch
 
     def reset(self) -> dict:
         obs, _ = self._env.reset()
-        return _as_dict(obs)
+        return self._entries(obs)
 
     def step(self, actions: np.ndarray) -> StepResult:
         actions = self.spec.action.env_actions(actions)  # clipped, or from Discrete(n, start=k)'s k
@@ -75,7 +78,7 @@ class BatchEnv:
         if stats is not None:  # PBT's objective where the env gives one (Sample Factory's convention)
             objective = np.full(self.num_envs, np.nan)
             objective[np.asarray(stats["_true_objective"], bool)] = extra["true_objective"]
-        return StepResult(_as_dict(obs), rewards, terminated, truncated, score, over, extra, objective=objective)
+        return StepResult(self._entries(obs), rewards, terminated, truncated, score, over, extra, objective=objective)
 
     def render(self):
         return self._env.render()

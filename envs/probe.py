@@ -98,7 +98,7 @@ class _Probed:
     frameskip: int = 1
 
 
-def _probe_envpool(env_id: str) -> _Probed:
+def _probe_envpool(env_id: str, text: str, discrete: str) -> _Probed:
     envpool = envpool_module()
     if env_id not in envpool_ids():
         raise EnvError(
@@ -111,7 +111,8 @@ def _probe_envpool(env_id: str) -> _Probed:
         obs_space, action_space = pool_spec.observation_space, pool_spec.action_space
     atari = type(pool_spec).__name__ == "AtariEnvSpec"  # VizDoom has episodic_life too
     frameskip = int(pool_spec.config.frame_skip) if atari else 1
-    return _Probed(obs_space, action_space, atari=atari, frameskip=frameskip)
+    obs_space, layout = _observed(env_id, obs_space, text, discrete)  # Dict parts (MiniGrid's direction) made flat
+    return _Probed(obs_space, action_space, layout=layout, atari=atari, frameskip=frameskip)
 
 
 def _probe_gymnasium(env_id: str, text: str, discrete: str) -> _Probed:
@@ -164,7 +165,7 @@ def probe_env_spec(env_id: str, backend: str, text: str = "bag", discrete: str =
             obs=((key, (len(keep),), dtype),), action=base.action, family=base.family, frameskip=base.frameskip
         )
     envpool = resolve_backend(env_id, backend) == "envpool"
-    probed = _probe_envpool(env_id) if envpool else _probe_gymnasium(env_id, text, discrete)
+    probed = _probe_envpool(env_id, text, discrete) if envpool else _probe_gymnasium(env_id, text, discrete)
     action, obs_space = action_spec(env_id, probed.action_space), probed.obs_space
     info = probed.info
     from_info = info is not None and mask_in_info(env_id, obs_space, info, sum(action.nvec), EnvError)

@@ -243,7 +243,8 @@ def make_batch_env(
     if backend == "device":  # played outside training (evaluation, enjoy.py): on the CPU, through NumPy
         return DeviceBatchEnv(make_device_env(env_id, num_envs, "cpu"), spec, seed)
     if backend == "envpool":
-        return BatchEnv(_envpool(env_id, num_envs, seed, spec, training), num_envs, spec, spec.family == "atari")
+        env = _envpool(env_id, num_envs, seed, spec, training)
+        return BatchEnv(env, num_envs, spec, spec.family == "atari", layout=spec.layout)
     if spec.agents:  # a PettingZoo env: every agent of every game is a row
         return MultiAgentBatchEnv(gym_factory(env_id), num_envs, spec, seed, render_mode)
     import gymnasium as gym

@@ -231,3 +231,36 @@ def test_minigrid_trains_as_it_comes(tmp_path, shm_dir):
     plan = build_plan(["--env", "minigrid:MiniGrid-Empty-5x5-v0", *where, *TINY, "--train_for_env_steps", "600"])
     assert any("observation parts made vectors: direction as one-hot [4], mission as" in note for note in plan.notes)
     assert run(plan) == 0
+
+
+def test_envpools_minigrid_ids_become_the_same_flat_entries_and_train(tmp_path, shm_dir):
+    """A MiniGrid id as it is (EnvPool's C++ MiniGrid): its Discrete direction one-hot, its image as it is, its mission
+    EnvPool's bytes; the whole batch's observations made so as they come, and a short run trains on them."""
+    from conftest import TINY
+
+    from sf_engine.envs import make_batch_env
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
+
+    spec = probe_env_spec("MiniGrid-Empty-5x5-v0", "auto")
+    assert spec.obs == (
+        ("direction", (4,), "float32"),
+        ("image", (7, 7, 3), "uint8"),
+        ("mission", (96,), "uint8"),
+    )
+    env = make_batch_env("MiniGrid-Empty-5x5-v0", "auto", 3, 0, spec)
+    try:
+        for obs in (env.reset(), env.step(np.array([0, 1, 2])).obs):  # turn left, turn right, forward
+            assert {key: (value.shape, value.dtype) for key, value in obs.items()} == {
+                "direction": ((3, 4), np.float32),
+                "image": ((3, 7, 7, 3), np.uint8),
+                "mission": ((3, 96), np.uint8),
+            }
+            assert (obs["direction"].sum(1) == 1).all() and bytes(obs["mission"][0]).startswith(b"get to the green")
+    finally:
+        env.close()
+    where = ["--train_dir", str(tmp_path), "--shm_dir", shm_dir, "--experiment", "envpool_minigrid"]
+    plan = build_plan(["--env", "MiniGrid-Empty-5x5-v0", *where, *TINY, "--train_for_env_steps", "600"])
+    assert any("observation parts made vectors: direction as one-hot [4]" in note for note in plan.notes)
+    assert run(plan) == 0 and read_json(tmp_path / "envpool_minigrid" / "summary.json")["learner_version"] > 0
+    assert os.listdir(shm_dir) == []
