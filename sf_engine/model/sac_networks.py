@@ -214,3 +214,11 @@ class TwinCritic(nn.Module):
             h = torch.baddbmm(bias, h, weight)
             h = self.activation(h) if i < last else h
         return h[0, :, 0], h[1, :, 0]
+
+    def loss(self, x: torch.Tensor, squashed: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> tuple:
+        """The critics' loss toward `targets` [B] (0.5 x the squared errors of both, weighted by `weights`, its
+        mean), Q1's mean and |TD error| [B] (the mean of the two critics'): SAC's and TD3's critic step."""
+        q1, q2 = self(x, squashed)
+        error1, error2 = q1 - targets, q2 - targets
+        loss = 0.5 * (weights * (error1.square() + error2.square())).mean()
+        return loss, q1.detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())

@@ -130,17 +130,14 @@ class SAC:
         return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
     def _critic_loss(self, x, actions, next_x, returns, discounts, weights, alpha) -> tuple:
-        """The critics' loss (0.5 x the squared errors of both, weighted by `weights`), Q1's mean and |TD error| [B]
-        (the mean of the two critics'), on the n-step soft targets: `returns` + `discounts` x (min of the target
-        critics - alpha x log pi) at an action the actor samples for the next observation."""
+        """The critics' loss, Q1's mean and |TD error| [B] (TwinCritic.loss) on the n-step soft targets: `returns` +
+        `discounts` x (min of the target critics - alpha x log pi) at an action the actor samples for the next
+        observation."""
         with torch.no_grad():
             next_actions, next_log_probs = self.model.distribution.rsample(self.model.params_of(next_x))
             next_q = torch.minimum(*self.target(next_x, next_actions)) - alpha * next_log_probs
             targets = returns + discounts * next_q
-        q1, q2 = self.critic(x, actions)
-        error1, error2 = q1 - targets, q2 - targets
-        loss = 0.5 * (weights * (error1.square() + error2.square())).mean()
-        return loss, q1.detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())
+        return self.critic.loss(x, actions, targets, weights)
 
     def _actor_loss(self, x, alpha) -> tuple:
         """The actor's loss (maximize min(Q1, Q2) + the entropy bonus, through the critics) and its actions'

@@ -111,13 +111,8 @@ class TD3:
         return TrainResult(len(td_abs), losses, 1, 0, td_abs)
 
     def _critic_loss(self, x, actions, next_x, returns, discounts, weights) -> tuple:
-        """The critics' loss (0.5 x the squared errors of both, weighted by `weights`), Q1's mean and |TD error| [B]
-        (the mean of the two critics')."""
-        targets = self._targets(next_x, returns, discounts)
-        q1, q2 = self.critic(x, actions)
-        error1, error2 = q1 - targets, q2 - targets
-        loss = 0.5 * (weights * (error1.square() + error2.square())).mean()
-        return loss, q1.detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())
+        """The critics' loss, Q1's mean and |TD error| [B] (TwinCritic.loss) on the smoothed targets (_targets)."""
+        return self.critic.loss(x, actions, self._targets(next_x, returns, discounts), weights)
 
     def _actor_loss(self, x) -> torch.Tensor:
         """The actor's loss: maximize Q1 at its own action, through the critic."""
