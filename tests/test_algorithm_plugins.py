@@ -134,8 +134,9 @@ def test_every_spec_names_classes_that_exist_and_its_flags():
     from sf_engine.config.groups import GROUPS
     from sf_engine.runtime.wiring import import_class
 
-    flags = {fld for cls in GROUPS.values() for fld in cls.__dataclass_fields__}
     for name, spec in built_in_algorithms().items():
+        groups = list(GROUPS.values()) + ([spec.config[1]] if spec.config else [])  # every run's, and its own
+        flags = {fld for cls in groups for fld in cls.__dataclass_fields__}
         learner = import_class(spec.learner)
         assert callable(getattr(learner, "acting_network", None)), name
         assert callable(getattr(learner, "train", None)), name  # the one training seam, whatever the data

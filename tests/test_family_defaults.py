@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from sf_engine.config.groups import GROUPS
+from sf_engine.config.groups import flag_groups
 from sf_engine.envs.families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS
 from sf_engine.envs.partially_observed import ENV_DEFAULTS
 
-FLAGS = {fld.name for cls in GROUPS.values() for fld in dataclasses.fields(cls)}
+FLAGS = {fld.name for cls in flag_groups().values() for fld in dataclasses.fields(cls)}  # every algorithm's too
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_DEFAULTS))

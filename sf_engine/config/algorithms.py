@@ -45,7 +45,7 @@ class AlgorithmSpec:
     random_before_learning: bool = False  # acts uniformly at random until learning starts (--random_before_learning)
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
     pbt: tuple = ()  # the hyperparameters PBT explores (sf_engine.algo.pbt.RANGES)
-    config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name> (sf_engine.config.groups)
+    config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name>, its runs' only (config.groups)
     defaults: dict = field(default_factory=dict)  # {None: every env family's, family: its own}: flag -> value
     check: Callable | None = None  # cfg -> None: its own flags' checks, a one-line ConfigError each
     check_env: Callable | None = None  # (cfg, env_spec) -> None: its own checks of the env

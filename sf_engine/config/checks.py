@@ -9,7 +9,7 @@ import math
 import re
 
 from sf_engine.config.algorithms import SEQUENCES, algorithm_spec, check_algorithm_flags
-from sf_engine.config.groups import GROUPS, ROLLOUT_DEFAULT, Config, ConfigError
+from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 
@@ -64,7 +64,7 @@ def _check_counts(cfg: Config) -> None:
         "--target_update_period": cfg.q.target_update_period,
         "--epsilon_decay_env_steps": cfg.q.epsilon_decay_env_steps,
     }
-    for group in (getattr(cfg, name) for name in GROUPS):  # every algorithm's own group too
+    for group in cfg.groups().values():  # the algorithm's own group too
         for fld in dataclasses.fields(group):
             value = getattr(group, fld.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -87,7 +87,6 @@ def _check_learner_values(cfg: Config) -> None:
         "--status_every_sec": run.status_every_sec,
         "--replay_ratio": cfg.replay.replay_ratio,
         "--huber_delta": cfg.q.huber_delta,
-        "--alpha": cfg.sac.alpha,
     }.items():
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
@@ -98,7 +97,6 @@ def _check_learner_values(cfg: Config) -> None:
         "--learning_starts": cfg.replay.learning_starts,
         "--per_alpha": cfg.replay.per_alpha,
         "--burn_in": cfg.replay.burn_in,
-        "--critic_learning_rate": cfg.sac.critic_learning_rate,
         "--lr_end": lrn.lr_end,
         "--lr_decay_env_steps": lrn.lr_decay_env_steps,
     }.items():

@@ -8,7 +8,9 @@ import argparse
 import dataclasses
 import difflib
 
-from sf_engine.config.groups import GROUPS, Config, ConfigError
+from sf_engine.config.algorithms import algorithm_spec
+from sf_engine.config.fields import type_name
+from sf_engine.config.groups import GROUPS, Config, ConfigError, LearnerConfig, algorithm_group_owners, flag_groups
 
 
 def _str_to_bool(text: str) -> bool:
@@ -21,11 +23,12 @@ def _str_to_bool(text: str) -> bool:
 
 def value_type(fld) -> tuple:
     """(text -> value, allowed values or None) of a field, as the command line and --config read it."""
-    if fld.type in ("bool", bool):
+    kind = type_name(fld)
+    if kind == "bool":
         return _str_to_bool, None
     if "choices" in fld.metadata:
         return str, fld.metadata["choices"]
-    return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(fld.type, str)), None
+    return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(kind, str)), None
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -55,18 +58,21 @@ class FlagParser(argparse.ArgumentParser):
         raise ConfigError(message.removeprefix("argument "))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every field of every group as --name; a flag not given stays out of the parsed namespace (the
-    env family's default or the field's own applies, see make_config). --help shows the field's
-    default."""
+def build_parser(algo: str | None = None) -> argparse.ArgumentParser:
+    """Every field of every group as --name (the groups of flag_groups(algo): every run's, every built-in
+    algorithm's own, and `algo`'s own); a flag not given stays out of the parsed namespace (the env family's
+    default or the field's own applies, see make_config). --help shows the field's default."""
     parser = FlagParser(
         description="Train an agent with sf_engine: asynchronous PPO on shared memory. The defaults shown are the "
         "engine's; an env family (Atari, images, continuous control) brings its own for some flags, and "
         "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
         argument_default=argparse.SUPPRESS,
     )
-    for group_name, cls in GROUPS.items():
-        group = parser.add_argument_group(group_name)
+    for group_name, cls in flag_groups(algo).items():
+        owners = (
+            "" if group_name in GROUPS else ", ".join(f"--algo {name}" for name in algorithm_group_owners(group_name))
+        )
+        group = parser.add_argument_group(f"{group_name} ({owners}'s own flags)" if owners else group_name)
         for fld in dataclasses.fields(cls):
             convert, choices = value_type(fld)
             text = f"{fld.metadata['help']} (default: {fld.default})".replace("%", "%%")  # argparse formats help with %
@@ -81,23 +87,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def algo_of(argv) -> str | None:
+    """The value of --algo on the command line `argv` (sys.argv when None), or None: it decides which algorithm's own
+    flags the command line takes (build_parser)."""
+    scan = FlagParser(add_help=False, argument_default=argparse.SUPPRESS)
+    scan.add_argument("--algo")
+    return getattr(scan.parse_known_args(argv)[0], "algo", None)
+
+
 def parse_flags(argv=None) -> dict:
     """The flags given on the command line, {group: {field: value}}; a bad one is a ConfigError of one
-    line (FlagParser). The command line is parsed here, once."""
-    given: dict = {name: {} for name in GROUPS}
-    for dest, value in vars(build_parser().parse_args(argv)).items():
+    line (FlagParser). The command line is parsed here, once (its --algo first: which algorithm's flags it takes)."""
+    given: dict = {}
+    for dest, value in vars(build_parser(algo_of(argv)).parse_args(argv)).items():
         group_name, name = dest.split(".", 1)
-        given[group_name][name] = value
+        given.setdefault(group_name, {})[name] = value
     return given
 
 
 def make_config(given: dict, defaults: dict | None = None, saved: dict | None = None) -> Config:
-    """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's), then by
-    `saved` ({group: {field: value}}, a --config file), then by the flags `given` (parse_flags)."""
+    """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's and the
+    algorithm's), then by `saved` ({group: {field: value}}, a --config file), then by the flags `given`
+    (parse_flags). The groups are every run's and the algorithm's own (of `given`'s --algo, else `saved`'s): a
+    flag given of another algorithm's group is a ConfigError of one line; a saved file's is left out (the config of
+    a run of another algorithm)."""
     defaults, saved = defaults or {}, saved or {}
-    groups = {}
-    for group_name, cls in GROUPS.items():
+    algo = given.get("learner", {}).get("algo") or saved.get("learner", {}).get("algo") or LearnerConfig.algo
+    own = algorithm_spec(algo).config
+    groups = GROUPS | dict([own] if own else [])
+    for group_name, values in given.items():
+        if group_name not in groups and values:
+            owners = " or ".join(f"--algo {name}" for name in algorithm_group_owners(group_name))
+            raise ConfigError(f"--{next(iter(values))} is {owners}'s flag: drop it with --algo {algo}, or use {owners}")
+    made = {}
+    for group_name, cls in groups.items():
         names = {fld.name for fld in dataclasses.fields(cls)}
         values = {name: value for name, value in defaults.items() if name in names}
-        groups[group_name] = cls(**(values | saved.get(group_name, {}) | given.get(group_name, {})))
-    return Config(**groups)
+        made[group_name] = cls(**(values | saved.get(group_name, {}) | given.get(group_name, {})))
+    return Config(**{name: made[name] for name in GROUPS}, algo_group=made[own[0]] if own else None)

@@ -16,6 +16,12 @@ def flag_field(default, help_text: str, **kw):
     return field(default=default, metadata={"help": help_text, **kw})
 
 
+def type_name(fld) -> str:
+    """A field's type as written ('float', 'int | str'), whether its module's annotations are strings (from
+    __future__ import annotations) or the types themselves (a user's group may have either)."""
+    return fld.type if isinstance(fld.type, str) else getattr(fld.type, "__name__", str(fld.type))
+
+
 def int_or_auto(text: str):
     if text == "auto":
         return text

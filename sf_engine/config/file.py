@@ -8,7 +8,8 @@ import dataclasses
 import json
 
 from sf_engine.config.cli import value_type
-from sf_engine.config.groups import GROUPS, ConfigError
+from sf_engine.config.fields import type_name
+from sf_engine.config.groups import ConfigError, flag_groups
 
 # a saved config never names another file, restarts an experiment, or says where this run writes
 _NOT_FROM_FILE = ("config", "restart", "experiment", "train_dir", "shm_dir")
@@ -17,7 +18,7 @@ _NOT_FROM_FILE = ("config", "restart", "experiment", "train_dir", "shm_dir")
 def _json_type_fits(fld, value) -> bool:
     """Whether a config.json value has the JSON type of its field (a number for a number, true/false for
     a switch, a string for a name or choice; 'auto' where the field takes it)."""
-    kind = str(fld.type)
+    kind = type_name(fld)
     if kind == "bool":
         return isinstance(value, bool)
     if isinstance(value, bool):
@@ -29,8 +30,9 @@ def _json_type_fits(fld, value) -> bool:
     return isinstance(value, str)
 
 
-def read_config_file(path: str) -> dict:
-    """{group: {field: value}} of a saved config.json (--config), each value read as its flag would be;
+def read_config_file(path: str, algo: str | None = None) -> dict:
+    """{group: {field: value}} of a saved config.json (--config), each value read as its flag would be: the groups
+    of every run, of every built-in algorithm and of `algo`'s (--algo given), else of the file's own --algo;
     ConfigError (one line) for a file that is not such a config."""
     try:
         with open(path) as f:
@@ -42,7 +44,9 @@ def read_config_file(path: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: not a config.json (no settings in it)")
     values: dict = {}
-    for group_name, cls in GROUPS.items():
+    learner = data.get("learner")
+    saved_algo = learner.get("algo") if isinstance(learner, dict) else None
+    for group_name, cls in flag_groups(algo or (saved_algo if isinstance(saved_algo, str) else None)).items():
         section, fields = data.get(group_name, {}), {fld.name: fld for fld in dataclasses.fields(cls)}
         if not isinstance(section, dict):
             raise ConfigError(f"--config {path}: '{group_name}' is not a group of settings")

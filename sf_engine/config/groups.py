@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sf_engine.config.algorithms import AlgorithmSpec, algorithm_spec, built_in_algorithms
+from sf_engine.config.algorithms import AlgorithmSpec, algorithm_names, algorithm_spec, built_in_algorithms
 from sf_engine.config.env import EnvConfig
 from sf_engine.config.fields import ConfigError, int_or_auto
 from sf_engine.config.fields import flag_field as _f
@@ -307,7 +307,8 @@ class RunConfig:
         return min(1.0, max(used))
 
 
-# the groups of every run, then each built-in algorithm's own (its spec's `config`: SAC's, TD3's)
+# the groups of every run; an algorithm's own group (its spec's `config`: SAC's, TD3's, a user's) is a run's only
+# where that algorithm learns (Config.algo_group, read as cfg.<its name>)
 GROUPS = {
     "env": EnvConfig,
     "sampler": SamplerConfig,
@@ -319,11 +320,50 @@ GROUPS = {
     "remote": RemoteConfig,
     "replay": ReplayConfig,
     "q": QConfig,
-} | {spec.config[0]: spec.config[1] for spec in built_in_algorithms().values() if spec.config}
+}
+
+
+def flag_groups(algo: str | None = None) -> dict:
+    """name -> group class of every flag a command line with `--algo algo` takes: every run's (GROUPS), each built-in
+    algorithm's own (so that --help lists them all, and a flag of another algorithm's group is named as such), and
+    `algo`'s own (a registered or MODULE:SPEC algorithm's; a ConfigError of one line where `algo` names none)."""
+    specs = list(built_in_algorithms().values()) + ([algorithm_spec(algo)] if algo else [])
+    return GROUPS | {spec.config[0]: spec.config[1] for spec in specs if spec.config}
+
+
+def algorithm_group_owners(group_name: str) -> list:
+    """The algorithms (built in or registered) whose own group is `group_name`."""
+    return [name for name in algorithm_names() if algorithm_spec(name).config[:1] == (group_name,)]
 
 
 class _ConfigMethods:
-    """What Config computes from its groups (Config, below, has one field per group of GROUPS)."""
+    """What Config computes from its groups (Config, below, has one field per group of GROUPS, and `algo_group`:
+    the algorithm's own group of flags, the instance of its spec's `config` class, or None)."""
+
+    def __post_init__(self):
+        """The algorithm's own group: its defaults where none is given; one of another class is refused."""
+        own = self.algorithm.config
+        if not own and self.algo_group is not None:
+            raise ConfigError(f"--algo {self.learner.algo} has no group of its own flags; got {self.algo_group!r}")
+        if own and self.algo_group is None:
+            object.__setattr__(self, "algo_group", own[1]())
+        elif own and not isinstance(self.algo_group, own[1]):
+            raise ConfigError(f"--algo {self.learner.algo}'s flags are a {own[1].__name__}, not {self.algo_group!r}")
+
+    def __getattr__(self, name: str):
+        """cfg.<name> of the algorithm's own group (cfg.sac with --algo sac); only names that are no field get here."""
+        fields = self.__dict__
+        if not name.startswith("__") and "learner" in fields and fields.get("algo_group") is not None:
+            if self.algorithm.config[0] == name:
+                return fields["algo_group"]
+        raise AttributeError(
+            f"the config of --algo {fields['learner'].algo if 'learner' in fields else '?'} has no group {name!r}"
+        )
+
+    def groups(self) -> dict:
+        """name -> group instance of every group of this run: GROUPS', then the algorithm's own."""
+        own = self.algorithm.config
+        return {name: getattr(self, name) for name in GROUPS} | ({own[0]: self.algo_group} if own else {})
 
     @property
     def algorithm(self) -> AlgorithmSpec:
@@ -364,19 +404,25 @@ class _ConfigMethods:
         return self.sampler.total_splits + remote_splits + 2 * self.slots_per_batch
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """{group name: {field: value}} of every group of this run (config.json's settings)."""
+        return {name: dataclasses.asdict(group) for name, group in self.groups().items()}
 
     @classmethod
     def from_dict(cls, data: dict):
-        """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored)."""
-        return cls(**{name: GROUPS[name](**data.get(name, {})) for name in GROUPS})
+        """From to_dict()'s shape (config.json: other top-level keys, such as the command line, are ignored, and so
+        are the groups of algorithms other than its --algo's, which configs of earlier versions hold)."""
+        groups = {name: GROUPS[name](**data.get(name, {})) for name in GROUPS}
+        own = algorithm_spec(groups["learner"].algo).config
+        return cls(**groups, algo_group=own[1](**data.get(own[0], {})) if own else None)
 
 
 Config = dataclasses.make_dataclass(
     "Config",
-    [(name, group, field(default_factory=group)) for name, group in GROUPS.items()],
+    [(name, group, field(default_factory=group)) for name, group in GROUPS.items()]
+    + [("algo_group", Optional[object], field(default=None))],
     bases=(_ConfigMethods,),
     frozen=True,
 )
 Config.__module__ = __name__  # pickled by name: the plan travels to the children
-Config.__doc__ = """The whole configuration: one field per group of GROUPS (cfg.env, ..., cfg.sac, cfg.td3)."""
+Config.__doc__ = """The whole configuration: one field per group of GROUPS (cfg.env, ..., cfg.q), and the algorithm's
+own group (`algo_group`, read as cfg.sac with --algo sac)."""

@@ -50,7 +50,7 @@ from sf_engine.stats.tracking import check_tracking
 def saved_config(given: dict) -> dict:
     """{group: {field: value}} of the --config file among the flags `given` (parse_flags), or {}."""
     config_file = given.get("run", {}).get("config")
-    return read_config_file(config_file) if config_file else {}
+    return read_config_file(config_file, given.get("learner", {}).get("algo")) if config_file else {}
 
 
 def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) -> RunPlan:

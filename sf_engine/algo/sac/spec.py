@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from sf_engine.algo.dqn.spec import VALUE_BASED
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec, bounded_actions
+from sf_engine.config.fields import ConfigError
 from sf_engine.config.fields import flag_field as _f
 
 
@@ -29,6 +30,14 @@ class SACConfig:
         "--algo sac: Adam's learning rate of the critics and the temperature (CleanRL's q_lr); 0: --learning_rate, "
         "as in Stable-Baselines3. The actor keeps --learning_rate; --lr_schedule decays both alike.",
     )
+
+
+def check(cfg) -> None:
+    """Its flags' values: a one-line ConfigError each."""
+    if cfg.sac.alpha <= 0:
+        raise ConfigError(f"--alpha must be positive (got {cfg.sac.alpha})")
+    if cfg.sac.critic_learning_rate < 0:
+        raise ConfigError(f"--critic_learning_rate must be >= 0 (got {cfg.sac.critic_learning_rate})")
 
 
 # Stable-Baselines3's (and RL Zoo's MuJoCo) SAC: 256 x 2 ReLU, Adam 3e-4, batch 256, targets moved by 0.005 each
@@ -67,6 +76,7 @@ SPEC = AlgorithmSpec(
     recurrent="never",
     random_before_learning=True,
     config=("sac", SACConfig),
+    check=check,
     check_env=bounded_actions,
     defaults={None: OFF_POLICY_CONTINUOUS | {"learning_rate": 3e-4, "critic_learning_rate": 1e-3}},
 )
