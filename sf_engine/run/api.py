@@ -23,6 +23,7 @@ from sf_engine.envs.registry import registered_envs
 from sf_engine.model.encoders import registered_encoders
 from sf_engine.run import runner
 from sf_engine.runtime.checkpoint import checkpoint_dir, latest_valid_checkpoint
+from sf_engine.stats.observers import check_observers
 from sf_engine.stats.previous import read_summary
 
 
@@ -67,6 +68,7 @@ def train(observers=(), **flags) -> RunResult:
     ConfigError with train.py's one line, before anything on disk changes. Ctrl-C stops the run cleanly, then
     raises KeyboardInterrupt; a run that fails raises RunFailed; an observer that raises stops the run, and
     its exception is raised once the run has stopped."""
+    observers = check_observers(observers)  # a misspelled hook is one line, before anything on disk changes
     argv = flags_to_argv(flags)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level

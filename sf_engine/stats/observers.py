@@ -1,5 +1,5 @@
-"""Observers of a run: the objects the main process hands the run's figures to. An observer is any object
-with any of these methods (sf_engine.train(observers=[...]) takes a user's; docs/api.md):
+"""Observers of a run: the objects the main process hands the run's figures to. An observer has any of these
+methods, the hooks (sf_engine.train(observers=[...]) takes a user's; docs/api.md):
 
 - `on_report(figures)`: at every report (every second, and once more at the end with `figures.final`
   True), `figures` a dict with the fields of summary.json, plus `figures.scalars` (TensorBoard's tags and
@@ -9,12 +9,18 @@ with any of these methods (sf_engine.train(observers=[...]) takes a user's; docs
 - `on_evaluation(figures)`: a greedy evaluation ended (its version, return_mean, return_std, ...).
 - `on_bottleneck(report)`: the bottleneck report (a Bottleneck), every 30 s after the warm-up.
 
+`Observer` (sf_engine.Observer) is their base, each hook a no-op; an object of another class with some of the
+hooks is an observer too. A user's observer with a method `on_...` that is no hook (a misspelled one, never
+called) is refused in one line before the run starts (check_observers).
+
 The terminal, TensorBoard, summary.json and W&B (sf_engine.stats.tracking) are observers too, so a user's
 observer sees what they show. Runs in the main process.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import os
 import time
@@ -24,9 +30,11 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.text.summary_v2 import text_pb
 
+from sf_engine.config.fields import ConfigError
 from sf_engine.stats.records import EventLog, keep_record, write_json_atomic
 
 SUMMARY_EVERY_SEC = 10.0
+HOOKS = ("on_report", "on_checkpoint", "on_evaluation", "on_bottleneck")
 
 
 class Figures(dict):
@@ -48,6 +56,44 @@ class Bottleneck:
     window_sec: float
     policy_shares: str
     env_steps: int
+
+
+class Observer:
+    """The base of an observer: override the hooks it needs, the others do nothing. Its hooks run in the main
+    process (the calling one, in sf_engine.train), between the run's other work."""
+
+    def on_report(self, figures: Figures) -> bool | None:
+        """Every report (every second, and once more at the end with `figures.final` True): summary.json's
+        fields, `figures.scalars` and `figures.status`. True asks the run to stop cleanly."""
+        return None
+
+    def on_checkpoint(self, path: str) -> None:
+        """A checkpoint was written at `path`."""
+
+    def on_evaluation(self, figures: dict) -> None:
+        """A greedy evaluation ended: its version, return_mean, return_std, length_mean, episodes, ..."""
+
+    def on_bottleneck(self, report: Bottleneck) -> None:
+        """The bottleneck report, every 30 s after the warm-up."""
+
+
+def check_observers(observers) -> list:
+    """The user's observers as a list, or a one-line ConfigError naming an observer's method `on_...` that is no
+    hook (never called: a misspelling) and the closest hook. Runs in the main process, as sf_engine.train takes
+    them, before anything on disk changes."""
+    observers = list(observers)
+    for observer in observers:
+        for name in dir(observer):
+            if not name.startswith("on_") or name in HOOKS:
+                continue
+            value = inspect.getattr_static(observer, name, None)
+            if callable(value) or isinstance(value, (staticmethod, classmethod)):
+                closest = difflib.get_close_matches(name, HOOKS, n=1, cutoff=0.0)[0]
+                raise ConfigError(
+                    f"observer {type(observer).__name__}.{name} is no observer hook ({', '.join(HOOKS)}), so it "
+                    f"would never be called: did you mean {closest}?"
+                )
+    return observers
 
 
 class Observers:
@@ -83,7 +129,7 @@ class Observers:
             getattr(observer, "close", lambda: None)()
 
 
-class TerminalObserver:
+class TerminalObserver(Observer):
     """The terminal and train.log: the status line every --status_every_sec, each evaluation, the
     bottleneck report."""
 
@@ -114,7 +160,7 @@ class TerminalObserver:
             logging.info("each policy's part since the start: %s", report.policy_shares)
 
 
-class TensorBoardObserver:
+class TensorBoardObserver(Observer):
     """TensorBoard's events in the experiment directory: every report's scalars, the bottleneck report."""
 
     def __init__(self, experiment_dir: str):
@@ -135,7 +181,7 @@ class TensorBoardObserver:
         self.events.close()
 
 
-class SummaryFile:
+class SummaryFile(Observer):
     """summary.json every `every_sec` (10 s, or the status period if shorter) and at the end."""
 
     def __init__(self, experiment_dir: str, every_sec: float):
