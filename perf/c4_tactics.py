@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sf_engine.envs import make_batch_env  # noqa: E402
 from sf_engine.envs.opponents import connect_four_heuristic, connect_four_tactics  # noqa: E402
 from sf_engine.model.actor_critic import obs_tensors  # noqa: E402
-from sf_engine.play.loading import EnjoyError, load_experiment, load_policy  # noqa: E402
+from sf_engine.play.loading import LoadError, load_experiment, load_policy  # noqa: E402
 from sf_engine.runtime.checkpoint import latest_checkpoint  # noqa: E402
 
 GAMES_AT_ONCE = 32
@@ -91,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         cfg, spec, exp_dir = load_experiment(args.train_dir, args.experiment)
-    except EnjoyError as exc:
+    except LoadError as exc:
         parser.error(str(exc))
     if cfg.env.env != "pettingzoo.classic.connect_four_v3:env":
         parser.error(f"--experiment {args.experiment} trained {cfg.env.env}; this script reads Connect Four boards")
@@ -102,7 +102,7 @@ def main() -> None:
         parser.error(f"--experiment {args.experiment} has no checkpoint yet")
     try:
         policy = load_policy(cfg, spec, path, "cpu")
-    except EnjoyError as exc:
+    except LoadError as exc:
         parser.error(str(exc))
     env = make_batch_env(cfg.env.env, cfg.env.env_backend, 2 * GAMES_AT_ONCE, seed=1, spec=spec, training=False)
     rng = np.random.default_rng(1)

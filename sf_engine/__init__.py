@@ -2,16 +2,25 @@
 
 The public API (docs/api.md):
 - `train(**flags)`: a training run, every train.py flag a keyword argument, `observers=[...]`; a RunResult;
-- `load_policy(path)`: a trained agent whose `act(obs)` gives the env's actions;
+- `load_policy(path)`: a trained agent (a Policy) whose `act(obs)` gives the env's actions;
 - `register_env(name, make_env)`: your own env as `env=name`; `register_encoder(name, factory)`: your own network
   from observations to features as `encoder=name`;
 - `register_algorithm(name, AlgorithmSpec(...))`: your own learning algorithm as `algo=name`;
 - `ConfigError` (a bad flag, one line), `RunFailed` (a run that failed), `LoadError` (load_policy's one line).
 
-The training and playing parts are imported when first used: every process of a run imports this package.
+What a plug-in author needs:
+- `Observer`: the base of an observer, its hooks `on_report`, `on_checkpoint`, `on_evaluation`, `on_bottleneck`;
+- `Algorithm`: the protocol of a learning algorithm, built as `cls(cfg, spec, device, hooks)` with `TrainingHooks`,
+  its `train(batch)` returning a `TrainResult`;
+- the batches it trains on: `TrajectoryBatch` (whole trajectory slots), `ReplayBatch` (replay transitions),
+  `SequenceBatch` (replay sequences);
+- `AlgorithmSpec` and its `data` values `SLOTS`, `TRANSITIONS`, `SEQUENCES`.
+
+Everything but the registries, the spec and ConfigError is imported when first used (no torch, no TensorBoard on
+`import sf_engine`): every process of a run imports this package.
 """
 
-from sf_engine.config.algorithms import AlgorithmSpec, register_algorithm
+from sf_engine.config.algorithms import SEQUENCES, SLOTS, TRANSITIONS, AlgorithmSpec, register_algorithm
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs.registry import register_env
 from sf_engine.model.encoders import register_encoder
@@ -24,28 +33,46 @@ _LAZY = {
     "RunFailed": "sf_engine.run.api",
     "load_policy": "sf_engine.play.policy",
     "Policy": "sf_engine.play.policy",
+    "LoadError": "sf_engine.play.loading",
+    "Observer": "sf_engine.stats.observers",
+    "Algorithm": "sf_engine.algo.base",
+    "TrainResult": "sf_engine.algo.base",
+    "TrainingHooks": "sf_engine.algo.base",
+    "TrajectoryBatch": "sf_engine.algo.batch",
+    "ReplayBatch": "sf_engine.algo.batch",
+    "SequenceBatch": "sf_engine.algo.batch",
 }
 
 
 def __getattr__(name: str):
     import importlib
 
-    if name == "LoadError":
-        from sf_engine.play.loading import EnjoyError
-
-        return EnjoyError
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'sf_engine' has no attribute {name!r}")
 
 
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
+    "SEQUENCES",
+    "SLOTS",
+    "TRANSITIONS",
+    "Algorithm",
     "AlgorithmSpec",
     "ConfigError",
     "LoadError",
+    "Observer",
     "Policy",
+    "ReplayBatch",
     "RunFailed",
     "RunResult",
+    "SequenceBatch",
+    "TrainResult",
+    "TrainingHooks",
+    "TrajectoryBatch",
     "load_policy",
     "register_algorithm",
     "register_encoder",

@@ -169,12 +169,12 @@ class Net(nn.Module):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 def test_an_export_the_exporter_cannot_make_is_one_line_and_the_other_format_is_written(user_dir, tmp_path):
     from sf_engine.play.export import export
-    from sf_engine.play.loading import EnjoyError
+    from sf_engine.play.loading import LoadError
 
     _write(user_dir, "eigh_model", EIGH_MODEL)
     spec = probe_env_spec("CartPole-v1", "auto")
     model = _network(spec, "eigh_model:Net")
-    with pytest.raises(EnjoyError) as failed:
+    with pytest.raises(LoadError) as failed:
         export(model, spec, str(tmp_path / "export"))
     message = str(failed.value)
     assert message.startswith("the ONNX export failed (") and "aten._linalg_eigh" in message, message

@@ -13,7 +13,7 @@ import numpy as np
 
 from sf_engine.config.cli import FlagParser
 from sf_engine.config.groups import ConfigError
-from sf_engine.play.loading import EnjoyError, first_line, load_experiment, load_policy, resolve_checkpoint
+from sf_engine.play.loading import LoadError, first_line, load_experiment, load_policy, resolve_checkpoint
 from sf_engine.play.video import VideoEnv, VideoWriter
 
 
@@ -85,20 +85,20 @@ def parse_args(argv=None):
 def check_args(args) -> None:
     """Bad values: one line naming the flag, before anything is loaded or written."""
     if args.video and not args.video.lower().endswith((".mp4", ".gif")):
-        raise EnjoyError(f"--video {args.video}: the file name must end in .mp4 or .gif")
+        raise LoadError(f"--video {args.video}: the file name must end in .mp4 or .gif")
     if args.video and not os.access(os.path.dirname(os.path.abspath(args.video)), os.W_OK):
-        raise EnjoyError(f"--video {args.video}: its directory does not exist or is not writable")
+        raise LoadError(f"--video {args.video}: its directory does not exist or is not writable")
     for flag, value in (
         ("--num_episodes", args.num_episodes),
         ("--max_frames", args.max_frames),
         ("--max_episode_steps", args.max_episode_steps),
     ):
         if value < 1:
-            raise EnjoyError(f"{flag} must be at least 1 (got {value})")
+            raise LoadError(f"{flag} must be at least 1 (got {value})")
     if args.video_fps is not None and not 1 <= args.video_fps <= 1000:
-        raise EnjoyError(f"--video_fps must be within 1..1000 (got {args.video_fps})")
+        raise LoadError(f"--video_fps must be within 1..1000 (got {args.video_fps})")
     if args.render and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        raise EnjoyError("--render: no display here (DISPLAY is not set); record a video with --video instead")
+        raise LoadError("--render: no display here (DISPLAY is not set); record a video with --video instead")
 
 
 def run(args) -> int:
@@ -110,7 +110,7 @@ def run(args) -> int:
     try:
         device = resolve_device(args.device)
     except ValueError as exc:
-        raise EnjoyError(str(exc)) from None
+        raise LoadError(str(exc)) from None
     policy = load_policy(cfg, spec, path, device, args.policy)
     if args.opponent:
         return _run_matches(args, cfg, spec, path, policy, device)
@@ -131,7 +131,7 @@ def _start_video(args, env) -> None:
         env.writer = VideoWriter(args.video, fps)
     except Exception as exc:  # imageio/ffmpeg raise their own types: one line, not a traceback
         env.close()
-        raise EnjoyError(
+        raise LoadError(
             f"--video {args.video}: cannot write it ({exc.__class__.__name__}: {first_line(exc)})"
         ) from None
 
@@ -186,13 +186,13 @@ def _run_matches(args, cfg, spec, path: str, policy, device) -> int:
             if spec.agents and len(spec.agents) == 2
             else f"{cfg.env.env} is not a two-player PettingZoo env ({len(spec.agents) or 1} agent(s))"
         )
-        raise EnjoyError(f"--opponent: {why}")
+        raise LoadError(f"--opponent: {why}")
     try:
         opponent = make_opponent(
             args.opponent, spec, lambda path: load_policy(cfg, spec, path, device), device, seed=args.seed
         )
     except OpponentError as exc:
-        raise EnjoyError(str(exc)) from None
+        raise LoadError(str(exc)) from None
     env = make_batch_env(
         cfg.env.env, cfg.env.env_backend, 2 * min(args.num_episodes, 32), seed=args.seed, spec=spec, training=False
     )
@@ -234,6 +234,6 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: the video so far is closed and playable
         print("interrupted", file=sys.stderr)
         return 130
-    except (ConfigError, EnjoyError, EnvError) as exc:
+    except (ConfigError, LoadError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sf_engine.play.enjoy import experiment_parser
-from sf_engine.play.loading import EnjoyError, first_line, load_policy, resolve_checkpoint
+from sf_engine.play.loading import LoadError, first_line, load_policy, resolve_checkpoint
 
 FORMATS = ("onnx", "torchscript", "both")
 OPSET = 18
@@ -143,7 +143,7 @@ def export_torchscript(policy: GreedyPolicy, path: str) -> None:
 
 
 def _exported(name: str, other: str, write) -> None:
-    """`write()` the file of format `name`, or an EnjoyError of one line where the exporter cannot trace the model
+    """`write()` the file of format `name`, or a LoadError of one line where the exporter cannot trace the model
     (a user's whole network, --model, may hold what it does not know)."""
     try:
         write()
@@ -151,7 +151,7 @@ def _exported(name: str, other: str, write) -> None:
         while exc.__cause__ is not None:  # the exporter's own error wraps the one that names the operator
             exc = exc.__cause__
         why = re.sub(r"\x1b\[[0-9;]*m", "", first_line(exc))  # without the exporter's terminal colours
-        raise EnjoyError(
+        raise LoadError(
             f"the {name} export failed ({exc.__class__.__name__}: {why}): --format {other} writes the other file alone"
         ) from None
 
@@ -194,14 +194,14 @@ def run(args) -> int:
     if args.format in ("onnx", "both"):  # before anything is loaded or written
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:
-            raise EnjoyError(
+            raise LoadError(
                 f"--format {args.format} needs the {' and '.join(missing)} package(s): pip install "
                 f"'sf_engine[onnx]' (or --format torchscript)"
             )
     cfg, spec, exp_dir = load_experiment(args.train_dir, args.experiment)
     out_dir = args.output or os.path.join(exp_dir, "export")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise EnjoyError(f"--output {out_dir} is a file: choose a directory")
+        raise LoadError(f"--output {out_dir} is a file: choose a directory")
     path = resolve_checkpoint(exp_dir, args.experiment, args.checkpoint)
     model = load_policy(cfg, spec, path, "cpu", getattr(args, "policy", 0))
     for written in export(model, spec, out_dir, args.format):
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
 
     try:
         return run(parse_args(argv))
-    except (ConfigError, EnjoyError, EnvError) as exc:
+    except (ConfigError, LoadError, EnvError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

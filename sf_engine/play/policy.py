@@ -14,7 +14,7 @@ import torch
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.actor_critic import obs_tensors
 from sf_engine.play.episodes import act
-from sf_engine.play.loading import EnjoyError, load_experiment, resolve_checkpoint
+from sf_engine.play.loading import LoadError, load_experiment, resolve_checkpoint
 from sf_engine.play.loading import load_policy as load_model
 from sf_engine.runtime.device import resolve_device
 
@@ -85,7 +85,7 @@ class Policy:
 
 def load_policy(path: str, device: str = "cpu") -> Policy:
     """The trained agent of `path`: an experiment directory (its newest valid checkpoint) or a checkpoint file
-    of one. Raises EnjoyError (sf_engine.LoadError) with one line saying what is wrong. Envs and encoders the
+    of one. Raises sf_engine.LoadError with one line saying what is wrong. Envs and encoders the
     run registered (register_env, register_encoder) must be registered again before this call."""
     path = os.path.abspath(path)
     if os.path.isdir(path):
@@ -93,7 +93,7 @@ def load_policy(path: str, device: str = "cpu") -> Policy:
     elif os.path.isfile(path):
         experiment_dir, checkpoint = os.path.dirname(os.path.dirname(path)), path
     else:
-        raise EnjoyError(f"{path}: no such experiment directory or checkpoint file")
+        raise LoadError(f"{path}: no such experiment directory or checkpoint file")
     train_dir, experiment = os.path.split(experiment_dir)
     cfg, spec, exp_dir = load_experiment(train_dir, experiment)
     checkpoint = checkpoint or resolve_checkpoint(exp_dir, experiment, "latest")

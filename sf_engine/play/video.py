@@ -9,7 +9,7 @@ import warnings
 
 import numpy as np
 
-from sf_engine.play.loading import EnjoyError, first_line
+from sf_engine.play.loading import LoadError, first_line
 
 
 class VideoWriter:
@@ -35,7 +35,7 @@ class VideoWriter:
             self._writer.send(None)  # starts ffmpeg
         except Exception as exc:  # ffmpeg's own failures: one line, not a traceback
             self._writer = None
-            raise EnjoyError(
+            raise LoadError(
                 f"--video {self.path}: cannot write it ({exc.__class__.__name__}: {first_line(exc)})"
             ) from None
         self.size = (width, height)
@@ -68,9 +68,9 @@ class VideoEnv:
         backend, render_mode = cfg.env.env_backend, None
         if render and spec.device:
             flag = "--video" if render == "video" else "--render"
-            raise EnjoyError(f"{flag}: {cfg.env.env} is a device env, which has no renderer: replay without {flag}")
+            raise LoadError(f"{flag}: {cfg.env.env} is a device env, which has no renderer: replay without {flag}")
         if render == "human" and spec.family == "atari":
-            raise EnjoyError(f"--render: {cfg.env.env} is an EnvPool Atari env, which has no screen; use --video")
+            raise LoadError(f"--render: {cfg.env.env} is an EnvPool Atari env, which has no screen; use --video")
         if render and spec.family != "atari":
             render_mode = "rgb_array" if render == "video" else "human"
             if resolve_backend(cfg.env.env, backend) != "gymnasium":
@@ -126,7 +126,7 @@ class VideoEnv:
 
 
 def check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None:
-    """A throwaway env renders once, or EnjoyError: a missing renderer is one line, not a traceback."""
+    """A throwaway env renders once, or LoadError: a missing renderer is one line, not a traceback."""
     from sf_engine.envs import make_batch_env
 
     try:
@@ -139,7 +139,7 @@ def check_renders(cfg, backend: str, seed: int, spec, render_mode: str) -> None:
         probe.close()
     except Exception as exc:  # Gymnasium raises its own error types when a renderer is missing
         flag = "--video" if render_mode == "rgb_array" else "--render"
-        raise EnjoyError(
+        raise LoadError(
             f"{flag}: {cfg.env.env} cannot render here ({exc.__class__.__name__}: "
             f"{first_line(exc)}); replay without {flag}"
         ) from None
