@@ -15,12 +15,13 @@ from sf_engine.algo.pbt import RANGES
 from sf_engine.config import algorithms
 from sf_engine.config.algorithms import algorithm_spec, built_in_algorithms
 
-# A2C in one screen, against the engine's public seam: the actor-critic it publishes, one step per batch
+# A2C in one screen, against the public API (sf_engine's names: the batch it trains on, its result, its spec and
+# data) and three building blocks that have no public name: GAE, the actor-critic it publishes, its flat weights;
+# one step per batch
 TOY = """
 import torch
 
 import sf_engine
-from sf_engine.algo.base import TrainResult
 from sf_engine.algo.targets import gae
 from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.flat_state import flatten_state
@@ -41,7 +42,7 @@ class A2C:
     def learning_rate(self):
         return self.optimizer.param_groups[0]["lr"]
 
-    def train(self, batch):
+    def train(self, batch: sf_engine.TrajectoryBatch) -> sf_engine.TrainResult:
         steps, envs = batch.rewards.shape
         obs = {key: value.reshape(-1, *value.shape[2:]) for key, value in batch.obs.items()}
         params, values = self.model(obs)
@@ -59,7 +60,7 @@ class A2C:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.5)
         self.optimizer.step()
-        return TrainResult(int(mask.sum()), {"loss": loss.item()}, 1, 0)
+        return sf_engine.TrainResult(int(mask.sum()), {"loss": loss.item()}, 1, 0)
 
     def state(self):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
@@ -72,7 +73,7 @@ class A2C:
         pass
 
 
-SPEC = sf_engine.AlgorithmSpec(learner="toy_a2c:A2C", description="A2C, one step per batch", data="trajectory slots")
+SPEC = sf_engine.AlgorithmSpec(learner="toy_a2c:A2C", description="A2C, one step per batch", data=sf_engine.SLOTS)
 """
 
 
