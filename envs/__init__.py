@@ -2,7 +2,7 @@
 from sf_engine (the engine depends on envs, never the other way)."""
 
 from .doom import reap_orphaned_games
-from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults
+from .families import EnvFamily, FamilyEvidence, family, flag_defaults, register_family, registered_families
 from .probe import probe_env_spec
 from .registry import BatchEnv, EnvError, StepResult, make_batch_env, register_env
 from .spec import ActionSpec, EnvSpec
@@ -15,16 +15,19 @@ def reap_orphaned_processes() -> list:
 
 
 __all__ = [
-    "ENVS_PER_WORKER_HINT",
-    "FAMILY_DEFAULTS",
     "ActionSpec",
     "BatchEnv",
     "EnvError",
+    "EnvFamily",
     "EnvSpec",
+    "FamilyEvidence",
     "StepResult",
+    "family",
     "flag_defaults",
     "make_batch_env",
     "probe_env_spec",
     "reap_orphaned_processes",
     "register_env",
+    "register_family",
+    "registered_families",
 ]

@@ -1,24 +1,16 @@
-"""Flag defaults per env family (the families: envs.registry): the training settings each family starts
-from, and the fewest envs per rollout worker that --num_envs_per_worker auto picks. The runner reads them
-while it builds the run plan (sf_engine.config.cli.make_config puts them under the user's flags, which
-always win).
+"""The env families: each a registered EnvFamily, the test that says an env is of it (the probe, envs.probe, tries
+them in order), the fewest envs per rollout worker that --num_envs_per_worker auto picks and the flags the env itself
+implies. The runner reads them while it builds the run plan (sf_engine.config.cli.make_config puts them, then the
+algorithm's own defaults for the family, under the user's flags, which always win).
 """
 
 from __future__ import annotations
 
-from .partially_observed import ENV_DEFAULTS
-from .spec import EnvSpec
+from dataclasses import dataclass, field
+from typing import Callable
 
-# --num_envs_per_worker auto uses at least this many (fewer envs make too few, too correlated samples)
-ENVS_PER_WORKER_HINT = {
-    "classic": 128,
-    "atari": 32,
-    "image": 16,
-    "continuous": 32,
-    "box2d": 32,
-    "doom": 32,
-    "turns": 128,
-}
+from .doom_scenarios import is_doom
+from .spec import EnvSpec
 
 # Box2D's games (Gymnasium's box2d envs; EnvPool steps the same ids in C++): the box2d family where they observe
 # vectors (CarRacing's 96x96 colour frames take the image family's)
@@ -35,78 +27,87 @@ def is_box2d(env_id: str) -> bool:
     return game_name(env_id) in BOX2D_GAMES
 
 
-FAMILY_DEFAULTS = {
-    "classic": {},
-    # minibatches of 256, one update per 64 samples as in Sample Factory's and CleanRL's Atari PPO: on Breakout-v5
-    # it learned faster per env step and per second than 4 minibatches of 1,024 (docs/performance.md#pong-v5)
-    "atari": {
-        "encoder": "nature_cnn",
-        "rollout": 128,
-        "batch_size": 256,
-        "num_batches_per_epoch": 16,
-        "num_epochs": 4,
-        "learning_rate": 2.5e-4,
-        "lr_schedule": "linear",
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.01,
-        "learner_threads": 2,
-    },
-    "image": {
-        "rollout": 128,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 4,
-        "num_epochs": 4,
-        "learning_rate": 2.5e-4,
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.01,
-        "learner_threads": 2,
-    },
-    # Sample Factory's Doom settings (its doom_override_defaults and APPO defaults): its simple conv
-    # encoder and a GRU of 512, rollouts of 32, one epoch over batches of 1,024, lr 1e-4, its
-    # per-pixel input normalization, normalized returns, Adam's eps 1e-6, unit-gain init, and its value
-    # loss weight (its loss is 0.5 x squared error without our 0.5 factor: 1.0 here)
-    "doom": {
-        "encoder": "convnet_simple",
-        "rnn": "gru",
-        "rnn_size": 512,
-        "rollout": 32,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 1,
-        "num_epochs": 1,
-        "learning_rate": 1e-4,
-        "ppo_clip_ratio": 0.1,
-        "entropy_coeff": 0.001,
-        "normalize_input": True,
-        "normalize_returns": True,
-        "max_grad_norm": 4.0,
-        "value_loss_coeff": 1.0,
-        "adam_eps": 1e-6,
-        "weight_init": "unit",
-        "learner_threads": 2,
-    },
-    # turn-based games (PettingZoo AEC, e.g. classic board games) in self-play: a wider MLP, a gentler
-    # learning rate and an entropy bonus, without which self-play collapses onto one deterministic line
-    # of play; input normalization, so that a board's 0/1 planes (stored as a uint8 image, seen by the
-    # small CNN) are not squashed to 0..1/255 (docs/performance.md#several-agents-and-policies)
-    "turns": {"hidden_size": 256, "learning_rate": 3e-4, "entropy_coeff": 0.05, "normalize_input": True},
-    "continuous": {
-        "activation": "tanh",
-        "hidden_size": 64,
-        "normalize_input": True,
-        "normalize_returns": True,
-        "rollout": 64,
-        "batch_size": 1024,
-        "num_batches_per_epoch": 4,
-        "num_epochs": 5,
-        "learning_rate": 3e-4,
-        "lr_schedule": "constant",
-        "entropy_coeff": 0.0,
-    },
-}
+@dataclass(frozen=True)
+class FamilyEvidence:
+    """What the probe knows of an env when it picks its family: its id, its EnvSpec (without a family yet) and
+    whether it is an Atari game (EnvPool's, or Gymnasium's ALE with ale_py installed)."""
 
-# Box2D's vector games (LunarLander, LunarLanderContinuous, BipedalWalker): the continuous family's networks and
-# normalizers; PPO's longer horizon for them is its own (sf_engine/algo/ppo/spec.py: the off-policy family keeps 0.99)
-FAMILY_DEFAULTS["box2d"] = FAMILY_DEFAULTS["continuous"]
+    env_id: str
+    spec: EnvSpec
+    atari: bool = False
+
+
+@dataclass(frozen=True)
+class EnvFamily:
+    """A kind of env, as facts of the env only: the test that says an env is of it, the fewest envs per rollout
+    worker that --num_envs_per_worker auto picks (fewer make too few, too correlated samples), and the flags the env
+    itself implies (the encoder its observations need). What each algorithm trains such envs with is its own: its
+    spec's defaults for the family (sf_engine.config.algorithms.AlgorithmSpec.defaults)."""
+
+    name: str
+    description: str
+    test: Callable[[FamilyEvidence], bool]
+    envs_per_worker: int
+    defaults: dict = field(default_factory=dict)  # flag -> value
+
+
+_FAMILIES: list = []  # in the order the probe tries them: the first whose test passes is the env's
+
+
+def register_family(family: EnvFamily, before: str | None = None) -> None:
+    """`family` tried by the probe before the family named `before` (before "classic", the last, where None):
+    a new family is this one call (its flag defaults, per algorithm, in the algorithms' specs)."""
+    names = [f.name for f in _FAMILIES]
+    if family.name in names:
+        raise ValueError(f"register_family: a family {family.name!r} exists already")
+    position = names.index(before or "classic") if _FAMILIES else 0
+    _FAMILIES.insert(position, family)
+
+
+def registered_families() -> tuple:
+    """Every family, in the order the probe tries them."""
+    return tuple(_FAMILIES)
+
+
+def family(name: str) -> EnvFamily:
+    return next(f for f in _FAMILIES if f.name == name)
+
+
+def family_of(evidence: FamilyEvidence) -> str:
+    """The name of the first family whose test the env passes (classic's passes any)."""
+    return next(f.name for f in _FAMILIES if f.test(evidence))
+
+
+def _vectors(evidence: FamilyEvidence) -> bool:
+    return not evidence.spec.has_image
+
+
+register_family(EnvFamily("classic", "vector observations, discrete actions", lambda e: True, 128))
+register_family(
+    EnvFamily(
+        "continuous",
+        "vector observations, Box actions",
+        lambda e: _vectors(e) and e.spec.action.kind == "continuous",
+        32,
+    )
+)
+register_family(
+    EnvFamily("box2d", "Box2D's games on vectors", lambda e: _vectors(e) and is_box2d(e.env_id), 32),
+    before="continuous",
+)
+register_family(EnvFamily("image", "image observations", lambda e: e.spec.has_image, 16), before="box2d")
+register_family(
+    EnvFamily("turns", "turn-based games of several agents (PettingZoo AEC)", lambda e: e.spec.turn_based, 128),
+    before="image",
+)
+register_family(
+    EnvFamily("doom", "VizDoom's scenarios", lambda e: is_doom(e.env_id), 32, {"encoder": "convnet_simple"}),
+    before="turns",
+)
+register_family(
+    EnvFamily("atari", "Atari games", lambda e: e.atari, 32, {"encoder": "nature_cnn"}),
+    before="doom",
+)
 
 
 # two-player turn-based games: the mean return of a zero-sum game stays 0 in self-play, so the evaluator plays 20
@@ -117,15 +118,14 @@ TWO_PLAYER_DEFAULTS = {"eval_every_sec": 30.0, "eval_episodes": 20}
 
 # a device env (envs.device): its sampler steps the whole batch at once, one slot per rollout (no double buffering),
 # its rollout sized by device mode (sf_engine.run.autosize: short, so that an on-policy batch is many envs wide, as a
-# step of the batch costs about the same for more envs) over the family's (PPO on Playground's CartpoleBalance, the
-# continuous family's batch of 4,096: its 64 steps x 64 envs about 6,000 env steps/s, 16 x 256 a mean return of 950
-# in 39 s; docs/performance.md#device-envs)
+# step of the batch costs about the same for more envs)
 DEVICE_DEFAULTS = {"worker_num_splits": 1, "rollout": "auto"}
 
 
-def flag_defaults(env_id: str, spec: EnvSpec) -> dict:
-    """{flag name: value}: the defaults of the env's family, then a device env's, then the env's own (ENV_DEFAULTS).
-    They are PPO's settings for the family; another algorithm's own defaults for it (its spec's) go over them."""
+def flag_defaults(spec: EnvSpec) -> dict:
+    """{flag name: value}: what the env implies whatever learns on it: its family's facts, then a two-player game's
+    evaluations, then a device env's sampling. Each algorithm's own defaults for the env (its spec's for the family
+    and the env) go over them."""
     two_player = TWO_PLAYER_DEFAULTS if spec.family == "turns" and len(spec.agents) == 2 else {}
     device = DEVICE_DEFAULTS if spec.device else {}
-    return FAMILY_DEFAULTS[spec.family] | two_player | device | ENV_DEFAULTS.get(env_id, {})
+    return family(spec.family).defaults | two_player | device

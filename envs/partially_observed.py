@@ -3,8 +3,7 @@ so that a policy needs memory (a recurrent core, --rnn gru|lstm) to act well.
 
   CartPoleNoVel-v1   CartPole-v1 observing only the cart position and the pole angle (the two
                      velocities are dropped): a feed-forward policy cannot tell which way things move.
-                     Its defaults: input normalization (the core must tell apart position changes of
-                     a few thousandths), gamma 0.98, 4 epochs, learning rate 1e-3 with linear decay.
+                     PPO's defaults for it are its spec's (sf_engine/algo/ppo/spec.py).
 
 Stepped by the base env's backend (EnvPool when it has the id), then masked, batch at a time.
 """
@@ -15,17 +14,6 @@ import numpy as np
 
 # id -> (base id, indices of the base observation that are kept)
 MASKED_ENVS = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}
-
-# id -> flag defaults of its own, on top of its family's (the user's flags still win)
-ENV_DEFAULTS = {
-    "CartPoleNoVel-v1": {
-        "normalize_input": True,
-        "gamma": 0.98,
-        "num_epochs": 4,
-        "learning_rate": 1e-3,
-        "lr_schedule": "linear",
-    }
-}
 
 
 class MaskedObsBatchEnv:

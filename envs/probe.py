@@ -12,7 +12,7 @@ import warnings
 from .device import device_env_class, make_device_env
 from .doom import FRAME_SKIP as DOOM_FRAME_SKIP
 from .doom_scenarios import is_doom
-from .families import is_box2d
+from .families import FamilyEvidence, family_of
 from .gym_atari import FRAME_SKIP as ATARI_FRAME_SKIP
 from .gym_atari import gym_atari_id, settings_line
 from .masks import check_action_mask, mask_in_info, with_mask_space
@@ -140,8 +140,8 @@ def _probe_device(env_id: str) -> EnvSpec:
         obs = obs_entries(env_id, env.single_observation_space)
     finally:
         env.close()
-    family = "continuous" if action.kind == "continuous" else "classic"
-    return EnvSpec(obs=obs, action=action, family=family, device=True)
+    spec = EnvSpec(obs=obs, action=action, device=True)
+    return dataclasses.replace(spec, family=family_of(FamilyEvidence(env_id, spec)))
 
 
 def probe_env_spec(env_id: str, backend: str, text: str = "bag", discrete: str = "onehot") -> EnvSpec:
@@ -184,13 +184,4 @@ def probe_env_spec(env_id: str, backend: str, text: str = "bag", discrete: str =
         layout=probed.layout,
     )
     check_action_mask(env_id, spec, EnvError)
-    if probed.atari:
-        family = "atari"
-    elif is_doom(env_id):
-        family = "doom"
-    elif probed.turn_based:
-        family = "turns"
-    else:
-        family = "image" if spec.has_image else ("continuous" if action.kind == "continuous" else "classic")
-        family = "box2d" if family != "image" and is_box2d(env_id) else family
-    return dataclasses.replace(spec, family=family)
+    return dataclasses.replace(spec, family=family_of(FamilyEvidence(env_id, spec, probed.atari)))

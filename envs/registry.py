@@ -5,7 +5,7 @@ steps `num_envs` envs at once and follows the Gymnasium 1.x / EnvPool convention
 (terminated or truncated) is reset on the *next* step, whose action is ignored and which returns the
 first observation of the new episode with reward 0. The worker marks that step invalid.
 
-Families (each with its own flag defaults, see envs.families):
+Families (each a registered EnvFamily, see envs.families; the algorithms' defaults for them are in their specs):
   atari       EnvPool Atari ids (Pong-v5, ...) and Gymnasium's ALE ids (ale_py:ALE/Pong-v5, made alike by
               envs.gym_atari): 84x84 gray, frameskip 4, 4 stacked frames, up to 30 no-op starts; for training
               also episodic life and reward clipping, while the true game score of whole games is reported.
@@ -33,7 +33,6 @@ from .doom import missing as doom_missing
 from .doom_duel import MultiplayerFactory
 from .doom_scenarios import is_doom
 from .doom_scenarios import scenario as doom_scenario
-from .families import ENVS_PER_WORKER_HINT, FAMILY_DEFAULTS, flag_defaults  # noqa: F401  (importable here too)
 from .gym_atari import AtariFactory, gym_atari_id
 from .masks import MaskFromInfo
 from .multiagent import MultiAgentBatchEnv, is_pettingzoo_class

@@ -67,11 +67,11 @@ def main() -> None:
 def _batch_env(env_id: str, num_envs, seed: int) -> tuple:
     """(batch env, run plan, envs): `num_envs` of `env_id` (None: the family's envs per worker), as train.py
     would make them."""
-    from sf_engine.envs import ENVS_PER_WORKER_HINT, make_batch_env
+    from sf_engine.envs import family, make_batch_env
     from sf_engine.run.plan import build_plan
 
     plan = build_plan(["--env", env_id, "--mode", "serial", "--restart"])  # --restart: reads no experiment
-    num_envs = num_envs or ENVS_PER_WORKER_HINT[plan.spec.family]
+    num_envs = num_envs or family(plan.spec.family).envs_per_worker
     env = make_batch_env(plan.cfg.env.env, plan.cfg.env.env_backend, num_envs, seed=seed, spec=plan.spec)
     return env, plan, num_envs
 

@@ -90,7 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     spec = probe_env_spec(args.env, "auto")
-    defaults = flag_defaults(args.env, spec) | algorithm_spec("dqn").family_defaults(spec.family)
+    defaults = flag_defaults(spec) | algorithm_spec("dqn").env_defaults(args.env, spec)
     cfg = make_config({"learner": {"algo": "dqn"}}, defaults)
     cfg = dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec))
     capacity = args.capacity or cfg.replay.replay_size

@@ -267,7 +267,7 @@ def test_an_env_familys_encoder_and_core_are_not_the_defaults_of_a_whole_network
 
     given = {"model": {"model": "my_model:Trunk"}}
     defaults = {"encoder": "convnet_simple", "rnn": "gru", "hidden_size": 32}
-    monkeypatch.setattr(plan_module, "flag_defaults", lambda env, spec: defaults)
+    monkeypatch.setattr(plan_module, "flag_defaults", lambda spec: defaults)
     cfg, _ = plan_module._configured(given, {})
     assert (cfg.model.encoder, cfg.model.rnn, cfg.model.hidden_size) == ("auto", "none", 32)
     assert set(BUILT_IN_NETWORK_FLAGS) == {"encoder", "rnn"}

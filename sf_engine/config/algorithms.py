@@ -46,7 +46,9 @@ class AlgorithmSpec:
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
     pbt: tuple = ()  # the hyperparameters PBT explores (sf_engine.algo.pbt.RANGES)
     config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name>, its runs' only (config.groups)
-    defaults: dict = field(default_factory=dict)  # {None: every env family's, family: its own}: flag -> value
+    # flag -> value, per env: {None: every env's, a family's name: its own, "device": a device env's, an env id: its
+    # own}, each over the one before (the env family's own facts lie under them all: envs.families)
+    defaults: dict = field(default_factory=dict)
     check: Callable | None = None  # cfg -> None: its own flags' checks, a one-line ConfigError each
     check_env: Callable | None = None  # (cfg, env_spec) -> None: its own checks of the env
 
@@ -57,9 +59,14 @@ class AlgorithmSpec:
     def extra_forwards(self, cfg) -> int:
         return self.bootstrap_forwards(cfg) if callable(self.bootstrap_forwards) else self.bootstrap_forwards
 
-    def family_defaults(self, family: str) -> dict:
-        """Its defaults for an env of `family`: every family's, then the family's own."""
-        return self.defaults.get(None, {}) | self.defaults.get(family, {})
+    def env_defaults(self, env_id: str, env_spec) -> dict:
+        """Its defaults for the env `env_id` of EnvSpec `env_spec`: every env's, its family's, a device env's, the
+        env's own."""
+        keys = (None, env_spec.family) + (("device",) if env_spec.device else ()) + (env_id,)
+        out = {}
+        for key in keys:
+            out |= self.defaults.get(key, {})
+        return out
 
 
 _BUILT_IN: dict = {}  # name -> spec, found in sf_engine/algo/<name>/spec.py

@@ -26,7 +26,7 @@ from sf_engine.config.checks import check_flags, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
-from sf_engine.envs import ENVS_PER_WORKER_HINT, EnvSpec, flag_defaults, probe_env_spec
+from sf_engine.envs import EnvSpec, family, flag_defaults, probe_env_spec
 from sf_engine.envs.probe import env_notes
 from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
@@ -118,7 +118,7 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     --config file's; and the env's spec, probed."""
     first = make_config(given, saved=saved)
     spec = probe_env_spec(first.env.env, first.env.env_backend, first.env.text_obs, first.env.discrete_obs)
-    defaults = flag_defaults(first.env.env, spec) | first.algorithm.family_defaults(spec.family)
+    defaults = flag_defaults(spec) | first.algorithm.env_defaults(first.env.env, spec)
     if first.model.model:  # a user's whole network: the built-in networks' encoder and core are not its defaults
         defaults = {name: value for name, value in defaults.items() if name not in BUILT_IN_NETWORK_FLAGS}
     return make_config(given, defaults, saved), spec
@@ -153,7 +153,7 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
         cfg = dataclasses.replace(
             cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off")
         )
-    sampler, lines = resolve_sampler(cfg, spec, ENVS_PER_WORKER_HINT[spec.family])
+    sampler, lines = resolve_sampler(cfg, spec, family(spec.family).envs_per_worker)
     recurrence = sampler.rollout if cfg.learner.recurrence == "auto" else cfg.learner.recurrence
     cfg = dataclasses.replace(
         cfg,

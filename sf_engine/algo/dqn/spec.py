@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec
 
-# no recurrent core and no normalization: what every algorithm on Q-values starts from (PQN's and R2D2's specs too)
-VALUE_BASED = {"rnn": "none", "normalize_input": False, "normalize_returns": False, "lr_schedule": "constant"}
+# the settings the value-based algorithms train the image, Box2D and Doom families and CartPoleNoVel-v1 with, as they
+# were when those families' defaults were PPO's (untuned for them: a family's own facts lie under them)
+INHERITED = {
+    "image": {"learning_rate": 2.5e-4, "rollout": 128, "learner_threads": 2},
+    "box2d": {"learning_rate": 3e-4, "rollout": 64},
+    "doom": {"learning_rate": 1e-4, "rollout": 32, "weight_init": "unit", "learner_threads": 2},
+    "CartPoleNoVel-v1": {"gamma": 0.98},
+}
 
 
 def bootstrap_forwards(cfg) -> int:
@@ -26,7 +32,8 @@ SPEC = AlgorithmSpec(
     normalize_input=False,
     bootstrap_forwards=bootstrap_forwards,
     defaults={
-        None: VALUE_BASED | {"max_grad_norm": 10.0, "adam_eps": 1e-5},
+        **INHERITED,
+        None: {"max_grad_norm": 10.0, "adam_eps": 1e-5},
         # tuned for CartPole's greedy 475 from launch (docs/value-based.md#figures): a small network makes about
         # twice the updates per second of a 256-wide one; with layer norm, a 2e-3 step and a target copied every
         # 100 updates 17 of 20 runs got there within 12 s (11 by the first evaluation, 5 s into training), against

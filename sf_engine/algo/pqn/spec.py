@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sf_engine.algo.dqn.spec import VALUE_BASED
+from sf_engine.algo.dqn.spec import INHERITED
 from sf_engine.config.algorithms import SLOTS, AlgorithmSpec
 
 SPEC = AlgorithmSpec(
@@ -17,8 +17,9 @@ SPEC = AlgorithmSpec(
     normalize_input=False,
     defaults={
         # CleanRL's pqn.py and pqn_atari_envpool.py
-        None: VALUE_BASED
-        | {
+        **INHERITED,
+        "doom": INHERITED["doom"] | {"adam_eps": 1e-6},
+        None: {
             "layer_norm": True,
             "activation": "relu",
             "max_grad_norm": 10.0,

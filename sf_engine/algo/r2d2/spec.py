@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sf_engine.algo.dqn.spec import VALUE_BASED, bootstrap_forwards
+from sf_engine.algo.dqn.spec import bootstrap_forwards
 from sf_engine.config.algorithms import SEQUENCES, AlgorithmSpec
 from sf_engine.config.fields import ConfigError
 
@@ -29,8 +29,7 @@ SPEC = AlgorithmSpec(
     defaults={
         # R2D2's (Kapturowski et al. 2019): n-step 5, prioritized sequences (priority exponent 0.9, importance
         # 0.6), value rescaling, Adam eps 1e-3, sequences of 80 after a burn-in of 40, a GRU core by default
-        None: VALUE_BASED
-        | {
+        None: {
             "rnn": "gru",
             "value_rescale": True,
             "prioritized": True,
@@ -64,6 +63,9 @@ SPEC = AlgorithmSpec(
             "target_update_period": 100,
             "num_envs_per_worker": 16,
         },
+        # as when the image and Doom families' defaults were PPO's (untuned for R2D2)
+        "image": {"learner_threads": 2},
+        "doom": {"rnn_size": 512, "weight_init": "unit", "learner_threads": 2},
         "atari": {
             "encoder": "nature_cnn",
             "rnn": "lstm",

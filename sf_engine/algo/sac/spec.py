@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sf_engine.algo.dqn.spec import VALUE_BASED
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec, bounded_actions
 from sf_engine.config.fields import ConfigError
 from sf_engine.config.fields import flag_field as _f
@@ -46,7 +45,7 @@ def check(cfg) -> None:
 # same updates: HalfCheetah-v5 after 15 minutes 7,079 at 64, 6,545 at 128, 6,264 and 5,484 at 256, 5,866 at 32; at 64
 # with the critics at 1e-3: 9,587 and 8,637, against SB3's 4,463 and 4,435 in the same runs (docs/sac.md#figures).
 # TD3's defaults start from the same (sf_engine/algo/td3/spec.py).
-OFF_POLICY_CONTINUOUS = VALUE_BASED | {
+OFF_POLICY_CONTINUOUS = {
     "hidden_size": 256,
     "activation": "relu",
     "adam_eps": 1e-8,
