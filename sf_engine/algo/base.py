@@ -11,7 +11,9 @@ and its training state.
 
 An algorithm is a class built as `cls(cfg, spec, device, hooks)` (the resolved Config, the EnvSpec, a
 torch.device, TrainingHooks), named by its spec (sf_engine.config.algorithms.AlgorithmSpec), which --algo picks.
-PPO (sf_engine.algo.ppo) is the first; docs/internals.md says how to add one.
+PPO (sf_engine.algo.ppo) is the first; docs/internals.md says how to add one. The state methods (`state`, `load`,
+`copy_from`, `weights_replaced`, the hyperparameters) derive from what an algorithm holds, named once
+(sf_engine.algo.training_state).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The value-based family's common part (--algo dqn and --algo pqn): the Q-network, its flat parameters and
-Adam, the learning rate (and its schedule), one optimizer step with the non-finite guard, and the seam's
-state, load and PBT methods (sf_engine.algo.base.Algorithm). Runs in the learner process."""
+Adam, the learning rate (and its schedule), one optimizer step with the non-finite guard; the seam's state, load
+and PBT methods derive from what it holds (sf_engine.algo.training_state). Runs in the learner process."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from sf_engine.algo import pbt
-from sf_engine.algo.base import TrainingHooks, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo.base import TrainingHooks, all_finite, schedule_learning_rate
+from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.model.q_network import QNetwork
 
@@ -21,9 +19,11 @@ def follow_online(target: torch.Tensor, online: torch.Tensor, num_updates: int, 
         target.lerp_(online, qcfg.target_tau)
 
 
-class QLearning:
-    """A Q-network and its optimizer, built from the resolved Config `cfg`, the EnvSpec, the learner's device
-    and the hooks of the process that hosts it."""
+class QLearning(TrainingState):
+    """A Q-network and its optimizer (its training state), built from the resolved Config `cfg`, the EnvSpec, the
+    learner's device and the hooks of the process that hosts it."""
+
+    holds = Holds(modules=("model",), optimizers={"optimizer": "optimizer"})
 
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False) -> QNetwork:
@@ -55,26 +55,3 @@ class QLearning:
             return None
         self.optimizer.step()
         return figures
-
-    def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
-
-    def set_hyperparameters(self, hyper: dict) -> None:
-        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
-        set_learning_rate(self.optimizer, self.lcfg.learning_rate)
-
-    def copy_from(self, other: QLearning) -> None:
-        self.params.copy_(other.params)
-        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))  # the moments: this lr stays
-
-    def weights_replaced(self) -> None:
-        """Nothing derives from the weights (DQN's target network does: DQN.weights_replaced)."""
-
-    def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def load(self, state: dict, source: str) -> None:
-        """Weights and optimizer state from a checkpoint's state of this policy (the optimizer's moments: its
-        settings stay this run's --learning_rate and --adam_eps, FlatAdam.load_state_dict)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import QLearning, follow_online
+from sf_engine.algo.training_state import Holds
 from sf_engine.algo.value_targets import double_q_targets
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.flat_state import flatten_state
@@ -23,7 +24,16 @@ LOSS_STATS = ("q_loss", "q_mean", "td_abs_mean")  # then grad_norm
 
 
 class DQN(QLearning):
-    """One policy's DQN (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
+    """One policy's DQN (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`). Its
+    training state adds the target network, which restarts from the online weights where a state has none and
+    when those were replaced from outside, and the count of updates (the target period's phase)."""
+
+    holds = Holds(
+        modules=("model", "target"),
+        optimizers={"optimizer": "optimizer"},
+        counters=("num_updates",),
+        follows={"target": "model"},
+    )
 
     def __init__(self, cfg, spec, device, hooks):
         super().__init__(cfg, spec, device, hooks)
@@ -84,22 +94,3 @@ class DQN(QLearning):
         next_online = self.model.q_values(batch.next_obs) if self.qcfg.double_q else None
         legal = batch.next_obs[ACTION_MASK_KEY] != 0 if self.model.masked else None
         return double_q_targets(batch.returns, batch.discounts, next_online, next_target, legal, self.qcfg.double_q)
-
-    def weights_replaced(self) -> None:
-        """The target network restarts from the weights now in force (not from the ones built at start)."""
-        self.target_params.copy_(self.params)
-
-    def state(self) -> dict:
-        return super().state() | {"target": self.target.state_dict(), "num_updates": self.num_updates}
-
-    def load(self, state: dict, source: str) -> None:
-        super().load(state, source)
-        if "target" in state:
-            self.target.load_state_dict(state["target"])
-        else:
-            self.target_params.copy_(self.params)
-        self.num_updates = int(state.get("num_updates", 0))
-
-    def copy_from(self, other: DQN) -> None:
-        super().copy_from(other)
-        self.target_params.copy_(other.target_params)

@@ -11,15 +11,14 @@ forward, fused loss and backward: ActorCritic.loss_gradients).
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from sf_engine.algo import base, pbt
-from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate, set_learning_rate
+from sf_engine.algo import base
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite, schedule_learning_rate
 from sf_engine.algo.batch import TrajectoryBatch
 from sf_engine.algo.ppo.loss import (
     DiscretePPOLoss,
@@ -30,6 +29,7 @@ from sf_engine.algo.ppo.loss import (
     sequence_index,
 )
 from sf_engine.algo.targets import gae, vtrace
+from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.actor_critic import ActorCritic, PolicyValueModel, UserActorCritic
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 
@@ -88,9 +88,12 @@ class Minibatch(NamedTuple):
     acting: torch.Tensor | None = None
 
 
-class PPO:
+class PPO(TrainingState):
     """One policy's PPO (sf_engine.algo.base.Algorithm): built from the resolved Config `cfg`, the env's
-    EnvSpec, the learner's torch device and the hooks of the process that hosts it."""
+    EnvSpec, the learner's torch device and the hooks of the process that hosts it. Its training state: the
+    model (normalizer statistics included), the optimizer and the hyperparameters in force (a PBT member's own)."""
+
+    holds = Holds(modules=("model",), optimizers={"optimizer": "optimizer"}, hyperparameters=True)
 
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False) -> PolicyValueModel:
@@ -114,38 +117,10 @@ class PPO:
     def learning_rate(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
-
     def set_hyperparameters(self, hyper: dict) -> None:
         """This member's own learning rate, entropy coefficient, gamma and clip ratio (PBT)."""
-        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        super().set_hyperparameters(hyper)
         self.coefficients = self._coefficients()
-        set_learning_rate(self.optimizer, self.lcfg.learning_rate)
-
-    def copy_from(self, other: PPO) -> None:
-        """PBT's exploit: `other`'s weights (normalizer statistics included) and optimizer state (the moments:
-        this member's learning rate stays)."""
-        self.params.copy_(other.params)
-        self.optimizer.load_state_dict(copy.deepcopy(other.optimizer.state_dict()))
-
-    def weights_replaced(self) -> None:
-        """Nothing derives from the weights."""
-
-    def load(self, state: dict, source: str) -> None:
-        """Weights and optimizer state from a checkpoint's state of this policy (the optimizer's moments: its
-        settings stay this run's --learning_rate and --adam_eps, FlatAdam.load_state_dict)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.cfg.policies.pbt and "hyperparameters" in state:  # a PBT member's own, as the population left them
-            self.set_hyperparameters(state["hyperparameters"])
-
-    def state(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "hyperparameters": self.hyperparameters(),
-        }
 
     def train(self, batch: TrajectoryBatch) -> TrainResult:
         """Targets of the whole batch, then PPO epochs over its samples that `batch.keep` [T, N] marks (this

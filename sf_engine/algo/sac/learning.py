@@ -16,7 +16,6 @@ import math
 import torch
 from torch import nn
 
-from sf_engine.algo import pbt
 from sf_engine.algo.base import (
     CompiledLosses,
     TrainingHooks,
@@ -27,14 +26,25 @@ from sf_engine.algo.base import (
 )
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.q_learning import follow_online
+from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.model.sac_networks import SACActor, TwinCritic
 
 LOSS_STATS = ("critic_loss", "actor_loss", "alpha", "entropy", "q_mean", "td_abs_mean")  # then grad_norm
 
 
-class SAC:
-    """One policy's SAC (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`)."""
+class SAC(TrainingState):
+    """One policy's SAC (sf_engine.algo.base.Algorithm with `replay`: the learner trains it by `update`). Its
+    training state: the actor, the critics and their targets, the temperature, the three optimizers and the count
+    of updates (the target period's phase); a state of optimizer states only loads those."""
+
+    holds = Holds(
+        modules=("model", "critic", "target"),
+        tensors=("log_alpha",),
+        optimizers={"actor": "optimizer", "critic": "critic_optimizer", "alpha": "alpha_optimizer"},
+        optimizers_key="optimizers",
+        counters=("num_updates",),
+    )
 
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False) -> SACActor:
@@ -150,58 +160,6 @@ class SAC:
         trainable step once): with --normalize_input the actor's running statistics merge them, so that they
         follow the data as it arrives whatever the minibatches draw (prioritized replay's come in buffer order)."""
         self.model.update_normalizer(obs)
-
-    def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
-
-    def set_hyperparameters(self, hyper: dict) -> None:
-        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
-        self._set_learning_rate(self.lcfg.learning_rate)
-
-    def copy_from(self, other: SAC) -> None:
-        for mine, theirs in ((self.params, other.params), (self.critic_params, other.critic_params)):
-            mine.copy_(theirs)
-        self.target_params.copy_(other.target_params)
-        with torch.no_grad():
-            self.log_alpha.copy_(other.log_alpha)
-        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")  # the moments: this lr stays
-
-    def weights_replaced(self) -> None:
-        """The actor's weights were overwritten from outside: the critics and their targets are the learner's
-        own (from its checkpoint) and stay."""
-
-    def _optimizer_states(self) -> dict:
-        return {
-            "actor": self.optimizer.state_dict(),
-            "critic": self.critic_optimizer.state_dict(),
-            "alpha": self.alpha_optimizer.state_dict(),
-        }
-
-    def state(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target": self.target.state_dict(),
-            "log_alpha": self.log_alpha.detach().clone(),
-            "optimizers": self._optimizer_states(),
-            "num_updates": self.num_updates,
-        }
-
-    def load(self, state: dict, source: str) -> None:
-        """Weights, critics, temperature and optimizer states from a checkpoint's state of this policy (the
-        optimizers' moments: their settings stay this run's learning rates and --adam_eps,
-        FlatAdam.load_state_dict)."""
-        if "model" in state:
-            self.model.load_state_dict(state["model"])
-            self.critic.load_state_dict(state["critic"])
-            self.target.load_state_dict(state["target"])
-            with torch.no_grad():
-                self.log_alpha.copy_(state["log_alpha"])
-            self.num_updates = int(state.get("num_updates", 0))
-        optimizers = state["optimizers"]
-        self.optimizer.load_state_dict(optimizers["actor"])
-        self.critic_optimizer.load_state_dict(optimizers["critic"])
-        self.alpha_optimizer.load_state_dict(optimizers["alpha"])
 
 
 class _Temperature(nn.Module):

@@ -12,25 +12,27 @@ import copy
 
 import torch
 
-from sf_engine.algo import pbt
-from sf_engine.algo.base import (
-    CompiledLosses,
-    TrainingHooks,
-    TrainResult,
-    all_finite,
-    schedule_learning_rate,
-    set_learning_rate,
-)
+from sf_engine.algo.base import CompiledLosses, TrainingHooks, TrainResult, all_finite, schedule_learning_rate
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.td3.networks import TD3Actor
+from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.model.sac_networks import TwinCritic
 
 LOSS_STATS = ("critic_loss", "actor_loss", "q_mean", "td_abs_mean")  # then grad_norm
 
 
-class TD3:
-    """One policy's TD3 (sf_engine.algo.base.Algorithm, trained by `update` on replayed transitions)."""
+class TD3(TrainingState):
+    """One policy's TD3 (sf_engine.algo.base.Algorithm, trained by `update` on replayed transitions). Its training
+    state: the actor and its target, the critics and their targets, both optimizers (one learning rate) and the
+    count of updates (the policy delay's phase); a state of optimizer states only loads those."""
+
+    holds = Holds(
+        modules=("model", "actor_target", "critic", "target"),
+        optimizers={"actor": "optimizer", "critic": "critic_optimizer"},
+        optimizers_key="optimizers",
+        counters=("num_updates",),
+    )
 
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False):
@@ -60,10 +62,6 @@ class TD3:
     @property
     def learning_rate(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def _set_learning_rate(self, lr: float) -> None:
-        for optimizer in (self.optimizer, self.critic_optimizer):
-            set_learning_rate(optimizer, lr)
 
     def train(self, batch: ReplayBatch) -> TrainResult:
         """One step of the critics on `batch`, and every --policy_delay steps one of the actor and the targets:
@@ -133,49 +131,3 @@ class TD3:
         """The observations of the env steps just inserted into the replay buffer (key -> [N, *shape] NumPy): with
         --normalize_input the actor's running statistics merge them (the target actor follows with the weights)."""
         self.model.update_normalizer(obs)
-
-    def hyperparameters(self) -> dict:
-        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
-
-    def set_hyperparameters(self, hyper: dict) -> None:
-        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
-        self._set_learning_rate(self.lcfg.learning_rate)
-
-    def copy_from(self, other: TD3) -> None:
-        pairs = (
-            (self.params, other.params),
-            (self.critic_params, other.critic_params),
-            (self.target_params, other.target_params),
-            (self.actor_target_params, other.actor_target_params),
-        )
-        for mine, theirs in pairs:
-            mine.copy_(theirs)
-        self.load({"optimizers": copy.deepcopy(other._optimizer_states())}, "PBT")
-
-    def weights_replaced(self) -> None:
-        """The actor's weights were overwritten from outside: the critics and the targets are the learner's own."""
-
-    def _optimizer_states(self) -> dict:
-        return {"actor": self.optimizer.state_dict(), "critic": self.critic_optimizer.state_dict()}
-
-    def state(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "actor_target": self.actor_target.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizers": self._optimizer_states(),
-            "num_updates": self.num_updates,
-        }
-
-    def load(self, state: dict, source: str) -> None:
-        """Weights, targets and optimizer states from a checkpoint's state of this policy (the optimizers' moments:
-        their settings stay this run's learning rate and --adam_eps)."""
-        if "model" in state:
-            self.model.load_state_dict(state["model"])
-            self.actor_target.load_state_dict(state["actor_target"])
-            self.critic.load_state_dict(state["critic"])
-            self.target.load_state_dict(state["target"])
-            self.num_updates = int(state.get("num_updates", 0))
-        self.optimizer.load_state_dict(state["optimizers"]["actor"])
-        self.critic_optimizer.load_state_dict(state["optimizers"]["critic"])
