@@ -176,3 +176,12 @@ def test_an_observer_subclass_stops_a_serial_run_beside_a_duck_typed_one(tmp_pat
     assert 2_000 <= result.summary["env_steps"] < 1_000_000
     assert stopper.checked >= 1 and counter.reports and counter.reports[-1] == result.summary["env_steps"]
     assert os.path.isfile(result.checkpoint)
+
+
+def test_the_documented_refusal_is_the_one_train_gives(tmp_path):
+    with open(os.path.join(REPO, "docs", "api.md")) as f:
+        documented = [line for line in f.read().splitlines() if line.startswith("observer StopWhenSolved.on_reprot")]
+    StopWhenSolved = type("StopWhenSolved", (sf_engine.Observer,), {"on_reprot": lambda self, figures: True})
+    with pytest.raises(sf_engine.ConfigError) as refused:
+        sf_engine.train(train_dir=str(tmp_path), train_for_env_steps=1, observers=[StopWhenSolved()])
+    assert documented == [str(refused.value)]
