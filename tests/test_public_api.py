@@ -56,9 +56,8 @@ def test_every_public_name_resolves_to_the_engines_own():
     for name, module in owners.items():
         assert getattr(sf_engine, name) is getattr(module, name), name
     assert sf_engine.AlgorithmSpec(learner="m:C", description="d").data == sf_engine.SLOTS
-    assert not hasattr(loading, "EnjoyError")
-    with pytest.raises(AttributeError, match="has no attribute 'EnjoyError'"):
-        sf_engine.EnjoyError  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchName'"):
+        sf_engine.NoSuchName  # noqa: B018
 
 
 def test_load_policy_fails_with_the_one_named_load_error(tmp_path):
