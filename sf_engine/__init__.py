@@ -14,13 +14,15 @@ What a plug-in author needs:
   its `train(batch)` returning a `TrainResult`;
 - the batches it trains on: `TrajectoryBatch` (whole trajectory slots), `ReplayBatch` (replay transitions),
   `SequenceBatch` (replay sequences);
-- `AlgorithmSpec` and its `data` values `SLOTS`, `TRANSITIONS`, `SEQUENCES`.
+- `AlgorithmSpec` and its `data` values `SLOTS`, `TRANSITIONS`, `SEQUENCES`; `flag_field(default, help)`, a field
+  of the algorithm's own group of flags (its spec's `config`), and `Range(low, high)`, a hyperparameter's for PBT.
 
 Everything but the registries, the spec and ConfigError is imported when first used (no torch, no TensorBoard on
 `import sf_engine`): every process of a run imports this package.
 """
 
-from sf_engine.config.algorithms import SEQUENCES, SLOTS, TRANSITIONS, AlgorithmSpec, register_algorithm
+from sf_engine.config.algorithms import SEQUENCES, SLOTS, TRANSITIONS, AlgorithmSpec, Range, register_algorithm
+from sf_engine.config.fields import flag_field
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs.registry import register_env
 from sf_engine.model.encoders import register_encoder
@@ -57,22 +59,24 @@ def __dir__() -> list:
 
 
 __all__ = [
-    "SEQUENCES",
-    "SLOTS",
-    "TRANSITIONS",
     "Algorithm",
     "AlgorithmSpec",
     "ConfigError",
     "LoadError",
     "Observer",
     "Policy",
+    "Range",
     "ReplayBatch",
     "RunFailed",
     "RunResult",
+    "SEQUENCES",
+    "SLOTS",
     "SequenceBatch",
+    "TRANSITIONS",
     "TrainResult",
     "TrainingHooks",
     "TrajectoryBatch",
+    "flag_field",
     "load_policy",
     "register_algorithm",
     "register_encoder",

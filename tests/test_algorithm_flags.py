@@ -24,15 +24,14 @@ import torch
 
 import sf_engine
 from sf_engine.algo.base import TrainResult
-from sf_engine.config.fields import flag_field
 from sf_engine.model.actor_critic import ActorCritic
 from sf_engine.model.flat_state import flatten_state
 
 
 @dataclass(frozen=True)
 class ToyConfig:
-    toy_entropy_coeff: float = flag_field(0.01, "The toy's entropy bonus.")
-    toy_baseline: bool = flag_field(True, "The toy subtracts its value estimate from the returns.")
+    toy_entropy_coeff: float = sf_engine.flag_field(0.01, "The toy's entropy bonus.")
+    toy_baseline: bool = sf_engine.flag_field(True, "The toy subtracts its value estimate from the returns.")
 
 
 def check(cfg):
@@ -100,8 +99,9 @@ def test_a_built_in_algorithms_group_is_its_runs_only():
     sac = make_config(parse_flags(["--algo", "sac", "--alpha", "0.3"]))
     assert sac.sac.alpha == 0.3 and sac.to_dict()["sac"]["alpha"] == 0.3
     assert "td3" not in sac.to_dict() and Config.from_dict(sac.to_dict()) == sac
-    ppo = make_config(parse_flags([]))
-    assert "sac" not in ppo.to_dict() and set(ppo.to_dict()) == set(GROUPS)
+    ppo = make_config(parse_flags(["--entropy_coeff", "0.01"]))
+    assert set(ppo.to_dict()) == set(GROUPS) | {"ppo"} and ppo.ppo.entropy_coeff == 0.01
+    assert set(make_config(parse_flags(["--algo", "dqn"])).to_dict()) == set(GROUPS)  # DQN has no group of its own
     with pytest.raises(AttributeError, match="no group 'sac'"):
         ppo.sac
     assert Config(learner=LearnerConfig(algo="td3")).td3.policy_delay == 2  # its defaults where none is given
@@ -112,6 +112,7 @@ def test_a_built_in_algorithms_group_is_its_runs_only():
     [
         (["--alpha", "0.3"], "--alpha is --algo sac's flag: drop it with --algo ppo, or use --algo sac"),
         (["--algo", "dqn", "--policy_delay", "3"], "--policy_delay is --algo td3's flag: drop it with --algo dqn"),
+        (["--algo", "sac", "--with_vtrace", "true"], "--with_vtrace is --algo ppo's flag: drop it with --algo sac"),
     ],
 )
 def test_a_flag_of_another_algorithms_group_is_one_line_naming_its_owner(argv, line):
@@ -128,7 +129,7 @@ def test_a_saved_config_of_another_algorithm_leaves_its_group_out(tmp_path):
     from sf_engine.run.plan import saved_config
 
     cfg = make_config(given, saved=saved_config(given))
-    assert cfg.learner.algo == "ppo" and cfg.algo_group is None
+    assert cfg.learner.algo == "ppo" and cfg.algo_group == cfg.algorithm.config[1]()
     given = parse_flags(["--config", str(old)])  # the file's own --algo, and its group
     assert make_config(given, saved=saved_config(given)).sac.alpha == 0.3
 

@@ -11,9 +11,8 @@ import pytest
 from conftest import REPO, read_json, train_error
 
 import sf_engine
-from sf_engine.algo.pbt import RANGES
 from sf_engine.config import algorithms
-from sf_engine.config.algorithms import algorithm_spec, built_in_algorithms
+from sf_engine.config.algorithms import Range, algorithm_spec, built_in_algorithms
 
 # A2C in one screen, against the public API (sf_engine's names: the batch it trains on, its result, its spec and
 # data) and three building blocks that have no public name: GAE, the actor-critic it publishes, its flat weights;
@@ -144,7 +143,7 @@ def test_every_spec_names_classes_that_exist_and_its_flags():
         assert not hasattr(learner, "update"), name
         for family, defaults in spec.defaults.items():
             assert set(defaults) <= flags, (name, family, set(defaults) - flags)
-        assert set(spec.pbt) <= set(RANGES) and set(spec.pbt) <= flags, name
+        assert set(spec.pbt) <= flags and all(isinstance(r, Range) and r.low < r.high for r in spec.pbt.values()), name
 
 
 # where an algorithm's name is a word of another flag, or --algo's default: --weight_init's 'ppo' is PPO's

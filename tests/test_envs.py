@@ -52,7 +52,7 @@ def test_each_family_constructs_steps_and_trains(tmp_path, shm_dir, env, flags, 
 
 def test_family_defaults_yield_to_the_users_flags(tmp_path, shm_dir):
     cfg = serial_plan(tmp_path, shm_dir, "Pong-v5").cfg
-    assert (cfg.learner.learning_rate, cfg.learner.ppo_clip_ratio, cfg.learner.num_epochs) == (2.5e-4, 0.1, 1)
+    assert (cfg.learner.learning_rate, cfg.ppo.ppo_clip_ratio, cfg.learner.num_epochs) == (2.5e-4, 0.1, 1)
     assert cfg.sampler.rollout == 16  # given on the command line
     continuous = serial_plan(tmp_path, shm_dir, "HalfCheetah-v4").cfg
     assert continuous.model.normalize_input and continuous.model.normalize_returns
@@ -65,7 +65,7 @@ def test_box2d_games_get_zoos_horizon_under_ppo_and_their_own_under_the_off_poli
     games = ("LunarLander-v3", "gymnasium:BipedalWalker-v3", "CartPole-v1")
     assert [is_box2d(env) for env in games] == [True, True, False]
     ppo = serial_plan(tmp_path, shm_dir, "LunarLanderContinuous-v3").cfg
-    assert (ppo.learner.gamma, ppo.learner.gae_lambda, ppo.learner.entropy_coeff) == (0.999, 0.95, 0.01)
+    assert (ppo.learner.gamma, ppo.ppo.gae_lambda, ppo.ppo.entropy_coeff) == (0.999, 0.95, 0.01)
     assert ppo.model.normalize_input and ppo.model.actor_critic == "separate"
     sac = serial_plan(tmp_path, shm_dir, "LunarLanderContinuous-v3", "--algo", "sac").cfg
     assert sac.learner.gamma == 0.99 and not sac.model.normalize_input and sac.model.hidden_size == 256

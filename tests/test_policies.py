@@ -172,7 +172,7 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
     """A PBT round with three members whose objectives are set by hand: the worst takes the best's weights
     (normalizer statistics included) and optimizer state, its hyperparameters are the best's mutated
     within their ranges, and what it acted with its old weights is no longer trained on."""
-    from sf_engine.algo.pbt import RANGES
+    from sf_engine.algo.pbt import hyperparameters
 
     plan = serial_plan(
         tmp_path,
@@ -207,9 +207,12 @@ def test_an_exploit_copies_weights_and_optimizer_state_and_explores_within_bound
         ours = members[0].algorithm.optimizer.state_dict()["state"][0]
         theirs = members[2].algorithm.optimizer.state_dict()["state"][0]
         assert torch.equal(ours["exp_avg"], theirs["exp_avg"]) and ours["exp_avg"] is not theirs["exp_avg"]
-        hyper = {name: getattr(members[0].algorithm.lcfg, name) for name in RANGES}
-        assert hyper != {name: getattr(members[2].algorithm.lcfg, name) for name in RANGES}
-        assert all(RANGES[name][0] <= value <= RANGES[name][1] for name, value in hyper.items()), hyper
+        ranges = plan.cfg.algorithm.pbt  # PPO's: its spec's, over the learner group's fields and its own
+        hyper = hyperparameters(members[0].algorithm.cfg)
+        assert set(hyper) == set(ranges) == {"learning_rate", "entropy_coeff", "gamma", "ppo_clip_ratio"}
+        assert hyper != hyperparameters(members[2].algorithm.cfg)
+        assert all(ranges[name].low <= value <= ranges[name].high for name, value in hyper.items()), hyper
+        assert members[0].algorithm.cfg.ppo.entropy_coeff == hyper["entropy_coeff"]
         assert members[0].algorithm.optimizer.param_groups[0]["lr"] == hyper["learning_rate"]
         assert members[0].version == version + 1 and members[0].min_version == version + 1
         assert members[1].version == version  # the middle member is kept

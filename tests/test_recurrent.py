@@ -124,7 +124,7 @@ def test_the_policy_workers_states_match_the_learners_recomputation(tmp_path, sh
         batch.terminated | batch.truncated,
         batch.valid,
         roles.learner.policies[0].algorithm.lcfg.gamma,
-        roles.learner.policies[0].algorithm.lcfg.gae_lambda,
+        roles.learner.policies[0].algorithm.cfg.ppo.gae_lambda,
     )
     torch.testing.assert_close(advantages, recomputed, rtol=1e-4, atol=1e-5)
     assert (batch.rnn_states[:-1][starts] == 0).all()  # zeroed where an episode starts

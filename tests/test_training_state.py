@@ -3,9 +3,7 @@ its checkpoint layout, goes through a checkpoint's bytes into another whole and 
 before, and PBT's exploit copies everything but the learning rates and counters; the helper alone on a toy module."""
 
 import copy
-import dataclasses
 import io
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from torch import nn
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.training_state import Holds, TrainingState
+from sf_engine.config.groups import Config, LearnerConfig
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.run.plan import build_plan
 from sf_engine.runtime.wiring import import_class
@@ -212,11 +211,6 @@ def test_a_pbt_member_takes_back_its_own_hyperparameters_and_another_run_keeps_i
     assert plain.hyperparameters() == flags != hyper and plain.learning_rate == flags["learning_rate"]
 
 
-@dataclasses.dataclass(frozen=True)
-class ToyConfig:
-    learning_rate: float = 1e-2
-
-
 class ToyNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -242,10 +236,8 @@ class Toy(TrainingState):
 
     def __init__(self, seed: int, lr: float = 1e-2):
         torch.manual_seed(seed)
-        self.cfg = SimpleNamespace(
-            algorithm=SimpleNamespace(pbt=("learning_rate",)), policies=SimpleNamespace(pbt=False)
-        )
-        self.lcfg = ToyConfig(learning_rate=lr)
+        self.cfg = Config(learner=LearnerConfig(learning_rate=lr))  # PBT's hyperparameters: PPO's (its spec's)
+        self.lcfg = self.cfg.learner
         self.net, self.shadow = ToyNet(), ToyNet()
         self.params, self.shadow_params = flatten_state(self.net), flatten_state(self.shadow)
         self.optimizer = FlatAdam(self.net, self.params, lr=lr, eps=1e-8)
@@ -309,8 +301,14 @@ def test_the_helper_round_trips_a_toy_in_place_and_copies_all_but_the_learning_r
     with pytest.raises(KeyError):
         shadowless.load({key: value for key, value in state.items() if key != "net"}, "the test")
 
-    shadowless.set_hyperparameters({"learning_rate": 3e-3})
-    assert shadowless.hyperparameters() == {"learning_rate": 3e-3} and shadowless.learning_rate == 3e-3
+    shadowless.set_hyperparameters({"learning_rate": 3e-3, "entropy_coeff": 0.02})
+    assert shadowless.hyperparameters() == {
+        "learning_rate": 3e-3,
+        "entropy_coeff": 0.02,
+        "gamma": 0.99,
+        "ppo_clip_ratio": 0.2,
+    }
+    assert shadowless.learning_rate == 3e-3 and shadowless.cfg.ppo.entropy_coeff == 0.02  # each in its group
 
 
 def test_holds_refuses_a_follower_that_is_not_a_module():

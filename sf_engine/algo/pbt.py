@@ -3,11 +3,11 @@
 members' objectives and hyperparameters; the learner's Population (sf_engine.roles.population) runs the
 rounds.
 
-Each member (policy) has its own hyperparameters (those its algorithm's spec names, within RANGES; a LearnerConfig
+Each member (policy) has its own hyperparameters (those its algorithm's spec names, each within its Range: a Config
 per member). A round
 ranks the members by their objective; the worst --pbt_replace_fraction each copy a better member's
 weights and optimizer state (exploit) and mutate their hyperparameters (explore): each, with probability
---pbt_mutation_rate, is drawn anew from its range (RANGES) with probability --pbt_resample_prob, else
+--pbt_mutation_rate, is drawn anew from its range with probability --pbt_resample_prob, else
 multiplied or divided by a factor within [--pbt_perturb_min, --pbt_perturb_max], kept within its range.
 """
 
@@ -18,13 +18,7 @@ import math
 
 import numpy as np
 
-# the hyperparameters PBT explores, with the ranges they are drawn from and kept within
-RANGES = {
-    "learning_rate": (1e-5, 1e-2),
-    "entropy_coeff": (1e-4, 5e-2),
-    "gamma": (0.9, 0.999),
-    "ppo_clip_ratio": (0.05, 0.4),
-}
+from sf_engine.config.algorithms import Range
 
 
 def period(cfg) -> int:
@@ -34,45 +28,60 @@ def period(cfg) -> int:
     return 20 * cfg.learner.train_batch if value == "auto" else int(value)
 
 
-def _draw(name: str, rng: np.random.Generator) -> float:
-    low, high = RANGES[name]
-    if name == "gamma":  # log-uniform horizon: 1 - gamma between 1e-3 and 0.1
+def _draw(limits: Range, rng: np.random.Generator) -> float:
+    low, high = limits.low, limits.high
+    if limits.horizon:  # log-uniform horizon: 1 - gamma between 1 - high and 1 - low
         return 1.0 - math.exp(rng.uniform(math.log(1.0 - high), math.log(1.0 - low)))
     return math.exp(rng.uniform(math.log(low), math.log(high)))
 
 
-def _perturb(name: str, value: float, factor: float, up: bool) -> float:
-    low, high = RANGES[name]
-    if name == "gamma":  # the horizon 1 / (1 - gamma) is what scales
+def _perturb(limits: Range, value: float, factor: float, up: bool) -> float:
+    if limits.horizon:  # the horizon 1 / (1 - gamma) is what scales
         horizon = 1.0 - value
         value = 1.0 - (horizon / factor if up else horizon * factor)
     else:
         value = value * factor if up else value / factor
-    return float(min(max(value, low), high))
+    return float(min(max(value, limits.low), limits.high))
 
 
-def explore(hyper: dict, pcfg, rng: np.random.Generator, everything: bool = False) -> dict:
-    """Mutated hyperparameters (`everything`: each drawn anew from its range, a new member's start)."""
+def explore(hyper: dict, ranges: dict, pcfg, rng: np.random.Generator, everything: bool = False) -> dict:
+    """Mutated hyperparameters (`ranges`: name -> Range, the algorithm's spec's `pbt`; `everything`: each drawn anew
+    from its range, a new member's start)."""
     out = dict(hyper)
     for name in hyper:
         if everything:
-            out[name] = _draw(name, rng)
+            out[name] = _draw(ranges[name], rng)
         elif rng.random() < pcfg.pbt_mutation_rate:
             if rng.random() < pcfg.pbt_resample_prob:
-                out[name] = _draw(name, rng)
+                out[name] = _draw(ranges[name], rng)
             else:
                 factor = rng.uniform(pcfg.pbt_perturb_min, pcfg.pbt_perturb_max)
-                out[name] = _perturb(name, out[name], factor, bool(rng.random() < 0.5))
+                out[name] = _perturb(ranges[name], out[name], factor, bool(rng.random() < 0.5))
     return out
 
 
-def hyperparameters(lcfg, names: tuple) -> dict:
-    """The values in `lcfg` of the hyperparameters `names` (an algorithm's spec's `pbt`, within RANGES)."""
-    return {name: float(getattr(lcfg, name)) for name in names}
+def _group_of(cfg, name: str):
+    """(group name, group) of `cfg` that has the field `name`: the learner's or the algorithm's own."""
+    return next((group_name, group) for group_name, group in cfg.groups().items() if hasattr(group, name))
 
 
-def with_hyperparameters(lcfg, hyper: dict):
-    return dataclasses.replace(lcfg, **hyper)
+def hyperparameters(cfg) -> dict:
+    """The values in `cfg` (a member's Config) of the hyperparameters its algorithm's spec lets PBT explore (`pbt`:
+    fields of the learner group or of the algorithm's own)."""
+    return {name: float(getattr(_group_of(cfg, name)[1], name)) for name in cfg.algorithm.pbt}
+
+
+def with_hyperparameters(cfg, hyper: dict):
+    """`cfg` with the hyperparameters `hyper`, each in its group."""
+    changes: dict = {}
+    for name, value in hyper.items():
+        group_name, group = _group_of(cfg, name)
+        changes.setdefault(group_name, (group, {}))[1][name] = value
+    groups = {name: dataclasses.replace(group, **values) for name, (group, values) in changes.items()}
+    own = cfg.algorithm.config[0] if cfg.algorithm.config else None
+    return dataclasses.replace(
+        cfg, **{("algo_group" if name == own else name): group for name, group in groups.items()}
+    )
 
 
 def exploits(objectives: list, pcfg, rng: np.random.Generator) -> list:

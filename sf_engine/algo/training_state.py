@@ -67,7 +67,7 @@ class Holds:
 
 class TrainingState:
     """The seam's state methods of an algorithm whose class declares `holds` (Holds), run in the learner process.
-    The algorithm has `cfg` (the resolved Config) and `lcfg` (its learner group: a PBT member's own)."""
+    The algorithm has `cfg` (the resolved Config: a PBT member's own) and `lcfg` (its learner group)."""
 
     holds: ClassVar[Holds]
 
@@ -129,12 +129,15 @@ class TrainingState:
         self._follow(list(self.holds.follows))
 
     def hyperparameters(self) -> dict:
-        """The hyperparameters PBT explores (the spec's `pbt`, fields of `lcfg`), as in force."""
-        return pbt.hyperparameters(self.lcfg, self.cfg.algorithm.pbt)
+        """The hyperparameters PBT explores (the spec's `pbt`: fields of the learner group or of the algorithm's own),
+        as in force."""
+        return pbt.hyperparameters(self.cfg)
 
     def set_hyperparameters(self, hyper: dict) -> None:
-        """PBT's explore: this member's own hyperparameters from now on, its learning rate in its optimizers."""
-        self.lcfg = pbt.with_hyperparameters(self.lcfg, hyper)
+        """PBT's explore: this member's own hyperparameters from now on (its `cfg`, and `lcfg` its learner group),
+        its learning rate in its optimizers."""
+        self.cfg = pbt.with_hyperparameters(self.cfg, hyper)
+        self.lcfg = self.cfg.learner
         self._set_learning_rate(self.lcfg.learning_rate)
 
     def _set_learning_rate(self, lr: float) -> None:

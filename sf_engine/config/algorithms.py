@@ -22,6 +22,16 @@ ACTION_KINDS = ("discrete", "multi_discrete", "multi_binary", "continuous", "com
 
 
 @dataclass(frozen=True)
+class Range:
+    """Where PBT draws a hyperparameter from and keeps it within (sf_engine.algo.pbt): log-uniform in [low, high], or
+    with `horizon` (a discount) log-uniform in the horizon 1 / (1 - value)."""
+
+    low: float
+    high: float
+    horizon: bool = False
+
+
+@dataclass(frozen=True)
 class AlgorithmSpec:
     """What the engine needs to know of an algorithm. `learner` names its Algorithm (sf_engine.algo.base) as
     "module:Class"; the class's `acting_network(env_spec, cfg, bf16)` builds the network it publishes, as every
@@ -39,12 +49,11 @@ class AlgorithmSpec:
     recurrent: str = "optional"  # a recurrent core (--rnn): "optional", "required" or "never"
     normalize_input: bool = True  # --normalize_input (its own normalizer, or the encoders')
     normalize_returns: bool = False  # --normalize_returns
-    vtrace: bool = False  # --with_vtrace
     value_rescale: bool = False  # --value_rescale
     user_model: bool = False  # --model: a whole network of the user (its acting_network builds it)
     random_before_learning: bool = False  # acts uniformly at random until learning starts (--random_before_learning)
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
-    pbt: tuple = ()  # the hyperparameters PBT explores (sf_engine.algo.pbt.RANGES)
+    pbt: dict = field(default_factory=dict)  # name -> Range: the hyperparameters PBT explores, its fields' or common
     config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name>, its runs' only (config.groups)
     # flag -> value, per env: {None: every env's, a family's name: its own, "device": a device env's, an env id: its
     # own}, each over the one before (the env family's own facts lie under them all: envs.families)
@@ -151,7 +160,6 @@ _SPACE_NAMES = {
 }
 # flags that only some algorithms take, and which spec field says that one does
 _OWN_FLAGS = {
-    "with_vtrace": ("learner", lambda spec: spec.vtrace),
     "normalize_input": ("model", lambda spec: spec.normalize_input),
     "normalize_returns": ("model", lambda spec: spec.normalize_returns),
     "value_rescale": ("q", lambda spec: spec.value_rescale),

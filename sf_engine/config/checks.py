@@ -78,9 +78,6 @@ def _check_learner_values(cfg: Config) -> None:
     """Rates, ratios and periods that must be positive, weights that must not be negative."""
     lrn, run = cfg.learner, cfg.run
     for flag, value in {
-        "--ppo_clip_ratio": lrn.ppo_clip_ratio,
-        "--vtrace_rho_bar": lrn.vtrace_rho_bar,
-        "--vtrace_c_bar": lrn.vtrace_c_bar,
         "--save_every_sec": run.save_every_sec,
         "--learning_rate": lrn.learning_rate,
         "--adam_eps": lrn.adam_eps,
@@ -91,8 +88,6 @@ def _check_learner_values(cfg: Config) -> None:
         if value <= 0:
             raise ConfigError(f"{flag} must be positive (got {value})")
     for flag, value in {
-        "--value_loss_coeff": lrn.value_loss_coeff,
-        "--entropy_coeff": lrn.entropy_coeff,
         "--max_grad_norm": lrn.max_grad_norm,
         "--learning_starts": cfg.replay.learning_starts,
         "--per_alpha": cfg.replay.per_alpha,
@@ -134,7 +129,6 @@ def _check_run(cfg: Config) -> None:
     lrn, run = cfg.learner, cfg.run
     unit = {
         "--gamma": lrn.gamma,
-        "--gae_lambda": lrn.gae_lambda,
         "--per_beta": cfg.replay.per_beta,
         "--epsilon_start": cfg.q.epsilon_start,
         "--epsilon_end": cfg.q.epsilon_end,

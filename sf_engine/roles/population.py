@@ -41,7 +41,7 @@ class Population:
 
     def __init__(self, learner, ctx):
         cfg = ctx.plan.cfg
-        self.learner, self.ctx, self.pcfg = learner, ctx, cfg.policies
+        self.learner, self.ctx, self.pcfg, self.ranges = learner, ctx, cfg.policies, cfg.algorithm.pbt
         self.members = learner.policies
         self.rng = np.random.default_rng([cfg.env.seed % 2**63, 7])  # any integer --seed
         self.period = period(cfg)
@@ -51,7 +51,7 @@ class Population:
         if self.pcfg.pbt:  # a population starts spread out: members 1.. from drawn hyperparameters
             for member in self.members[1:]:
                 member.algorithm.set_hyperparameters(
-                    explore(member.algorithm.hyperparameters(), self.pcfg, self.rng, everything=True)
+                    explore(member.algorithm.hyperparameters(), self.ranges, self.pcfg, self.rng, everything=True)
                 )
         first = self.pcfg.num_policies
         self.snapshots = [ctx.weights(first + i) for i in range(self.pcfg.pool)]
@@ -92,7 +92,8 @@ class Population:
         for target, source in pairs:
             member, better = self.members[target], self.members[source]
             member.algorithm.copy_from(better.algorithm)
-            member.algorithm.set_hyperparameters(explore(better.algorithm.hyperparameters(), self.pcfg, self.rng))
+            hyper = explore(better.algorithm.hyperparameters(), self.ranges, self.pcfg, self.rng)
+            member.algorithm.set_hyperparameters(hyper)
             member.publish()
             member.min_version = member.version  # what it acted with its old weights is not trained on
         self.rounds += 1

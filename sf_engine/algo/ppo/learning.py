@@ -158,14 +158,14 @@ class PPO(TrainingState):
         """Advantages and value targets [T, N]. GAE uses the behaviour values and the learner's value of
         the bootstrap row (a recurrent core steps once from the state stored for it); V-trace
         re-evaluates the whole batch with the current weights (a core is re-run over the rollout)."""
-        lcfg, model = self.lcfg, self.model
+        gamma, ppo, model = self.lcfg.gamma, self.cfg.ppo, self.model
         num_steps, num_traj = batch.rewards.shape
         flat_obs = {k: v.reshape(-1, *v.shape[2:]) for k, v in batch.obs.items()}
         last_obs = {k: v[-1] for k, v in batch.obs.items()}
         with torch.no_grad():
-            if lcfg.with_vtrace and model.recurrent:  # from the stored first state
+            if ppo.with_vtrace and model.recurrent:  # from the stored first state
                 params, values, _ = model.forward_sequence(flat_obs, batch.rnn_states[0], batch.episode_start)
-            elif lcfg.with_vtrace:
+            elif ppo.with_vtrace:
                 params, values = model(flat_obs)
             elif model.recurrent:  # GAE needs the learner's value of the bootstrap row only
                 state = batch.rnn_states[-1] * (~batch.episode_start[-1]).unsqueeze(-1)
@@ -173,11 +173,9 @@ class PPO(TrainingState):
             else:
                 values = model.values(last_obs)
             values = model.denormalize_values(values).reshape(-1, num_traj)  # [T+1, N], or [1, N]
-            if not lcfg.with_vtrace:
+            if not ppo.with_vtrace:
                 values = torch.cat([batch.values, values[-1:]])
-                return gae(
-                    batch.rewards, values, batch.terminated, batch.dones, batch.valid, lcfg.gamma, lcfg.gae_lambda
-                )
+                return gae(batch.rewards, values, batch.terminated, batch.dones, batch.valid, gamma, ppo.gae_lambda)
             actions = batch.actions.reshape(num_steps * num_traj, *batch.actions.shape[2:])
             target_log_probs, _ = model.log_prob_entropy(params[: num_steps * num_traj], actions)
             target_log_probs = target_log_probs.reshape(num_steps, num_traj)
@@ -191,9 +189,9 @@ class PPO(TrainingState):
                 batch.terminated,
                 batch.dones,
                 batch.valid,
-                lcfg.gamma,
-                lcfg.vtrace_rho_bar,
-                lcfg.vtrace_c_bar,
+                gamma,
+                ppo.vtrace_rho_bar,
+                ppo.vtrace_c_bar,
             )
             return advantages, vs
 
@@ -224,7 +222,8 @@ class PPO(TrainingState):
 
     # --- epochs -------------------------------------------------------------------------------------
     def _coefficients(self) -> LossCoefficients:
-        return LossCoefficients(self.lcfg.ppo_clip_ratio, self.lcfg.value_loss_coeff, self.lcfg.entropy_coeff)
+        ppo = self.cfg.ppo
+        return LossCoefficients(ppo.ppo_clip_ratio, ppo.value_loss_coeff, ppo.entropy_coeff)
 
     def _ppo_epochs(self, samples: Samples) -> TrainResult:
         """Feed-forward: minibatches of kept samples (flat [B, ...])."""

@@ -3,7 +3,38 @@ for the envs that need their own."""
 
 from __future__ import annotations
 
-from sf_engine.config.algorithms import SLOTS, AlgorithmSpec
+from dataclasses import dataclass
+
+from sf_engine.config.algorithms import SLOTS, AlgorithmSpec, Range
+from sf_engine.config.fields import ConfigError
+from sf_engine.config.fields import flag_field as _f
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    gae_lambda: float = _f(0.95, "GAE lambda (advantage estimation without V-trace).")
+    ppo_clip_ratio: float = _f(0.2, "PPO clipping of the policy ratio to [1 - clip, 1 + clip].")
+    value_loss_coeff: float = _f(0.5, "Weight of the value loss.")
+    entropy_coeff: float = _f(0.0, "Weight of the entropy bonus.")
+    with_vtrace: bool = _f(
+        False, "Use V-trace targets and advantages (off-policy correction for policy lag) instead of GAE."
+    )
+    vtrace_rho_bar: float = _f(1.0, "V-trace: truncation of importance weights in the targets (rho_bar).")
+    vtrace_c_bar: float = _f(1.0, "V-trace: truncation of the trace coefficients (c_bar).")
+
+
+def check(cfg) -> None:
+    """Its flags' values: a one-line ConfigError each."""
+    p = cfg.ppo
+    for flag in ("ppo_clip_ratio", "vtrace_rho_bar", "vtrace_c_bar"):
+        if getattr(p, flag) <= 0:
+            raise ConfigError(f"--{flag} must be positive (got {getattr(p, flag)})")
+    for flag in ("value_loss_coeff", "entropy_coeff"):
+        if getattr(p, flag) < 0:
+            raise ConfigError(f"--{flag} must be >= 0 (got {getattr(p, flag)})")
+    if not 0.0 <= p.gae_lambda <= 1.0:
+        raise ConfigError(f"--gae_lambda must be within [0, 1] (got {p.gae_lambda})")
+
 
 # PPO on the continuous family: CleanRL's and RL Zoo's MuJoCo settings (a 64 x 2 tanh network, both normalizers)
 CONTINUOUS = {
@@ -96,8 +127,15 @@ SPEC = AlgorithmSpec(
     description="PPO's clipped objective on GAE targets, or on V-trace's with --with_vtrace",
     data=SLOTS,
     normalize_returns=True,
-    vtrace=True,
     user_model=True,
-    pbt=("learning_rate", "entropy_coeff", "gamma", "ppo_clip_ratio"),
+    # the ranges its hyperparameters are drawn from and kept within (gamma's by its horizon 1 / (1 - gamma))
+    pbt={
+        "learning_rate": Range(1e-5, 1e-2),
+        "entropy_coeff": Range(1e-4, 5e-2),
+        "gamma": Range(0.9, 0.999, horizon=True),
+        "ppo_clip_ratio": Range(0.05, 0.4),
+    },
+    config=("ppo", PPOConfig),
+    check=check,
     defaults=DEFAULTS,
 )
