@@ -35,6 +35,7 @@ def main() -> None:
         return env_only(args)
     import torch
 
+    from sf_engine.model.acting import PLAYING
     from sf_engine.model.actor_critic import ActorCritic, obs_tensors
 
     torch.set_num_threads(1)
@@ -44,7 +45,7 @@ def main() -> None:
 
     def step() -> None:
         nonlocal obs
-        obs = env.step(model.sample(obs_tensors(obs))[0].numpy()).obs
+        obs = env.step(model.act(obs_tensors(obs), None, PLAYING).actions.numpy()).obs
 
     with torch.inference_mode():
         rate = _steps_per_sec(step, num_envs, args.seconds)

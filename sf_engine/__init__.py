@@ -10,6 +10,7 @@ The public API (docs/api.md):
 
 What a plug-in author needs:
 - `Observer`: the base of an observer, its hooks `on_report`, `on_checkpoint`, `on_evaluation`, `on_bottleneck`;
+- `ActingNetwork`: the acting contract its network keeps, `act(obs, state, ActContext) -> ActOutput`;
 - `Algorithm`: the protocol of a learning algorithm, built as `cls(cfg, spec, device, hooks)` with `TrainingHooks`,
   its `train(batch)` returning a `TrainResult`;
 - the batches it trains on: `TrajectoryBatch` (whole trajectory slots), `ReplayBatch` (replay transitions),
@@ -43,6 +44,9 @@ _LAZY = {
     "TrajectoryBatch": "sf_engine.algo.batch",
     "ReplayBatch": "sf_engine.algo.batch",
     "SequenceBatch": "sf_engine.algo.batch",
+    "ActContext": "sf_engine.model.acting",
+    "ActOutput": "sf_engine.model.acting",
+    "ActingNetwork": "sf_engine.model.acting",
 }
 
 
@@ -59,6 +63,9 @@ def __dir__() -> list:
 
 
 __all__ = [
+    "ActContext",
+    "ActOutput",
+    "ActingNetwork",
     "Algorithm",
     "AlgorithmSpec",
     "ConfigError",

@@ -10,7 +10,7 @@ from conftest import SerialRun, serial_plan
 from sf_engine.config.groups import ModelConfig
 from sf_engine.config.value import QConfig
 from sf_engine.envs import ActionSpec, EnvSpec, probe_env_spec
-from sf_engine.model.q_network import QNetwork, base_epsilon, epsilon_exponents
+from sf_engine.model.q_network import QNetwork, base_epsilon, epsilon_exponents, row_epsilons
 from sf_engine.model.shape import resolve_model_config
 
 ROWS = 40_000
@@ -89,7 +89,9 @@ def test_the_policy_worker_gives_each_env_row_its_ape_x_epsilon(tmp_path, shm_di
     run = SerialRun(plan, tmp_path)
     try:
         run.buffers.env_steps[:2] = [300, 200]  # 500 env steps: the base is 0.3
-        epsilons = run.policy._epsilons(np.array([3, 0, 2])).cpu().numpy()  # global split indices
+        ctx = run.policy._context(0, run.policy._rows(np.array([3, 0, 2])))  # global split indices
+        qcfg = plan.cfg.q  # what the Q-network's act makes of what the worker knows
+        epsilons = row_epsilons(base_epsilon(qcfg, ctx.env_steps), ctx, qcfg.apex_alpha, 6, "cpu").numpy()
     finally:
         run.close()
     every_row = 0.3 ** (1.0 + np.arange(8))

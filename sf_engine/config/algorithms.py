@@ -40,7 +40,6 @@ class AlgorithmSpec:
     learner: str
     description: str  # its line in --algo's help
     data: str = SLOTS  # what it learns from: SLOTS, TRANSITIONS (n-step, from the replay buffer), SEQUENCES
-    acts_on_q: bool = False  # acts epsilon-greedy on Q-values (--epsilon_*, Ape-X's epsilons)
     actions: tuple = ACTION_KINDS  # the action kinds it takes
     images: bool = True  # image observations
     embeddings: bool = True  # a Dict observation's Discrete parts as rows of a learned table (--discrete_obs embed)
@@ -51,7 +50,6 @@ class AlgorithmSpec:
     normalize_returns: bool = False  # --normalize_returns
     value_rescale: bool = False  # --value_rescale
     user_model: bool = False  # --model: a whole network of the user (its acting_network builds it)
-    random_before_learning: bool = False  # acts uniformly at random until learning starts (--random_before_learning)
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
     pbt: dict = field(default_factory=dict)  # name -> Range: the hyperparameters PBT explores, its fields' or common
     config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name>, its runs' only (config.groups)
@@ -184,11 +182,11 @@ def check_algorithm_flags(cfg) -> None:
             )
     rnn = cfg.model.rnn
     if spec.recurrent == "never" and rnn != "none":
-        twins = [n for n in algorithm_names() if _recurrent_twin(algorithm_spec(n), spec)]
-        kind = "Q-network" if spec.acts_on_q else "policy"
+        recurrent = lambda s: s.recurrent != "never"  # noqa: E731
+        twins = [n for n in algorithm_names() if recurrent(algorithm_spec(n))]
         raise ConfigError(
-            f"--rnn {rnn} with --algo {name}: a recurrent {kind} is {' and '.join(n.upper() for n in twins)}'s: use "
-            f"{_those(lambda s: _recurrent_twin(s, spec))} or --rnn none"
+            f"--rnn {rnn} with --algo {name}: a recurrent core is {' and '.join(n.upper() for n in twins)}'s: use "
+            f"{_those(recurrent)} or --rnn none"
         )
     if spec.recurrent == "required" and rnn == "none":
         raise ConfigError(f"--algo {name} needs a recurrent core: give --rnn gru or --rnn lstm")
@@ -200,11 +198,6 @@ def check_algorithm_flags(cfg) -> None:
         )
     if spec.check is not None:
         spec.check(cfg)
-
-
-def _recurrent_twin(other: AlgorithmSpec, spec: AlgorithmSpec) -> bool:
-    """Whether `other` has a recurrent core and acts as `spec` does (on Q-values, or not)."""
-    return other.recurrent != "never" and other.acts_on_q == spec.acts_on_q
 
 
 def check_env_for_algorithm(cfg, env_spec) -> None:

@@ -248,11 +248,6 @@ class _ConfigMethods:
         return self.algorithm.uses_replay
 
     @property
-    def acts_on_q(self) -> bool:
-        """The policy acts epsilon-greedy on Q-values (sf_engine.model.q_network)."""
-        return self.algorithm.acts_on_q
-
-    @property
     def samples_per_slot(self) -> int:
         return self.sampler.rollout * self.sampler.envs_per_split
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model import kernels
+from sf_engine.model.acting import ActContext, ActOutput
 from sf_engine.model.cnn import init_layer as _init
 from sf_engine.model.distributions import ActionDistribution
 from sf_engine.model.features import Encoder, RunningMeanStd
@@ -106,6 +107,15 @@ class PolicyValueModel(nn.Module):
         params, values, new_state = (forward or self.outputs)(obs, state)
         actions, log_probs = self.distribution.sample(params, self.log_std)
         return actions, log_probs, self.denormalize_values(values), new_state
+
+    def act(self, obs: dict, state, ctx: ActContext, forward=None) -> ActOutput:
+        """The acting contract (sf_engine.model.acting): samples of the policy's distribution, or with `ctx.greedy`
+        its most likely actions (log-probs zeros); the values denormalized."""
+        if not ctx.greedy:
+            return ActOutput(*self.sample(obs, state, forward))
+        params, values, new_state = (forward or self.outputs)(obs, state)
+        values = self.denormalize_values(values)
+        return ActOutput(self.distribution.mode(params), torch.zeros_like(values), values, new_state)
 
     def log_prob_entropy(self, params, actions):
         return self.distribution.log_prob_entropy(params, actions, self.log_std)

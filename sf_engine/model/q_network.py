@@ -17,6 +17,7 @@ from torch import nn
 
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model import kernels
+from sf_engine.model.acting import ActContext, ActOutput
 from sf_engine.model.actor_critic import MASKED_LOGIT
 from sf_engine.model.cnn import init_layer
 from sf_engine.model.distributions import ActionDistribution
@@ -52,7 +53,7 @@ class QNetwork(nn.Module):
         super().__init__()
         if spec.action.kind != "discrete":
             raise ValueError("a Q-network needs a discrete action space")
-        self.bf16 = bf16
+        self.bf16, self.qcfg = bf16, qcfg  # qcfg: its exploration too (act)
         self.distribution = ActionDistribution(spec.action)
         self.masked = spec.action_mask
         self.encoder = Encoder(spec, mcfg, layer_norm=qcfg.layer_norm)
@@ -199,10 +200,34 @@ class QNetwork(nn.Module):
         probability = epsilons / legal.sum(dim=1) + (1.0 - epsilons) * (actions == greedy)
         return actions, probability.log(), values, new_state
 
+    def act(self, obs: dict, state, ctx: ActContext, forward=None) -> ActOutput:
+        """The acting contract (sf_engine.model.acting): epsilon-greedy while acting for training, each row with
+        Ape-X's epsilon of the schedule's base epsilon at `ctx.env_steps` (--epsilon_*, --apex_alpha); greedy
+        otherwise (a Q-network's policy is its argmax)."""
+        epsilons = None
+        if ctx.training and not ctx.greedy:
+            first = next(iter(obs.values()))
+            base = base_epsilon(self.qcfg, ctx.env_steps)
+            epsilons = row_epsilons(base, ctx, self.qcfg.apex_alpha, first.shape[0], first.device)
+        return ActOutput(*self.sample(obs, state, epsilons, forward))
 
-def epsilon_exponents(rows: int, apex_alpha: float) -> np.ndarray:
-    """[rows] float64: Ape-X's exponents 1 + alpha * i / (rows - 1), row i acting with base ** exponent."""
-    return 1.0 + apex_alpha * np.arange(rows) / max(rows - 1, 1)
+
+def epsilon_exponents(rows: int, apex_alpha: float, index=None):
+    """Ape-X's exponents 1 + alpha * i / (rows - 1) of the rows `index` (an array or a float tensor; None: [rows]
+    float64 of every row), row i of `rows` acting with base ** exponent."""
+    index = np.arange(rows) if index is None else index
+    return 1.0 + apex_alpha * index / max(rows - 1, 1)
+
+
+def row_epsilons(base: float, ctx: ActContext, apex_alpha: float, batch: int, device) -> torch.Tensor:
+    """[B] float32 each row's epsilon, Ape-X's: base ** epsilon_exponents' of row i of the run's N (`ctx.rows`,
+    `ctx.num_rows`); `base` for every row where the site has no rows."""
+    if ctx.rows is None:
+        return torch.full((batch,), base, dtype=torch.float32, device=device)
+    if isinstance(ctx.rows, torch.Tensor):  # a device sampler's rows, where they act: no copy from the host
+        return base ** epsilon_exponents(ctx.num_rows, apex_alpha, ctx.rows.float())
+    exponents = epsilon_exponents(ctx.num_rows, apex_alpha, np.asarray(ctx.rows, np.float64))
+    return torch.from_numpy((base**exponents).astype(np.float32)).to(device)
 
 
 def base_epsilon(qcfg, env_steps: int) -> float:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from sf_engine.envs.spec import ACTION_MASK_KEY
+from sf_engine.model.acting import ActContext, ActOutput
 from sf_engine.model.cnn import init_layer
 from sf_engine.model.encoders import is_builtin, user_network
 from sf_engine.model.features import RunningMeanStd
@@ -111,11 +112,13 @@ class SACActor(nn.Module):
     recurrent = False
     state_size = 0
 
-    def __init__(self, spec, mcfg, bf16: bool = False):
-        """`mcfg`: a resolved ModelConfig (hidden_size, mlp_layers, activation, normalize_input)."""
+    def __init__(self, spec, mcfg, bf16: bool = False, random_before_learning: bool = False):
+        """`mcfg`: a resolved ModelConfig (hidden_size, mlp_layers, activation, normalize_input);
+        `random_before_learning`: acting for training, uniform actions until the learner's first update (act)."""
         super().__init__()
         if spec.action.kind != "continuous":
             raise ValueError("SAC's actor needs a Box action space")
+        self.random_before_learning = random_before_learning
         self.keys = [key for key, _, _ in spec.obs if key != ACTION_MASK_KEY]
         self.in_size = vector_size(spec)
         self.normalizer = RunningMeanStd((self.in_size,)) if mcfg.normalize_input else None
@@ -166,6 +169,16 @@ class SACActor(nn.Module):
         params, values, _ = (forward or self.outputs)(obs, state)
         squashed, log_probs = self.distribution.rsample(params)
         return self.distribution.scale(squashed), log_probs, values, None
+
+    def act(self, obs: dict, state, ctx: ActContext, forward=None) -> ActOutput:
+        """The acting contract (sf_engine.model.acting): samples of the squashed Gaussian (TD3: its action with
+        Gaussian noise), or with `ctx.greedy` the greedy action; uniform actions within the bounds while acting for
+        training before the learner's first update (`ctx.version` 0) where `random_before_learning`."""
+        if ctx.greedy:
+            actions, values = self.greedy(obs)
+            return ActOutput(actions, torch.zeros_like(values), values, None)
+        uniform = self.random_before_learning and ctx.training and ctx.version <= 0
+        return ActOutput(*self.sample(obs, state, forward, uniform=uniform))
 
     def greedy(self, obs: dict):
         """(the squashed mean in the env's bounds [B, A], zeros [B]): export's function."""

@@ -11,18 +11,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sf_engine.model.acting import GREEDY, PLAYING
 from sf_engine.model.actor_critic import obs_tensors
 
 
 @torch.no_grad()
 def act(model, obs: dict, state=None, deterministic: bool = False):
-    """Actions [B] outside training: the most likely ones or samples; and the core's new state (None
-    without a core)."""
-    if deterministic:
-        params, _, new_state = model.outputs(obs, state)
-        return model.distribution.mode(params), new_state
-    actions, _, _, new_state = model.sample(obs, state)
-    return actions, new_state
+    """Actions [B] outside training, through the network's `act` (sf_engine.model.acting): the most likely ones or
+    the network's own samples; and the core's new state (None without a core)."""
+    out = model.act(obs, state, GREEDY if deterministic else PLAYING)
+    return out.actions, out.state
 
 
 def play(

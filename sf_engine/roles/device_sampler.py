@@ -21,6 +21,7 @@ and on the device (the network never acts on one), and each env that gave one is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -32,8 +33,8 @@ from sf_engine.algo.acting import build_policy
 from sf_engine.algo.base import all_finite
 from sf_engine.envs.device import make_device_env
 from sf_engine.envs.registry import SEED_MODULUS
+from sf_engine.model.acting import ActContext
 from sf_engine.model.flat_state import flatten_state
-from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.device_slots import settle, slot_obs_arrays
 from sf_engine.runtime.slot_pool import SlotPool
@@ -71,7 +72,9 @@ class DeviceSampler:
         self.model = build_policy(spec, cfg, cfg.run.bf16).to(self.device).requires_grad_(False)
         self.params = flatten_state(self.model)
         self.weights, self.version = ctx.weights(0), -1
-        self._plan_exploration(cfg)
+        # each env's index among the run's acting rows (sampler w's env e is row w x E + e), where the envs act
+        self.rows = torch.arange(self.num_envs, device=self.device) + self.idx * self.num_envs
+        self.num_rows, self.env_steps_base = cfg.sampler.num_workers * self.num_envs, ctx.plan.env_steps_base
         self._plan_actions(spec.action)
         self.views = self._slot_views()
         self.episode_return = np.zeros(self.num_envs)  # kept on the host from the slots' rows, once per rollout
@@ -80,16 +83,6 @@ class DeviceSampler:
         self.slots: list = []  # the free slots taken so far for the next rollout
         self.timer = StageTimer(*SamplerStage)
         self.last_stats_time = time.monotonic()
-
-    def _plan_exploration(self, cfg) -> None:
-        """Epsilon-greedy acting (a Q-network: each row's Ape-X exponent, row i of the run's N being sampler w's
-        env e at i = w x E + e), or uniform actions before the first update (where the algorithm acts so)."""
-        self.qcfg = cfg.q if cfg.acts_on_q else None
-        rows = cfg.sampler.num_workers * self.num_envs
-        exponents = epsilon_exponents(rows, cfg.q.apex_alpha)[self.idx * self.num_envs : (self.idx + 1) * self.num_envs]
-        self.exponents = torch.as_tensor(exponents, dtype=torch.float32, device=self.device)
-        self.uniform_before_learning = cfg.algorithm.random_before_learning and cfg.replay.random_before_learning
-        self.env_steps_base = self.ctx.plan.env_steps_base
 
     def _plan_actions(self, action) -> None:
         """How the network's actions become the env's: continuous ones clipped to the bounds (the slot keeps the
@@ -138,11 +131,12 @@ class DeviceSampler:
                 self.model.refresh_bf16_acting()
         self.timer.lap(SamplerStage.WEIGHT_RELOAD)
 
-    def _explore(self) -> dict:
-        if self.qcfg is not None:
-            env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
-            return {"epsilons": base_epsilon(self.qcfg, env_steps) ** self.exponents}
-        return {"uniform": True} if self.uniform_before_learning and self.version <= 0 else {}
+    def _context(self) -> ActContext:
+        """What this sampler knows of its rows as a rollout starts (the acting network decides how they act)."""
+        env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
+        return ActContext(
+            training=True, env_steps=env_steps, version=self.version, rows=self.rows, num_rows=self.num_rows
+        )
 
     def _rollout(self, slots: list) -> None:
         """--rollout steps of every env into `slots` (one per group), handed over at the end."""
@@ -152,10 +146,10 @@ class DeviceSampler:
         self._write(slots, 0, obs=self.stored_obs, valid=self.next_valid)
         if self.skipped is not None:
             buf.non_finite[slots, 0] = self.skipped
-        explore = self._explore()
+        ctx = self._context()
         ended = None  # a SAME_STEP env's rows whose episode just ended: their values are those of the last obs
         for row in range(self.rollout):
-            actions, log_probs, values = self._act(explore, ended)
+            actions, log_probs, values = self._act(ctx, ended)
             self.timer.lap(SamplerStage.FORWARD)
             self._write(slots, row, actions=actions, log_probs=log_probs, values=values)
             bad_actions = self._zero_non_finite(slots, row, "actions") if self.guard.actions else None
@@ -268,17 +262,16 @@ class DeviceSampler:
             return torch.clamp(actions, *self.bounds)
         return actions + self.start if self.start else actions
 
-    def _act(self, explore: dict, ended) -> tuple:
+    def _act(self, ctx: ActContext, ended) -> tuple:
         """The actions, log-probs and values [N] of the acting observations, in one forward pass with the stored
         (last) observations of the `ended` rows (a SAME_STEP env's, or None), whose values replace theirs: the row
-        after an end bootstraps the step that ended from them."""
+        after an end bootstraps the step that ended from them (their actions are not kept)."""
         obs, extra = self.acting_obs, 0 if ended is None else len(ended)
         if extra:
             obs = torch.cat([obs, self.stored_obs[ended]])
-            if "epsilons" in explore:  # the extra rows act greedily: only their values are kept
-                explore = {"epsilons": torch.cat([explore["epsilons"], explore["epsilons"].new_zeros(extra)])}
+            ctx = dataclasses.replace(ctx, rows=torch.cat([ctx.rows, ctx.rows[ended]]))
         with torch.inference_mode():
-            actions, log_probs, values, _ = self.model.sample({self.key: obs}, None, **explore)
+            actions, log_probs, values, _ = self.model.act({self.key: obs}, None, ctx)
         if extra:
             values = values[: self.num_envs].index_copy(0, ended, values[self.num_envs :])
         return actions[: self.num_envs], log_probs[: self.num_envs], values

@@ -4,9 +4,9 @@ Runs in the policy-worker process (or the runner in serial mode) on the run's de
 (worker, token, slot, row) it reads obs[key][slot, row] [E, *shape] from shared memory and writes
 actions [E, *action_shape], log_probs, values and policy_version [E] at [slot, row]; then it sends the
 token back to the worker.
-Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights). With
---random_before_learning, under an algorithm whose spec acts so (SAC's, TD3's), the rows act uniformly at random
-while the weights in force are version 0 (the learner has published no update yet).
+Weights come from the learner's shared copy whenever its version moves (weights.SharedWeights). How the rows act,
+their exploration included, is the acting network's (its `act`, sf_engine.model.acting): the worker says what it
+knows (the run's env steps, the version in force, each row's index among the run's env rows).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import torch
 
 from sf_engine.algo.acting import build_policy
 from sf_engine.algo.base import keep_beating
+from sf_engine.model.acting import ActContext
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.graphed import BucketedForward, bucket_sizes
-from sf_engine.model.q_network import base_epsilon, epsilon_exponents
 from sf_engine.runtime.ipc import get_many
 from sf_engine.runtime.transfer import PinnedRows, to_device, torch_dtype
 from sf_engine.runtime.wiring import InferenceRequest
@@ -40,14 +40,10 @@ class PolicyWorker:
         self.rollout = cfg.sampler.rollout
         self.num_acting = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
         self.models = [build_policy(ctx.plan.spec, cfg, cfg.run.bf16).to(self.device) for _ in range(self.num_acting)]
-        # epsilon-greedy acting (value-based algorithms): env row i = (worker, split, env) in that order, of N
-        self.qcfg, self.env_steps_base = (cfg.q, ctx.plan.env_steps_base) if cfg.acts_on_q else (None, 0)
+        self.env_steps_base = ctx.plan.env_steps_base
         most_requests = max(cfg.sampler.total_splits, 1)  # one per split at a time
-        rows = most_requests * self.envs_per_split
-        self.exponents = epsilon_exponents(rows, cfg.q.apex_alpha).reshape(-1, self.envs_per_split)
-        # --random_before_learning (where the algorithm's spec acts so): uniform actions while the weights in force are
-        # the ones the learner published before its first update (version 0), as the shared weights' version says
-        self.uniform_before_learning = cfg.algorithm.random_before_learning and cfg.replay.random_before_learning
+        # each env row's index among the run's N acting rows: row i = (worker, split, env) in that order
+        self.num_rows, self.envs = most_requests * self.envs_per_split, np.arange(self.envs_per_split)
         for model in self.models:
             model.requires_grad_(False)
         self.params = [flatten_state(model) for model in self.models]
@@ -143,12 +139,8 @@ class PolicyWorker:
             state = to_device(carried.reshape(n * self.envs_per_split, -1), self.device)
         self.timer.lap(InferenceStage.GATHER)
         policies = None if buf.policy_id is None else buf.policy_id[slots, rows].reshape(-1)
-        explore = {}  # how the rows explore beyond the model's own sampling
-        if self.qcfg is not None:
-            explore = {"epsilons": self._epsilons(workers * self.num_splits + tokens % self.num_splits)}
-        elif self.uniform_before_learning and self.versions[0] <= 0:
-            explore = {"uniform": True}
-        actions, log_probs, values, new_state = self._forward(obs, state, policies, explore)
+        acting_rows = self._rows(workers * self.num_splits + tokens % self.num_splits)
+        actions, log_probs, values, new_state = self._forward(obs, state, policies, acting_rows)
         self.timer.lap(InferenceStage.FORWARD)
         if new_state is not None:
             new_state = new_state.reshape(carried.shape)
@@ -172,23 +164,28 @@ class PolicyWorker:
         self.num_samples += len(actions)
         self.timer.lap(InferenceStage.WRITE_RESULTS)
 
-    def _epsilons(self, splits: np.ndarray) -> torch.Tensor:
-        """[requests x E] each row's epsilon: the schedule's base epsilon now, to the row's Ape-X exponent
-        (`splits`: the global split index of each request)."""
-        env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
-        epsilons = base_epsilon(self.qcfg, env_steps) ** self.exponents[splits].reshape(-1)
-        return to_device(epsilons.astype(np.float32), self.device)
+    def _rows(self, splits: np.ndarray) -> np.ndarray:
+        """[requests x E] the index among the run's acting rows of each env of the requests of `splits` (each
+        request's split among the run's)."""
+        return (splits[:, None] * self.envs_per_split + self.envs).reshape(-1)
 
-    def _forward(self, obs: dict, state, policies, explore: dict | None = None):
+    def _context(self, policy: int, rows: np.ndarray) -> ActContext:
+        """What this worker knows of the rows `rows` (their indices among the run's acting rows) acted by `policy`."""
+        env_steps = self.env_steps_base + int(self.buffers.env_steps.sum())
+        version = int(self.versions[policy])
+        return ActContext(training=True, env_steps=env_steps, version=version, rows=rows, num_rows=self.num_rows)
+
+    def _forward(self, obs: dict, state, policies, rows: np.ndarray):
         """(actions, log-probs, values, new state or None) of the rows, as numpy; each row acted by its
-        policy (`policies` [rows], None: policy 0 for all): one forward per policy present. `explore`: the
-        model's exploration keywords (one policy only): a Q-network's `epsilons` [rows], SAC's `uniform`."""
+        policy (`policies` [rows], None: policy 0 for all): one forward per policy present, each its network's `act`
+        (`rows`: each row's index among the run's acting rows)."""
         with torch.inference_mode():
             present = [0] if policies is None else np.unique(policies)
             if len(present) == 1:
                 started = time.perf_counter()
-                model, forward = self.models[int(present[0])], self.forwards[int(present[0])]
-                out = model.sample(obs, state, forward=forward, **(explore or {}))
+                policy = int(present[0])
+                model, forward = self.models[policy], self.forwards[policy]
+                out = model.act(obs, state, self._context(policy, rows), forward)
                 out = tuple(None if x is None else x.cpu().numpy() for x in out)
                 if policies is not None:
                     policy = int(present[0])
@@ -197,19 +194,20 @@ class PolicyWorker:
             results = None
             for policy in present:
                 started = time.perf_counter()
-                rows = np.flatnonzero(policies == policy)
-                index = torch.from_numpy(rows).to(self.device)
-                out = self.models[int(policy)].sample(
+                selected = np.flatnonzero(policies == policy)
+                index = torch.from_numpy(selected).to(self.device)
+                out = self.models[int(policy)].act(
                     {k: v.index_select(0, index) for k, v in obs.items()},
                     None if state is None else state.index_select(0, index),
-                    forward=self.forwards[int(policy)],
+                    self._context(int(policy), rows[selected]),
+                    self.forwards[int(policy)],
                 )
                 out = [None if x is None else x.cpu().numpy() for x in out]
                 if results is None:
                     results = [None if x is None else np.empty((len(policies),) + x.shape[1:], x.dtype) for x in out]
                 for result, part in zip(results, out):
                     if result is not None:
-                        result[rows] = part
+                        result[selected] = part
                 self.policy_sec[int(policy)] += time.perf_counter() - started
             return tuple(results)
 

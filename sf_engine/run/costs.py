@@ -134,6 +134,7 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
     import torch
 
     from sf_engine.algo.acting import build_policy
+    from sf_engine.model.acting import ActContext
     from sf_engine.model.actor_critic import obs_tensors
     from sf_engine.model.flat_state import FlatAdam, flatten_state
 
@@ -149,8 +150,9 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
         torch.set_num_threads(1)
         state = model.initial_state(batch)
         with torch.inference_mode():
-            model.sample(inputs, state)
-            _, cpu, n = _timed(lambda: model.sample(inputs, state), PROBE_SEC / 2)
+            acting = ActContext(training=True, version=1)  # as the policy worker acts once learning started
+            model.act(inputs, state, acting)
+            _, cpu, n = _timed(lambda: model.act(inputs, state, acting), PROBE_SEC / 2)
         inference = cpu / (n * batch)
         torch.set_num_threads(cfg.learner.learner_threads)
         # big enough that per-call overhead does not count, small enough to take a moment with a CNN

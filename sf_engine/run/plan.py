@@ -20,6 +20,7 @@ import sys
 
 import psutil
 
+from sf_engine.algo.acting import check_acting_network
 from sf_engine.algo.pbt import period as pbt_period
 from sf_engine.config.algorithms import algorithm_registration, check_env_for_algorithm
 from sf_engine.config.checks import check_flags, check_resolved
@@ -63,6 +64,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     _check_before_resolving(cfg, spec)
     # a user's module built once, before auto sizing builds the model
     user_notes = check_model(cfg, spec) + check_encoder(cfg, spec)
+    check_acting_network(dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec)), spec)
     cfg, notes = _resolve(cfg, spec)
     notes = env_notes(cfg.env.env, spec) + user_notes + notes
     check_resolved(cfg)

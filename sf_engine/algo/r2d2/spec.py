@@ -17,7 +17,6 @@ SPEC = AlgorithmSpec(
     description="R2D2: the DQN family with a recurrent core (--rnn) on replayed sequences after a burn-in, value "
     "rescaling",
     data=SEQUENCES,
-    acts_on_q=True,
     actions=("discrete",),
     multi_agent=False,
     several_policies=False,

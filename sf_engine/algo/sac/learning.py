@@ -49,7 +49,7 @@ class SAC(TrainingState):
     @staticmethod
     def acting_network(spec, cfg, bf16: bool = False) -> SACActor:
         """The network SAC publishes (its actor), as every acting site builds it."""
-        return SACActor(spec, cfg.model, bf16)
+        return SACActor(spec, cfg.model, bf16, cfg.replay.random_before_learning)
 
     def __init__(self, cfg, spec, device, hooks: TrainingHooks):
         self.cfg, self.lcfg, self.scfg, self.qcfg, self.device, self.hooks = (

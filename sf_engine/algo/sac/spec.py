@@ -73,7 +73,6 @@ SPEC = AlgorithmSpec(
     multi_agent=False,
     several_policies=False,
     recurrent="never",
-    random_before_learning=True,
     config=("sac", SACConfig),
     check=check,
     check_env=bounded_actions,

@@ -42,8 +42,8 @@ class TD3Actor(SACActor):
     --normalize_input, through a user's encoder where one is given), an MLP, one output per action dimension."""
 
     def __init__(self, spec, cfg, bf16: bool = False):
-        """`cfg`: the resolved Config (the model's flags and --exploration_noise)."""
-        super().__init__(spec, cfg.model, bf16)
+        """`cfg`: the resolved Config (the model's flags, --exploration_noise and --random_before_learning)."""
+        super().__init__(spec, cfg.model, bf16, cfg.replay.random_before_learning)
         self.distribution = Deterministic(spec.action, cfg.td3.exploration_noise)
         mcfg = cfg.model
         features = self.net.layers[0].in_features

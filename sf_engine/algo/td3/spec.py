@@ -47,7 +47,6 @@ SPEC = AlgorithmSpec(
     multi_agent=False,
     several_policies=False,
     recurrent="never",
-    random_before_learning=True,
     config=("td3", TD3Config),
     check=check,
     check_env=bounded_actions,
