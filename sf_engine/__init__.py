@@ -10,9 +10,13 @@ The public API (docs/api.md):
 
 What a plug-in author needs:
 - `Observer`: the base of an observer, its hooks `on_report`, `on_checkpoint`, `on_evaluation`, `on_bottleneck`;
-- `ActingNetwork`: the acting contract its network keeps, `act(obs, state, ActContext) -> ActOutput`;
+- `ActingNetwork`: the acting contract its network keeps, `act(obs, state, ActContext) -> ActOutput`; `Encoder`, the
+  engine's observations -> features (the built-in encoders or the user's --encoder, the input normalizers), the
+  first stage of every network; `flatten_state` (a model's whole state as the one flat vector the learner
+  publishes) and `FlatAdam` (Adam over it);
+- `TrainingState` and `Holds`: an algorithm's training state named once, its state, load and copy_from derived;
 - `Algorithm`: the protocol of a learning algorithm, built as `cls(cfg, spec, device, hooks)` with `TrainingHooks`,
-  its `train(batch)` returning a `TrainResult`;
+  its `train(batch)` returning a `TrainResult`; `schedule_learning_rate` (--lr_schedule, in force);
 - the batches it trains on: `TrajectoryBatch` (whole trajectory slots), `ReplayBatch` (replay transitions),
   `SequenceBatch` (replay sequences);
 - `AlgorithmSpec` and its `data` values `SLOTS`, `TRANSITIONS`, `SEQUENCES`; `flag_field(default, help)`, a field
@@ -41,12 +45,18 @@ _LAZY = {
     "Algorithm": "sf_engine.algo.base",
     "TrainResult": "sf_engine.algo.base",
     "TrainingHooks": "sf_engine.algo.base",
+    "schedule_learning_rate": "sf_engine.algo.base",
     "TrajectoryBatch": "sf_engine.algo.batch",
     "ReplayBatch": "sf_engine.algo.batch",
     "SequenceBatch": "sf_engine.algo.batch",
     "ActContext": "sf_engine.model.acting",
     "ActOutput": "sf_engine.model.acting",
     "ActingNetwork": "sf_engine.model.acting",
+    "Encoder": "sf_engine.model.features",
+    "flatten_state": "sf_engine.model.flat_state",
+    "FlatAdam": "sf_engine.model.flat_state",
+    "TrainingState": "sf_engine.algo.training_state",
+    "Holds": "sf_engine.algo.training_state",
 }
 
 
@@ -69,6 +79,9 @@ __all__ = [
     "Algorithm",
     "AlgorithmSpec",
     "ConfigError",
+    "Encoder",
+    "FlatAdam",
+    "Holds",
     "LoadError",
     "Observer",
     "Policy",
@@ -82,11 +95,14 @@ __all__ = [
     "TRANSITIONS",
     "TrainResult",
     "TrainingHooks",
+    "TrainingState",
     "TrajectoryBatch",
     "flag_field",
+    "flatten_state",
     "load_policy",
     "register_algorithm",
     "register_encoder",
     "register_env",
+    "schedule_learning_rate",
     "train",
 ]

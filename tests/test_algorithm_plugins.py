@@ -131,8 +131,8 @@ def test_a_bad_algo_is_one_line(tmp_path, capsys):
 
 
 def test_every_spec_names_classes_that_exist_and_its_flags():
+    from sf_engine.config.algorithms import import_class
     from sf_engine.config.groups import GROUPS
-    from sf_engine.runtime.wiring import import_class
 
     for name, spec in built_in_algorithms().items():
         groups = list(GROUPS.values()) + ([spec.config[1]] if spec.config else [])  # every run's, and its own

@@ -11,10 +11,10 @@ from torch import nn
 
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.training_state import Holds, TrainingState
+from sf_engine.config.algorithms import import_class
 from sf_engine.config.groups import Config, LearnerConfig
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 from sf_engine.run.plan import build_plan
-from sf_engine.runtime.wiring import import_class
 
 HOOKS = TrainingHooks(env_steps=lambda: 0, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 0.0)
 

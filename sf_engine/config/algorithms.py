@@ -140,8 +140,8 @@ def _spec_of_module(text: str) -> AlgorithmSpec:
 
 
 def import_class(path: str):
-    """The class of "module:Class" (a spec's learner), its module imported by name (the current directory first
-    for a user's)."""
+    """The class of "module:Class" (a spec's learner, a role's), its module imported by name (the current directory
+    first for a user's)."""
     from sf_engine.envs.user_code import import_user_module
 
     module = import_user_module(path, "--algo", ConfigError)

@@ -10,7 +10,15 @@ import difflib
 
 from sf_engine.config.algorithms import algorithm_spec
 from sf_engine.config.fields import type_name
-from sf_engine.config.groups import GROUPS, Config, ConfigError, LearnerConfig, algorithm_group_owners, flag_groups
+from sf_engine.config.groups import (
+    GROUPS,
+    Config,
+    ConfigError,
+    LearnerConfig,
+    algorithm_group_owners,
+    flag_groups,
+    flag_owners,
+)
 
 
 def _str_to_bool(text: str) -> bool:
@@ -68,12 +76,16 @@ def build_parser(algo: str | None = None) -> argparse.ArgumentParser:
         "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
         argument_default=argparse.SUPPRESS,
     )
+    taken = set()  # a flag shared by two algorithms' groups: the first one's (the run's --algo's comes first)
     for group_name, cls in flag_groups(algo).items():
         owners = (
             "" if group_name in GROUPS else ", ".join(f"--algo {name}" for name in algorithm_group_owners(group_name))
         )
         group = parser.add_argument_group(f"{group_name} ({owners}'s own flags)" if owners else group_name)
         for fld in dataclasses.fields(cls):
+            if fld.name in taken:
+                continue
+            taken.add(fld.name)
             convert, choices = value_type(fld)
             text = f"{fld.metadata['help']} (default: {fld.default})".replace("%", "%%")  # argparse formats help with %
             kwargs = {"help": text, "dest": f"{group_name}.{fld.name}"}
@@ -117,8 +129,9 @@ def make_config(given: dict, defaults: dict | None = None, saved: dict | None = 
     groups = GROUPS | dict([own] if own else [])
     for group_name, values in given.items():
         if group_name not in groups and values:
-            owners = " or ".join(f"--algo {name}" for name in algorithm_group_owners(group_name))
-            raise ConfigError(f"--{next(iter(values))} is {owners}'s flag: drop it with --algo {algo}, or use {owners}")
+            flag = next(iter(values))
+            owners = " or ".join(f"--algo {name}" for name in flag_owners(flag))
+            raise ConfigError(f"--{flag} is {owners}'s flag: drop it with --algo {algo}, or use {owners}")
     made = {}
     for group_name, cls in groups.items():
         names = {fld.name for fld in dataclasses.fields(cls)}

@@ -196,11 +196,25 @@ GROUPS = {
 
 
 def flag_groups(algo: str | None = None) -> dict:
-    """name -> group class of every flag a command line with `--algo algo` takes: every run's (GROUPS), each built-in
-    algorithm's own (so that --help lists them all, and a flag of another algorithm's group is named as such), and
-    `algo`'s own (a registered or MODULE:SPEC algorithm's; a ConfigError of one line where `algo` names none)."""
-    specs = list(built_in_algorithms().values()) + ([algorithm_spec(algo)] if algo else [])
-    return GROUPS | {spec.config[0]: spec.config[1] for spec in specs if spec.config}
+    """name -> group class of every flag a command line with `--algo algo` takes: every run's (GROUPS), `algo`'s
+    own (a ConfigError of one line where `algo` names none), then each other built-in algorithm's (so that --help
+    lists them all, and a flag of another algorithm's group is named as such). Two algorithms' groups may share a
+    flag name (--policy_delay: TD3's and CrossQ's); an algorithm's group may not redefine a flag of every run."""
+    own = algorithm_spec(algo).config if algo else ()
+    if own and set(_fields(own[1])) & {name for cls in GROUPS.values() for name in _fields(cls)}:
+        clash = sorted(set(_fields(own[1])) & {name for cls in GROUPS.values() for name in _fields(cls)})
+        raise ConfigError(f"--algo {algo}: its group {own[0]} redefines --{clash[0]}, a flag of every run: rename it")
+    others = {spec.config[0]: spec.config[1] for spec in built_in_algorithms().values() if spec.config}
+    return GROUPS | dict([own] if own else []) | {name: cls for name, cls in others.items() if name not in GROUPS}
+
+
+def _fields(cls) -> list:
+    return [fld.name for fld in dataclasses.fields(cls)]
+
+
+def flag_owners(flag: str) -> list:
+    """The algorithms (built in or registered) whose own group has the flag `flag`."""
+    return [name for name in algorithm_names() if (own := algorithm_spec(name).config) and flag in _fields(own[1])]
 
 
 def algorithm_group_owners(group_name: str) -> list:

@@ -20,6 +20,7 @@ import warnings
 import torch
 from torch import nn
 
+from sf_engine.model.acting import GREEDY
 from sf_engine.play.enjoy import experiment_parser
 from sf_engine.play.loading import LoadError, first_line, load_policy, resolve_checkpoint
 
@@ -56,11 +57,16 @@ class GreedyPolicy(nn.Module):
             self.register_buffer("high", torch.tensor(spec.action.high, dtype=torch.float32))
 
     def forward(self, *inputs):
-        """Each model's `greedy` (its recurrent core stepped through nn.GRU / nn.LSTM), then the env's action: a
-        Discrete space's start added, a Gaussian's mean clipped to the bounds (SAC's squashed one is within)."""
+        """The acting contract's greedy `act` (a built-in recurrent model's `greedy`, its core stepped through nn.GRU /
+        nn.LSTM, which the exporters know), then the env's action: a Discrete space's start added, a Gaussian's mean
+        clipped to the bounds (SAC's squashed one is within)."""
         obs = dict(zip(self.keys, inputs))
         model = self.model
-        action, value, *state = model.greedy(obs, inputs[-1], _core_step) if model.recurrent else model.greedy(obs)
+        if model.recurrent:
+            action, value, *state = model.greedy(obs, inputs[-1], _core_step)
+        else:
+            action, _, value, _ = model.act(obs, None, GREEDY)
+            state = []
         if self.action.kind == "composite":
             action = torch.minimum(torch.maximum(action + self.start, self.low), self.high)
         elif self.action.kind == "continuous":

@@ -184,12 +184,14 @@ def measure_model(cfg, spec, obs: dict, batch: int) -> tuple[float, float]:
 
 
 def _probe_forward(model, inputs: dict, minibatch: int):
-    """The learner's forward of `model` over the probe's `inputs` -> (distribution parameters, values): a
-    recurrent core unrolled over [minibatch / 16, 16] steps and sequences, as the learner runs it."""
+    """The learner's forward of `model` over the probe's `inputs` -> (distribution parameters, values): the acting
+    contract's `outputs`; a built-in recurrent core unrolled over [minibatch / 16, 16] steps and sequences, as the
+    learner runs it."""
     import torch
 
-    if not model.recurrent:
-        return lambda: model(inputs)
+    if not model.recurrent or not hasattr(model, "forward_sequence"):
+        state = model.initial_state(minibatch)
+        return lambda: model.outputs(inputs, state)[:2]
     sequence = (minibatch // 16, 16)
     steps = sequence[0] * sequence[1]
 

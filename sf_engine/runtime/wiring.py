@@ -17,12 +17,12 @@ read (and grep) who talks to whom. Queues carry small messages only, never traje
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from faster_fifo import Queue
 
+from sf_engine.config.algorithms import import_class
 from sf_engine.runtime.ipc import LocalChannel, ReplyPipe
 from sf_engine.runtime.shared_buffers import HEARTBEAT_ROLES, WEIGHT_READERS
 
@@ -62,12 +62,6 @@ ROLES = {
     "device_sampler": RoleSpec("sf_engine.roles.device_sampler:DeviceSampler", None, 0.1, 0, lambda cfg: 1),
     "receiver": RoleSpec("sf_engine.scaleout.receiver:Receiver", 3, 0.05, 1, lambda cfg: 1),
 }
-
-
-def import_class(path: str):
-    """The class a "module:Class" path names, imported now (a role's, an algorithm's)."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def role_class(role: str):
