@@ -25,6 +25,7 @@ ALGORITHMS = [
     ("r2d2", "CartPoleNoVel-v1", ("--rollout", "32")),
     ("sac", "Pendulum-v1", ()),
     ("td3", "Pendulum-v1", ()),
+    ("qrdqn", "CartPole-v1", ()),
 ]
 
 

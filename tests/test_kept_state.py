@@ -22,6 +22,7 @@ ALGORITHMS = [
     ("r2d2", "CartPole-v1"),
     ("sac", "Pendulum-v1"),
     ("td3", "Pendulum-v1"),
+    ("qrdqn", "CartPole-v1"),
 ]
 
 
