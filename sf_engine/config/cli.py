@@ -76,18 +76,18 @@ def build_parser(algo: str | None = None) -> argparse.ArgumentParser:
         "the flags you give always win. Every 'auto' is resolved at start and recorded in config.json.",
         argument_default=argparse.SUPPRESS,
     )
-    taken = set()  # a flag shared by two algorithms' groups: the first one's (the run's --algo's comes first)
+    taken: dict = {}  # flag -> its action: a flag two algorithms' groups share is the first's (the run's --algo's)
     for group_name, cls in flag_groups(algo).items():
         owners = (
             "" if group_name in GROUPS else ", ".join(f"--algo {name}" for name in algorithm_group_owners(group_name))
         )
         group = parser.add_argument_group(f"{group_name} ({owners}'s own flags)" if owners else group_name)
         for fld in dataclasses.fields(cls):
-            if fld.name in taken:
-                continue
-            taken.add(fld.name)
-            convert, choices = value_type(fld)
             text = f"{fld.metadata['help']} (default: {fld.default})".replace("%", "%%")  # argparse formats help with %
+            if fld.name in taken:  # its help says every owner's meaning
+                taken[fld.name].help += f" Also {text}"
+                continue
+            convert, choices = value_type(fld)
             kwargs = {"help": text, "dest": f"{group_name}.{fld.name}"}
             if convert is _str_to_bool:
                 kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
@@ -95,7 +95,7 @@ def build_parser(algo: str | None = None) -> argparse.ArgumentParser:
                 kwargs.update(choices=choices)
             else:
                 kwargs.update(type=convert, metavar=fld.name.upper())
-            group.add_argument(f"--{fld.name}", **kwargs)
+            taken[fld.name] = group.add_argument(f"--{fld.name}", **kwargs)
     return parser
 
 
