@@ -8,6 +8,7 @@ episodes): the last evaluation of each, the ratio of ours to SB3's, and the eval
   python perf/against_sb3.py --skip sb3,ppo -- --learner_threads 1   # flags after -- go to our first run
   python perf/against_sb3.py --algo td3 --skip ppo --together --out docs/halfcheetah_td3.png
   python perf/against_sb3.py --env BipedalWalker-v3 --algo ppo --out docs/bipedalwalker_ppo.png
+  python perf/against_sb3.py --algo crossq --skip ppo   # against Stable-Baselines3-contrib's CrossQ (perf/'s venv)
 
 Ours: train.py --env ENV --algo ALGO --train_for_seconds 60 x minutes --eval_every_sec 60 --eval_episodes 10 (the
 evaluator is a process of the run: its time is counted; the env family's defaults); a curve point is each evaluation
@@ -56,8 +57,17 @@ def run_ours(env: str, algo: str, minutes: float, extra: list) -> dict:
     return out
 
 
+CONTRIB = ("crossq",)  # algorithms of Stable-Baselines3-contrib (perf/sb3_contrib.sh)
+
+
 def run_sb3(env: str, algo: str, minutes: float) -> dict:
-    cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", algo, "--env", env]
+    """Stable-Baselines3's `algo` (the shared baseline), or for crossq Stable-Baselines3-contrib's (perf/'s, its own
+    venv, two torch threads: this machine's cores)."""
+    if algo in CONTRIB:
+        cmd = [os.path.join(REPO, "perf", "sb3_contrib.sh"), "--algo", algo, "--env", env, "--threads", "2"]
+        cmd += ["--eval_episodes", "10"]
+    else:
+        cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", algo, "--env", env]
     cmd += ["--seconds", str(60 * minutes), "--eval_every_sec", "60"]
     out = run_baseline(cmd, timeout_sec=60 * minutes + 900)
     evaluations = [[seconds, value] for seconds, _, value in out.get("evals", [])]
@@ -114,7 +124,7 @@ def main() -> None:
     )
     parser.add_argument("--minutes", type=float, default=15.0, help="training minutes of each run")
     parser.add_argument("--env", default="HalfCheetah-v5", help="a Gymnasium id both can make")
-    parser.add_argument("--algo", default="sac", choices=("sac", "td3", "ppo"), help="ours and SB3's algorithm")
+    parser.add_argument("--algo", default="sac", choices=("sac", "td3", "ppo", "crossq"), help="ours and theirs")
     parser.add_argument("--skip", default="", help="comma-separated runs to skip: sb3, ppo (our ppo after the pair)")
     parser.add_argument("--together", action="store_true", help="ours and SB3's at the same time (each ~1 core)")
     parser.add_argument("--out", default=None, help="the picture (default docs/ENV_ALGO.png, e.g. halfcheetah_sac.png)")

@@ -3,6 +3,7 @@ same run.
 
   python perf/value_cartpole.py --algo dqn        # greedy evaluation >= 475 (every 5 s, 10 episodes), vs SB3's DQN
   python perf/value_cartpole.py --algo pqn        # mean training return of the last 100 episodes >= 475
+  python perf/value_cartpole.py --algo qrdqn --limit_sec 120   # greedy >= 475, vs Stable-Baselines3-contrib's QRDQN
   python perf/value_cartpole.py --algo dqn --rounds 3 --no_baseline -- --learning_rate 2e-3
   python perf/value_cartpole.py --algo dqn --rounds 5 --no_baseline --hold_sec 180   # does it hold 475? seeds 0-4
   python perf/value_cartpole.py --algo r2d2 --env CartPoleNoVel-v1 --rounds 2 --hold_sec 180   # velocities hidden
@@ -12,6 +13,8 @@ that of the first evaluation line at or above 475, from the launch of train.py (
 the user's wait). Stable-Baselines3 2.9.2 (../shared/baselines/sb3.sh, RL Zoo's tuned CartPole DQN, greedy
 evaluation every 5 s of its training, its evaluation time not counted) runs after each of ours; where it never
 reaches 475 within its zoo budget, its whole run's seconds are a lower bound of its time (the ratio says so).
+--algo qrdqn: as dqn, against Stable-Baselines3-contrib 2.9.2's QRDQN at RL Zoo's CartPole settings
+(perf/sb3_contrib.sh, its own venv).
 --algo pqn: train.py --algo pqn --stop_at_return 475; the time of the 'stopped:' line. --hold_sec H: each of our
 runs (round i with --seed i) goes on H seconds after its first evaluation at 475 or more, evaluating every 10 s,
 then stops (Ctrl-C's clean stop); its `held_share` is the share of the evaluations of those H seconds at 475 or more
@@ -89,7 +92,11 @@ def run_ours(
 
 
 def run_sb3(algo: str) -> dict:
-    cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", "dqn", "--env", "CartPole-v1"]
+    """Stable-Baselines3's DQN (the shared baseline), or for qrdqn Stable-Baselines3-contrib's QRDQN (perf/'s)."""
+    if algo == "qrdqn":
+        cmd = [os.path.join(REPO, "perf", "sb3_contrib.sh"), "--algo", "qrdqn", "--env", "CartPole-v1"]
+    else:
+        cmd = [os.path.join(REPO, "..", "shared", "baselines", "sb3.sh"), "--algo", "dqn", "--env", "CartPole-v1"]
     cmd += ["--eval_every_sec", "5", "--stop_at_eval_return", str(THRESHOLD)]
     out = run_baseline(cmd, timeout_sec=900)
     reached = out.get("seconds_to_eval_threshold")
@@ -107,11 +114,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
-    parser.add_argument("--algo", choices=("dqn", "pqn", "r2d2"), default="dqn")
+    parser.add_argument("--algo", choices=("dqn", "pqn", "r2d2", "qrdqn"), default="dqn")
     parser.add_argument("--env", default="CartPole-v1", help="a CartPole of 500 steps (CartPoleNoVel-v1 for r2d2)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each system, alternating")
     parser.add_argument("--limit_sec", type=float, default=60.0, help="our run's --train_for_seconds")
-    parser.add_argument("--no_baseline", action="store_true", help="skip Stable-Baselines3 (dqn only)")
+    parser.add_argument("--no_baseline", action="store_true", help="skip Stable-Baselines3 (dqn, qrdqn)")
     parser.add_argument("--hold_sec", type=float, default=None, help="measure the hold of 475 for this long")
     parser.add_argument("train_args", nargs="*", help="more flags for train.py (after --)")
     args = parser.parse_args()
@@ -120,7 +127,7 @@ def main() -> None:
         seed = round_index if args.hold_sec is not None and "--seed" not in args.train_args else None
         ours.append(run_ours(args.algo, args.train_args, args.limit_sec, args.hold_sec, seed, args.env))
         print("sf_engine:", json.dumps(ours[-1]), file=sys.stderr, flush=True)
-        if args.algo == "dqn" and args.env == "CartPole-v1" and not args.no_baseline:
+        if args.algo in ("dqn", "qrdqn") and args.env == "CartPole-v1" and not args.no_baseline:
             theirs.append(run_sb3(args.algo))
             print("stable-baselines3:", json.dumps(theirs[-1]), file=sys.stderr, flush=True)
     times = [r["seconds_to_475"] for r in ours]
