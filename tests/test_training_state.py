@@ -7,6 +7,7 @@ import io
 
 import pytest
 import torch
+from test_kept_state import _assert_same as assert_same
 from torch import nn
 
 from sf_engine.algo.base import TrainingHooks
@@ -71,17 +72,6 @@ def trained_state(algorithm, seed: int) -> dict:
     state = drawn(algorithm.state())
     algorithm.load(state, "the test")
     return state
-
-
-def assert_same(got, expected, where: str = "state") -> None:
-    if isinstance(expected, dict):
-        assert set(got) == set(expected), where
-        for key in expected:
-            assert_same(got[key], expected[key], f"{where}/{key}")
-    elif isinstance(expected, torch.Tensor):
-        assert torch.equal(got, expected), where
-    else:
-        assert got == expected, where
 
 
 def through_bytes(state: dict) -> dict:
