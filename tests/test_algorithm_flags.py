@@ -111,7 +111,10 @@ def test_a_built_in_algorithms_group_is_its_runs_only():
     "argv, line",
     [
         (["--alpha", "0.3"], "--alpha is --algo sac's flag: drop it with --algo ppo, or use --algo sac"),
-        (["--algo", "dqn", "--policy_delay", "3"], "--policy_delay is --algo td3's flag: drop it with --algo dqn"),
+        (  # a flag two algorithms' groups share names both
+            ["--algo", "dqn", "--policy_delay", "3"],
+            "--policy_delay is --algo crossq or --algo td3's flag: drop it with --algo dqn, or use --algo crossq or",
+        ),
         (["--algo", "sac", "--with_vtrace", "true"], "--with_vtrace is --algo ppo's flag: drop it with --algo sac"),
     ],
 )

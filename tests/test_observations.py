@@ -175,7 +175,7 @@ def test_discrete_parts_as_rows_are_said_at_the_start_and_refused_where_networks
     line = train_error(embed + ["--algo", "sac"], tmp_path, capsys)
     assert line == (
         "error: --algo sac takes vectors: --discrete_obs embed needs an encoder's embedding tables: use "
-        "--discrete_obs onehot, or --algo dqn or --algo ppo or --algo pqn or --algo r2d2"
+        "--discrete_obs onehot, or --algo dqn or --algo ppo or --algo pqn or --algo qrdqn or --algo r2d2"
     )
 
 

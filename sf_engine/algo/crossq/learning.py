@@ -270,21 +270,11 @@ class CrossQ(TrainingState):
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
         x, next_x = _flat(self.spec, batch.obs), _flat(self.spec, batch.next_obs)
-        actions = self.model.unscale(batch.actions)
         alpha = self.log_alpha.detach().exp()
-        with torch.no_grad():
-            next_actions, next_log_probs = self.model.rsample(next_x, batch_stats=False)
-        # the replayed steps and their next steps in one batch: the renormalization's statistics are of both
-        q1, q2 = self.critic(torch.cat([x, next_x]), torch.cat([actions, next_actions]), batch_stats=True)
-        size = len(x)
-        next_q = torch.minimum(q1[size:], q2[size:]).detach() - alpha * next_log_probs
-        targets = batch.returns + batch.discounts * next_q
-        error1, error2 = q1[:size] - targets, q2[:size] - targets
-        critic_loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        critic_loss, q_mean, td_abs = self._critic_loss(batch, x, next_x, alpha)
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
         norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
-        td_abs = 0.5 * (error1.detach().abs() + error2.detach().abs())
         delayed = self.num_updates % self.ccfg.policy_delay == 0
         if delayed:
             squashed, log_probs = self.model.rsample(x, batch_stats=True)
@@ -294,7 +284,7 @@ class CrossQ(TrainingState):
             actor_loss.backward()
             self.critic.requires_grad_(True)
             norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm))
-        stats = torch.stack([critic_loss.detach(), q1[:size].detach().mean(), td_abs.mean(), *norms]).cpu()
+        stats = torch.stack([critic_loss.detach(), q_mean, td_abs.mean(), *norms]).cpu()
         if not torch.isfinite(stats).all():
             return TrainResult(0, {}, 0, 1, torch.zeros_like(td_abs))
         self.critic_optimizer.step()
@@ -304,28 +294,28 @@ class CrossQ(TrainingState):
             alpha_loss = -(self.log_alpha * (log_probs.detach() + self.target_entropy).mean())
             alpha_loss.backward()
             self.alpha_optimizer.step()
-            self.last_actor_loss, self.last_entropy = (
-                actor_loss.item(),
-                -log_probs.detach().mean().item(),
-            )
+            self.last_actor_loss, self.last_entropy = actor_loss.item(), -log_probs.detach().mean().item()
         self.num_updates += 1
-        losses = dict(
-            zip(
-                LOSS_STATS,
-                [
-                    float(stats[0]),
-                    self.last_actor_loss,
-                    float(alpha),
-                    self.last_entropy,
-                ],
-            )
+        figures = [float(stats[0]), self.last_actor_loss, float(alpha), self.last_entropy, *stats[1:3].tolist()]
+        return TrainResult(
+            len(x), dict(zip(LOSS_STATS, figures)) | {"grad_norm": float(stats[3:].norm())}, 1, 0, td_abs
         )
-        losses |= {
-            "q_mean": float(stats[1]),
-            "td_abs_mean": float(stats[2]),
-            "grad_norm": float(stats[3:].norm()),
-        }
-        return TrainResult(size, losses, 1, 0, td_abs)
+
+    def _critic_loss(self, batch, x: torch.Tensor, next_x: torch.Tensor, alpha: torch.Tensor) -> tuple:
+        """The critics' loss (0.5 x both critics' squared errors, weighted by the importance weights), Q1's mean and
+        |TD error| [B] (the mean of the two critics'): the replayed steps and their next steps (with the actor's next
+        actions) in one batch-renormalized forward, so that its statistics are of both; the targets are the next
+        steps' half, detached (no target networks)."""
+        actions = self.model.unscale(batch.actions)
+        with torch.no_grad():
+            next_actions, next_log_probs = self.model.rsample(next_x, batch_stats=False)
+        q1, q2 = self.critic(torch.cat([x, next_x]), torch.cat([actions, next_actions]), batch_stats=True)
+        size = len(x)
+        next_q = torch.minimum(q1[size:], q2[size:]).detach() - alpha * next_log_probs
+        targets = batch.returns + batch.discounts * next_q
+        error1, error2 = q1[:size] - targets, q2[:size] - targets
+        loss = 0.5 * (batch.weights * (error1.square() + error2.square())).mean()
+        return loss, q1[:size].detach().mean(), 0.5 * (error1.detach().abs() + error2.detach().abs())
 
 
 class Temperature(nn.Module):
