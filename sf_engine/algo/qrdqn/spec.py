@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sf_engine.algo.dqn.spec import bootstrap_forwards
 from sf_engine.config.algorithms import TRANSITIONS, AlgorithmSpec
 from sf_engine.config.fields import ConfigError, flag_field
 
@@ -28,11 +29,6 @@ def check(cfg) -> None:
 def check_env(cfg, env_spec) -> None:
     if env_spec.action_mask:
         raise ConfigError(f"--algo {cfg.learner.algo} acts on every action: {cfg.env.env} masks some; use --algo dqn")
-
-
-def bootstrap_forwards(cfg) -> int:
-    """The targets' forwards per trained sample: the target network, and the online one with double Q."""
-    return 1 + cfg.q.double_q
 
 
 # DQN's settings for each family (its spec's), without the Huber threshold, with fewer quantiles on classic control
