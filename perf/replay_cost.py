@@ -34,7 +34,7 @@ from sf_engine.model.shape import resolve_model_config  # noqa: E402
 from sf_engine.replay.buffer import ReplayBuffer  # noqa: E402
 from sf_engine.replay.layout import REPLAY_FILLED, replay_layout  # noqa: E402
 from sf_engine.replay.sum_tree import SumTree  # noqa: E402
-from sf_engine.roles.replay_source import ReplaySource  # noqa: E402
+from sf_engine.replay.transitions import NStepTransitions  # noqa: E402
 
 
 def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = None) -> ReplayBuffer:
@@ -55,7 +55,7 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = 
     arrays["counters"][REPLAY_FILLED] = arrays["returns"].shape[0]
     if prioritized:
         arrays["priorities"][:] = 0
-    buffer = ReplayBuffer(arrays, 0.99, cfg.replay.n_step, prioritized, cfg.replay.per_alpha, seed=0)
+    buffer = ReplayBuffer(arrays, NStepTransitions(0.99, cfg.replay.n_step), prioritized, cfg.replay.per_alpha, seed=0)
     if prioritized:
         if tree is not None:
             buffer.tree = SumTree(buffer.capacity, arrays["priorities"], compiled=tree == "compiled")
@@ -66,14 +66,13 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = 
 
 def step_times(algo, buffer: ReplayBuffer, batch: int, seconds: float) -> list:
     """Microseconds of each learner step over `seconds` (after a warm-up)."""
-    source = ReplaySource.__new__(ReplaySource)  # what _batch reads of a source: transitions of discrete actions
-    source.device, source.sequences, source.discrete = torch.device("cpu"), None, True
+    tensor = torch.from_numpy  # the learner's device here is the CPU
     times = []
     deadline = time.perf_counter() + seconds + 0.5
     while time.perf_counter() < deadline:
         started = time.perf_counter()
         sample = buffer.sample(batch, 0.5)
-        result = algo.train(source._batch(sample))
+        result = algo.train(buffer.transform.batch(sample, tensor, discrete=True))
         buffer.update_priorities(sample.indices, result.priorities.numpy())
         times.append((time.perf_counter() - started) * 1e6)
     return times[len(times) // 10 :]

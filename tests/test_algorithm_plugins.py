@@ -184,3 +184,111 @@ def test_no_module_outside_an_algorithms_folder_names_an_algorithm():
         if names:
             found[relative] = names
     assert found == {}
+
+
+# A replay transform of one's own, from the user's directory: one-step transitions cut from the buffer's raw steps
+# alone (it keeps no array of its own), to show that a new kind of replayed data is no edit to the engine
+ONE_STEP = """
+from dataclasses import dataclass
+
+import numpy as np
+
+import sf_engine
+
+CUT = []  # the samples cut, for the test to count
+
+
+@dataclass
+class Sample:
+    obs: dict
+    next_obs: dict
+    actions: np.ndarray
+    returns: np.ndarray
+    discounts: np.ndarray
+    weights: np.ndarray
+    policy_version: np.ndarray
+    indices: np.ndarray
+
+
+class OneStep:
+    steps_per_sample = 1
+
+    def __init__(self, gamma):
+        self.gamma = gamma
+
+    @classmethod
+    def from_config(cls, cfg):
+        return cls(cfg.learner.gamma)
+
+    @staticmethod
+    def check(cfg):
+        pass
+
+    def arrays(self, columns, rollout, state):
+        return {}
+
+    def rows(self, rollout):
+        return np.arange(rollout)
+
+    def insert(self, arrays, columns, steps):
+        return steps.valid.T
+
+    def samplable(self, arrays, indices):
+        return arrays["valid"].reshape(-1)[indices]
+
+    def cut(self, arrays, obs, indices, weights):
+        columns, rows = np.divmod(indices, arrays["valid"].shape[1])
+        CUT.append(len(indices))
+        return Sample(
+            obs={key: array[columns, rows] for key, array in obs.items()},
+            next_obs={key: array[columns, rows + 1] for key, array in obs.items()},
+            actions=arrays["actions"][columns, rows],
+            returns=arrays["rewards"][columns, rows],
+            discounts=self.gamma * (1.0 - arrays["terminated"][columns, rows]).astype(np.float32),
+            weights=weights.astype(np.float32),
+            policy_version=arrays["policy_version"][columns, rows],
+            indices=indices,
+        )
+
+    def batch(self, sample, tensor, discrete):
+        return sf_engine.ReplayBatch(
+            obs={key: tensor(value) for key, value in sample.obs.items()},
+            actions=tensor(sample.actions.astype(np.int64).reshape(-1)),
+            returns=tensor(sample.returns),
+            discounts=tensor(sample.discounts),
+            next_obs={key: tensor(value) for key, value in sample.next_obs.items()},
+            weights=tensor(sample.weights),
+        )
+"""
+
+
+@pytest.mark.e2e
+def test_a_users_replay_transform_feeds_a_built_in_learner(user_dir, shm_dir):
+    import dataclasses
+
+    (user_dir / "one_step.py").write_text(ONE_STEP)
+    import one_step
+
+    sf_engine.register_algorithm("dqn1", dataclasses.replace(algorithm_spec("dqn"), data="one_step:OneStep"))
+    result = sf_engine.train(
+        algo="dqn1",
+        env="CartPole-v1",
+        mode="serial",
+        train_dir=str(user_dir / "runs"),
+        shm_dir=shm_dir,
+        train_for_env_steps=40_000,
+    )
+    assert sum(one_step.CUT) >= 40_000 * 4, sum(one_step.CUT)  # --replay_ratio 8 less the learning starts
+    assert result.summary["episode_return_mean"] > 60, result.summary  # a random policy's is about 22
+    sys.modules.pop("one_step", None)
+
+
+def test_a_spec_whose_data_is_no_replay_transform_is_one_line(user_dir, tmp_path, capsys):
+    import dataclasses
+
+    (user_dir / "not_a_transform.py").write_text("class Half:\n    def rows(self, rollout):\n        return []\n")
+    sf_engine.register_algorithm("dqn_half", dataclasses.replace(algorithm_spec("dqn"), data="not_a_transform:Half"))
+    line = train_error(["--algo", "dqn_half", "--env", "CartPole-v1"], tmp_path, capsys)
+    assert "--algo dqn_half: its spec's data 'not_a_transform:Half' is no replay transform: it lacks" in line
+    assert "from_config, check, arrays, insert, samplable, cut, batch" in line
+    sys.modules.pop("not_a_transform", None)

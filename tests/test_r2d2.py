@@ -20,7 +20,8 @@ from sf_engine.envs import ActionSpec, EnvSpec
 from sf_engine.model.q_network import inverse_value_rescale, value_rescale
 from sf_engine.replay.buffer import ReplayBuffer
 from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
-from sf_engine.replay.sequences import SequenceShape, sequences_trainable
+from sf_engine.replay.sequences import Sequences, SequenceShape, sequences_trainable
+from sf_engine.replay.transform import transform_class
 from sf_engine.run.plan import build_plan
 
 HOOKS = TrainingHooks(env_steps=lambda: 0, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 0.0)
@@ -93,7 +94,7 @@ def sequence_buffer(prioritized: bool) -> ReplayBuffer:
         name.removeprefix(REPLAY_PREFIX): np.zeros(shape, dtype)
         for name, (shape, dtype) in replay_layout(cfg, spec, H).items()
     }
-    return ReplayBuffer(arrays, 0.9, SHAPE.n_step, prioritized, 0.6, seed=0, sequences=SHAPE)
+    return ReplayBuffer(arrays, Sequences(0.9, SHAPE), prioritized, 0.6, seed=0)
 
 
 def hand_made_slot():
@@ -121,7 +122,7 @@ def test_sequences_are_cut_with_their_stored_states_burn_in_and_episode_starts(p
         leaves = buffer.tree.priorities(np.arange(2 * T)).reshape(E, T)
         np.testing.assert_array_equal(np.flatnonzero(leaves[0]), [2, 4, 6, 8])
         np.testing.assert_array_equal(np.flatnonzero(leaves[1]), [8])  # steps 10, 11 in [8, 12) only
-    sample = buffer.sample_sequences(256, beta=0.5)
+    sample = buffer.sample(256, beta=0.5)
     columns, first = np.divmod(sample.indices, T)
     assert set(zip(columns.tolist(), first.tolist())) == {(0, 2), (0, 4), (0, 6), (0, 8), (1, 8)}
     assert sample.obs["obs"].shape == (SHAPE.window, 256, 2) and sample.actions.shape == (SHAPE.length, 256)
@@ -140,10 +141,11 @@ def test_sequences_are_cut_with_their_stored_states_burn_in_and_episode_starts(p
 
 
 def accepted(cfg: Config) -> bool:
-    """Whether the configuration's checks let `cfg` run."""
+    """Whether the configuration's checks (its replay transform's among them) let `cfg` run."""
     try:
         check_flags(cfg)
         check_resolved(cfg)
+        transform_class(cfg).check(cfg)
     except ConfigError:
         return False
     return True

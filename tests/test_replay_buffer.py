@@ -25,6 +25,7 @@ from sf_engine.replay.layout import (
     replay_layout,
 )
 from sf_engine.replay.rate_limiter import RateLimiter
+from sf_engine.replay.transitions import NStepTransitions
 
 T, E = 8, 3  # rollout, envs per slot
 GAMMA, N_STEP, ALPHA = 0.9, 3, 0.6
@@ -79,7 +80,7 @@ def replay_arrays(columns: int, prioritized: bool = False) -> dict:
 
 
 def make_buffer(arrays: dict, seed: int = 0) -> ReplayBuffer:
-    return ReplayBuffer(arrays, GAMMA, N_STEP, "priorities" in arrays, ALPHA, seed)
+    return ReplayBuffer(arrays, NStepTransitions(GAMMA, N_STEP), "priorities" in arrays, ALPHA, seed)
 
 
 def check_transitions(sample, owners: dict) -> None:

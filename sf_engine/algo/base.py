@@ -200,3 +200,8 @@ class Algorithm(Protocol):
     def weights_replaced(self) -> None:
         """`params` were overwritten from outside (a restarted learner's last published weights): state derived
         from the weights (DQN's target network) follows them."""
+
+    # Optional, looked up by name: an algorithm on a replay buffer may define
+    #   observe(obs: dict) -> None
+    # and is then handed, as each slot goes into the buffer, the observations of its trainable steps (key ->
+    # [steps, *shape]): SAC's input normalizer learns from each observation once, not from every replay of it.

@@ -17,7 +17,11 @@ from typing import Callable
 
 from sf_engine.config.fields import ConfigError
 
-SLOTS, TRANSITIONS, SEQUENCES = "trajectory slots", "replay transitions", "replay sequences"
+# what an algorithm learns from (its spec's `data`): the trajectory slots as they come, or a replay buffer whose data
+# its replay transform ("module:Class", sf_engine.replay.transform) makes: the two built in, or a user's own
+SLOTS = "trajectory slots"
+TRANSITIONS = "sf_engine.replay.transitions:NStepTransitions"
+SEQUENCES = "sf_engine.replay.sequences:Sequences"
 ACTION_KINDS = ("discrete", "multi_discrete", "multi_binary", "continuous", "composite")
 
 
@@ -39,7 +43,7 @@ class AlgorithmSpec:
 
     learner: str
     description: str  # its line in --algo's help
-    data: str = SLOTS  # what it learns from: SLOTS, TRANSITIONS (n-step, from the replay buffer), SEQUENCES
+    data: str = SLOTS  # what it learns from: SLOTS, or its replay transform: TRANSITIONS (n-step), SEQUENCES, its own
     actions: tuple = ACTION_KINDS  # the action kinds it takes
     images: bool = True  # image observations
     embeddings: bool = True  # a Dict observation's Discrete parts as rows of a learned table (--discrete_obs embed)

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import re
 
-from sf_engine.config.algorithms import SEQUENCES, algorithm_spec, check_algorithm_flags
+from sf_engine.config.algorithms import algorithm_spec, check_algorithm_flags
 from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -189,7 +189,6 @@ def check_resolved(cfg: Config) -> None:
             f"--replay_size ({cfg.replay.replay_size}) must hold at least one trajectory slot, --rollout x envs per "
             f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
-    _check_sequences(cfg)
     _check_device_mode(cfg)
     if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
         raise ConfigError(
@@ -238,15 +237,3 @@ def _check_value_based(cfg: Config) -> None:
     if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
         raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
     check_algorithm_flags(cfg)
-
-
-def _check_sequences(cfg: Config) -> None:
-    """An algorithm that learns from replayed sequences: a trajectory slot's column holds a burn-in and at least
-    one sequence."""
-    r, rollout = cfg.replay, cfg.sampler.rollout
-    if cfg.algorithm.data == SEQUENCES and rollout < r.burn_in + r.replay_sequence_length:
-        raise ConfigError(
-            f"--rollout ({rollout}) must be at least --burn_in + --replay_sequence_length "
-            f"({r.burn_in} + {r.replay_sequence_length}) with --algo {cfg.learner.algo}: raise --rollout or lower "
-            f"the others"
-        )

@@ -1,73 +1,41 @@
-"""The replay buffer: full trajectory slots copied in as n-step transitions, minibatches sampled out, uniformly or
-in proportion to priority. Runs in the learner process (or the runner in serial mode) over the arrays that
-sf_engine.replay.layout lays out in the run's shared memory (its observations, in device mode on a GPU, in the GPU's
-memory: sf_engine.runtime.device_slots), so a learner restarted after a crash finds what its predecessor inserted.
+"""The replay buffer: full trajectory slots copied in as raw steps, samples drawn out uniformly or in proportion to
+priority. Runs in the learner process (or the runner in serial mode) over the arrays that sf_engine.replay.layout
+lays out in the run's shared memory (its observations, in device mode on a GPU, in the GPU's memory:
+sf_engine.runtime.device_slots), so a learner restarted after a crash finds what its predecessor inserted.
 
-A slot of E envs becomes E columns of the ring, each an env's T steps and T + 1 observation rows (the slot's
-bootstrap row included); transition (column c, step t) is obs row t, its action, its n-step return and
-discount (sf_engine.algo.value_targets.n_step_transitions: no window crosses an episode's end or a reset), and
-the next observation, row t + steps. Transitions that may not be trained on (reset steps, skipped steps) are
-never sampled. Shapes: B = batch; flat transition index = column x T + t.
-
-With --algo r2d2 the buffer also keeps each row's recurrent state and episode start, and samples sequences
-(sample_sequences; sf_engine.replay.sequences): its priorities then sit at the sequences' start leaves, 0 elsewhere.
+A slot of E envs becomes E columns of the ring, each an env's T steps (sf_engine.replay.transform.RAW_ARRAYS) and
+T + 1 observation rows (the slot's bootstrap row included). What a sample is, what else a column keeps to make one
+and which rows may be drawn is the algorithm's replay transform's (its spec's `data`: n-step transitions,
+sf_engine.replay.transitions; sequences, sf_engine.replay.sequences); the buffer draws the flat indices
+(column x T + row) and keeps their priorities. Shapes: B = samples drawn.
 """
 
 from __future__ import annotations
 
 import os
 import zipfile
-from dataclasses import dataclass
 
 import numpy as np
 
-from sf_engine.algo.value_targets import n_step_transitions
 from sf_engine.replay.layout import REPLAY_FILLED, REPLAY_NEXT
-from sf_engine.replay.sequences import SequenceSample, SequenceShape, cut_sequences, sequences_trainable
 from sf_engine.replay.sum_tree import SumTree, importance_weights
+from sf_engine.replay.transform import ReplayTransform, SlotSteps
 
 PRIORITY_EPS = 1e-6  # added to |TD error| so that no transition's priority falls to 0
 
 
-@dataclass
-class ReplaySample:
-    """A sampled minibatch (NumPy, copies): obs / next_obs key -> [B, *shape] (stored dtype), actions [B, ...],
-    returns and discounts [B] float32, weights [B] float32 (importance weights; 1 without priorities),
-    policy_version [B] int64 (the version that acted), indices [B] int64 (flat, for update_priorities)."""
-
-    obs: dict
-    actions: np.ndarray
-    returns: np.ndarray
-    discounts: np.ndarray
-    next_obs: dict
-    weights: np.ndarray
-    policy_version: np.ndarray
-    indices: np.ndarray
-
-
 class ReplayBuffer:
-    def __init__(
-        self,
-        arrays: dict,
-        gamma: float,
-        n_step: int,
-        prioritized: bool,
-        per_alpha: float,
-        seed: int,
-        sequences: SequenceShape | None = None,
-    ):
-        """`arrays`: name -> the shared array (SharedBuffers.replay); `sequences`: R2D2's (sample_sequences),
-        None: transitions (sample)."""
-        self.arrays, self.gamma, self.n_step = arrays, gamma, n_step
+    def __init__(self, arrays: dict, transform: ReplayTransform, prioritized: bool, per_alpha: float, seed: int):
+        """`arrays`: name -> the shared array (SharedBuffers.replay); `transform`: the algorithm's."""
+        self.arrays, self.transform = arrays, transform
         self.obs = {name.removeprefix("obs."): array for name, array in arrays.items() if name.startswith("obs.")}
         self.counters = arrays["counters"]
-        self.columns, self.rollout = arrays["returns"].shape
+        self.columns, self.rollout = arrays["valid"].shape
         self.capacity = self.columns * self.rollout
         self.per_alpha = per_alpha
         self.tree = SumTree(self.capacity, arrays["priorities"]) if prioritized else None
         self.rng = np.random.default_rng(seed)
-        self.sequences = sequences
-        self.starts = sequences.starts(self.rollout) if sequences else None  # [K] rows where sequences start
+        self.rows = transform.rows(self.rollout)  # [K] the rows of a column where a sample may start
 
     @property
     def size(self) -> int:
@@ -77,93 +45,46 @@ class ReplayBuffer:
     def insert(
         self, obs: dict, actions, rewards, terminated, truncated, valid, policy_version, rnn_states=None, starts=None
     ) -> int:
-        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]; with sequences
-        also rnn_states [T+1, E, H] and (episode) starts [T+1, E]. Returns the env steps it held (T x E). The E
-        columns written next are overwritten (the oldest data)."""
+        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]; with a recurrent
+        policy also rnn_states [T+1, E, H] and (episode) starts [T+1, E] (SlotSteps). Returns the env steps it held
+        (T x E). The E columns written next are overwritten (the oldest data)."""
         steps, envs = rewards.shape
         columns = (int(self.counters[REPLAY_NEXT]) + np.arange(envs)) % self.columns
         for key, rows in obs.items():
             _put_columns(self.obs[key], columns, rows)
-        targets = n_step_transitions(rewards, terminated, truncated, valid, self.gamma, self.n_step)
-        a = self.arrays
-        a["actions"][columns] = actions.swapaxes(0, 1)
-        a["returns"][columns] = targets.returns.T
-        a["steps"][columns] = targets.steps.T
-        a["discounts"][columns] = targets.discounts.T
-        a["trainable"][columns] = targets.trainable.T
-        a["policy_version"][columns] = policy_version.T
-        if self.sequences is not None:
-            a["rnn_states"][columns] = rnn_states.swapaxes(0, 1)
-            a["episode_start"][columns] = starts.T
-        if self.tree is not None:  # new transitions (sequences) at the running maximum priority, the untrainable at 0
+        slot = SlotSteps(obs, actions, rewards, terminated, truncated, valid, policy_version, rnn_states, starts)
+        for name in ("actions", "rewards", "terminated", "truncated", "valid", "policy_version"):
+            self.arrays[name][columns] = getattr(slot, name).swapaxes(0, 1)
+        samplable = self.transform.insert(self.arrays, columns, slot)  # [E, T]
+        if self.tree is not None:  # new samples at the running maximum priority, the rest at 0
             leaves = (columns[:, None] * self.rollout + np.arange(self.rollout)).reshape(-1)
             highest = self.tree.max_priority() or 1.0
-            self.tree.update(leaves, np.where(self._trainable_leaves(targets.trainable.T).reshape(-1), highest, 0.0))
+            self.tree.update(leaves, np.where(samplable.reshape(-1), highest, 0.0))
         self.counters[REPLAY_NEXT] = (columns[-1] + 1) % self.columns
         self.counters[REPLAY_FILLED] = min(self.columns, int(self.counters[REPLAY_FILLED]) + envs)
         return steps * envs
 
-    def sample(self, batch: int, beta: float) -> ReplaySample:
-        """A minibatch of `batch` trainable transitions: in proportion to priority with --prioritized (and
-        importance weights ** `beta`), else uniformly."""
+    def sample(self, batch: int, beta: float):
+        """`batch` samples, cut by the transform: in proportion to priority with --prioritized (and importance
+        weights ** `beta`), else uniformly among those that may be drawn."""
         if self.tree is not None:
             indices = self.tree.sample(batch, self.rng)
             weights = importance_weights(self.tree.priorities(indices), beta)
         else:
             indices, weights = self._uniform(batch), np.ones(batch)
-        columns, rows = np.divmod(indices, self.rollout)
-        a = self.arrays
-        next_rows = rows + a["steps"][columns, rows]
-        return ReplaySample(
-            obs={key: _take(array, columns, rows) for key, array in self.obs.items()},
-            actions=a["actions"][columns, rows],
-            returns=a["returns"][columns, rows],
-            discounts=a["discounts"][columns, rows],
-            next_obs={key: _take(array, columns, next_rows) for key, array in self.obs.items()},
-            weights=weights.astype(np.float32),
-            policy_version=a["policy_version"][columns, rows],
-            indices=indices,
-        )
-
-    def sample_sequences(self, batch: int, beta: float) -> SequenceSample:
-        """R2D2: `batch` sequences holding a trainable step (sf_engine.replay.sequences), in proportion to priority
-        with --prioritized (and importance weights ** `beta`), else uniformly."""
-        if self.tree is not None:
-            indices = self.tree.sample(batch, self.rng)
-            weights = importance_weights(self.tree.priorities(indices), beta)
-        else:
-            indices, weights = self._uniform(batch), np.ones(batch)
-        return cut_sequences(self.arrays, self.obs, indices, weights, self.sequences)
-
-    def _trainable_leaves(self, trainable: np.ndarray) -> np.ndarray:
-        """bool [C', T] of columns' transitions `trainable` [C', T]: the leaves that may be sampled, the trainable
-        transitions, or with sequences the starts of the sequences that hold one."""
-        if self.sequences is None:
-            return trainable
-        leaves = np.zeros_like(trainable)
-        leaves[:, self.starts] = sequences_trainable(trainable, self.starts, self.sequences.length)
-        return leaves
+        return self.transform.cut(self.arrays, self.obs, indices, weights)
 
     def _uniform(self, batch: int) -> np.ndarray:
-        """`batch` flat indices drawn uniformly among the trainable transitions (sequence starts) stored
-        (rejection: the untrainable are a few per cent)."""
-        trainable = self.arrays["trainable"]
+        """`batch` flat indices drawn uniformly among the samples stored that may be drawn (rejection: the others are
+        a few per cent)."""
 
         def draw(count: int) -> np.ndarray:
-            if self.sequences is None:
-                return self.rng.integers(0, self.size, count)
             columns = self.rng.integers(0, int(self.counters[REPLAY_FILLED]), count)
-            return columns * self.rollout + self.starts[self.rng.integers(0, len(self.starts), count)]
-
-        def ok(indices: np.ndarray) -> np.ndarray:
-            if self.sequences is None:
-                return trainable.reshape(-1)[indices]
-            rows = indices[:, None] + np.arange(self.sequences.length)  # within the column: start + L <= T
-            return trainable.reshape(-1)[rows].any(axis=1)
+            return columns * self.rollout + self.rows[self.rng.integers(0, len(self.rows), count)]
 
         indices = draw(batch)
         for _ in range(1000):
-            bad = ~ok(indices)
+            bad = ~self.transform.samplable(self.arrays, indices)
             if not bad.any():
                 return indices
             indices[bad] = draw(int(bad.sum()))
@@ -238,15 +159,6 @@ def _put_columns(array, columns: np.ndarray, rows) -> None:
     import torch
 
     array[torch.as_tensor(columns, device=array.device)] = torch.as_tensor(rows, device=array.device).transpose(0, 1)
-
-
-def _take(array, columns: np.ndarray, rows: np.ndarray):
-    """array[columns, rows]: a NumPy array's, or a tensor's gathered on its device."""
-    if isinstance(array, np.ndarray):
-        return array[columns, rows]
-    import torch
-
-    return array[torch.as_tensor(columns, device=array.device), torch.as_tensor(rows, device=array.device)]
 
 
 def _on_host(array) -> np.ndarray:

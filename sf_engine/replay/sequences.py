@@ -1,6 +1,6 @@
-"""R2D2's replayed sequences (--algo r2d2): where they start in the replay buffer's columns, which of them may be
-trained on, and cutting a sampled batch of them out of the buffer's arrays. Runs in the learner process; pure
-NumPy over the arrays of sf_engine.replay.layout.
+"""Replayed sequences (sf_engine.SEQUENCES: R2D2's), a replay transform (sf_engine.replay.transform): where they
+start in the replay buffer's columns, which of them may be trained on, and cutting a sampled batch of them out of
+the buffer's arrays. Runs in the learner process (the layout in the main process); NumPy over the buffer's arrays.
 
 A column holds one env's T steps of one trajectory slot (T = rollout) and its T + 1 rows of observations, recurrent
 states (the state each row was acted from) and episode starts. Its sequences of L = --replay_sequence_length steps
@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from sf_engine.config.fields import ConfigError
+from sf_engine.replay.transform import SlotSteps
+from sf_engine.replay.transitions import NStepTransitions
 
 
 class SequenceShape(NamedTuple):
@@ -96,3 +100,73 @@ def cut_sequences(arrays: dict, obs: dict, indices: np.ndarray, weights: np.ndar
         weights=weights.astype(np.float32),
         indices=indices,
     )
+
+
+class Sequences:
+    """Its arrays: each step's n-step targets (NStepTransitions': returns, steps, discounts, trainable [C, T]),
+    rnn_states [C, T+1, H] float32 (the recurrent state each row was acted from, as the slot holds it) and
+    episode_start [C, T+1] bool (the state is zeroed before that row). A sample is the sequence at one of a column's
+    starts; its priority sits at that start's leaf. The rate limiter counts a sequence as its L steps."""
+
+    def __init__(self, gamma: float, shape: SequenceShape):
+        self.shape, self.steps_per_sample = shape, shape.length
+        self.transitions = NStepTransitions(gamma, shape.n_step)
+
+    @classmethod
+    def from_config(cls, cfg) -> Sequences:
+        r = cfg.replay
+        return cls(cfg.learner.gamma, SequenceShape(r.burn_in, r.replay_sequence_length, r.n_step))
+
+    @staticmethod
+    def check(cfg) -> None:
+        """A trajectory slot's column holds a burn-in and at least one sequence."""
+        r, rollout = cfg.replay, cfg.sampler.rollout
+        if rollout < r.burn_in + r.replay_sequence_length:
+            raise ConfigError(
+                f"--rollout ({rollout}) must be at least --burn_in + --replay_sequence_length "
+                f"({r.burn_in} + {r.replay_sequence_length}) with --algo {cfg.learner.algo}: raise --rollout or "
+                f"lower the others"
+            )
+
+    def arrays(self, columns: int, rollout: int, state: int) -> dict:
+        return self.transitions.arrays(columns, rollout, state) | {
+            "rnn_states": ((columns, rollout + 1, state), "float32"),
+            "episode_start": ((columns, rollout + 1), "bool"),
+        }
+
+    def rows(self, rollout: int) -> np.ndarray:
+        return self.shape.starts(rollout)
+
+    def insert(self, arrays: dict, columns: np.ndarray, steps: SlotSteps) -> np.ndarray:
+        """The steps' targets, the slot's states and episode starts; the starts of the sequences that hold a
+        trainable step may be drawn."""
+        trainable = self.transitions.insert(arrays, columns, steps)
+        arrays["rnn_states"][columns] = steps.rnn_states.swapaxes(0, 1)
+        arrays["episode_start"][columns] = steps.episode_start.T
+        starts = self.rows(trainable.shape[1])
+        leaves = np.zeros_like(trainable)
+        leaves[:, starts] = sequences_trainable(trainable, starts, self.shape.length)
+        return leaves
+
+    def samplable(self, arrays: dict, indices: np.ndarray) -> np.ndarray:
+        rows = indices[:, None] + np.arange(self.shape.length)  # within the column: start + L <= T
+        return arrays["trainable"].reshape(-1)[rows].any(axis=1)
+
+    def cut(self, arrays: dict, obs: dict, indices: np.ndarray, weights: np.ndarray) -> SequenceSample:
+        return cut_sequences(arrays, obs, indices, weights, self.shape)
+
+    def batch(self, sample: SequenceSample, tensor, discrete: bool):
+        from sf_engine.algo.batch import SequenceBatch
+
+        return SequenceBatch(
+            obs={key: tensor(value) for key, value in sample.obs.items()},
+            episode_start=tensor(sample.episode_start),
+            initial_state=tensor(sample.initial_state),
+            actions=tensor(sample.actions.astype(np.int64, copy=False)).reshape(sample.returns.shape),
+            returns=tensor(sample.returns),
+            steps=tensor(sample.steps),
+            discounts=tensor(sample.discounts),
+            trainable=tensor(sample.trainable),
+            weights=tensor(sample.weights),
+            burn_in=self.shape.burn_in,
+        )

@@ -18,12 +18,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
 
 import torch
 
-from sf_engine.algo.base import Algorithm, TrainingHooks, TrainResult, all_finite
+from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite
 from sf_engine.config.algorithms import import_class
+from sf_engine.replay.transform import replay_transform
+from sf_engine.roles.learning_policy import LearningPolicy
 from sf_engine.roles.population import Population
 from sf_engine.roles.replay_source import ReplaySource
 from sf_engine.roles.sources import DataSource, TrajectorySource
@@ -36,46 +37,17 @@ from sf_engine.runtime.checkpoint import (
     save_checkpoint,
     save_state_atomic,
 )
-from sf_engine.runtime.role import RoleContext, RunStopped
+from sf_engine.runtime.device_slots import slot_obs_arrays
+from sf_engine.runtime.role import RoleContext
 from sf_engine.runtime.shared_buffers import TRAINING_STATE_SUFFIX
 from sf_engine.runtime.slot_pool import SlotPool
-from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import weight_readers
-from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered
+from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Training
 from sf_engine.stats.stages import LearnerStage, StageTimer
 
 DRAIN_WAIT_SEC = 0.1  # --deterministic in --mode sync, at the stop: how long the learner waits for a slot still due
+REPLAY_SEED_OFFSET = 7_919  # the replay buffer's sampling stream, apart from the envs' and the networks'
 KEEP_EVERY_SEC = 1.0  # the whole training state kept outside the learner's process at most this often
-
-
-@dataclass
-class LearningPolicy:
-    """One trained policy as the learner holds it: its algorithm (model, optimizer, maths), its shared
-    weights, the version it published last, the oldest version whose samples it still trains on (a
-    PBT exploit replaces the weights: what the old ones acted is dropped), and its updates in a row that
-    had a non-finite loss or gradient or left non-finite weights (Learner._count_bad_updates)."""
-
-    policy: int
-    algorithm: Algorithm
-    weights: SharedWeights
-    version: int = 0
-    min_version: int = 0
-    bad_updates: int = 0
-
-    @property
-    def params(self):
-        return self.algorithm.params
-
-    def publish(self) -> bool:
-        """The algorithm's weights as the next version when every value is finite (one check over the flat
-        vector); else the weights published last are put back into the algorithm (the shared copy holds
-        them), nothing is published, and False is returned."""
-        if not all_finite(self.params):
-            self.params.copy_(self.weights.shared)
-            return False
-        self.version += 1
-        self.weights.publish(self.params, self.version)
-        return True
 
 
 class Learner:
@@ -125,9 +97,45 @@ class Learner:
         self.last_save_time = self.last_keep_time = time.monotonic()
         self.timer = StageTimer(*LearnerStage, live=ctx.buffers.learner_stage if share else None)
         replay = self.cfg.uses_replay and share and not self.cfg.run.sampling_only
-        self.source: DataSource = ReplaySource(self) if replay else TrajectorySource(self)
+        self.source: DataSource = self._replay_source() if replay else self._trajectory_source()
         if replay and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
             self.source.load(self.checkpoint_dir)
+
+    def _trajectory_source(self) -> TrajectorySource:
+        return TrajectorySource(
+            self.cfg,
+            self.pool,
+            self.buffers,
+            slot_obs_arrays(self.ctx),
+            self.device,
+            self.timer,
+            len(self.policies),
+            self.ctx.send,
+        )
+
+    def _replay_source(self) -> ReplaySource:
+        """The replay buffer over its arrays in the run's shared memory (in device mode its observations on the GPU),
+        cut by the algorithm's replay transform; its sampling stream apart from the envs' and the networks', new
+        for each learner after a death."""
+        slot_obs, arrays = slot_obs_arrays(self.ctx), self.buffers.replay
+        device_obs = self.queues.device_obs
+        if device_obs is not None:
+            arrays = arrays | {f"obs.{key}": device_obs.replay for key in slot_obs}
+        algorithm = self.policies[0].algorithm  # a replay run trains one policy
+        return ReplaySource(
+            self.cfg,
+            self.pool,
+            self.buffers,
+            slot_obs,
+            arrays,
+            replay_transform(self.cfg),
+            self.device,
+            self.timer,
+            self.hooks,
+            seed=self.cfg.env.seed + REPLAY_SEED_OFFSET + self.ctx.generation,
+            discrete=self.ctx.plan.spec.action.kind == "discrete",
+            observe=getattr(algorithm, "observe", None),
+        )
 
     # policy 0's model and version: a single-policy run's own
     model = property(lambda self: self.policies[0].algorithm.model)
@@ -221,6 +229,8 @@ class Learner:
         self.population.serve_requests()
         if self.source.take(timeout_sec):
             self.train_round()
+        else:
+            self._report_books(self.source.books_due())
         self._save_when_due()
 
     def train_on(self, slots: list) -> None:
@@ -245,10 +255,48 @@ class Learner:
             total = TrainResult.total(results) if results else TrainResult(0)
             published = learner.publish() if total.updates else True
             self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
-            self.source.report(learner, total, train_sec)
-            self._count_bad_updates(learner, total, published)
-        self.source.done()
+            figures = self.source.figures(learner, total)
+            if figures is not None:
+                self.population.trained(learner.policy, figures.acted)
+                self._report(learner, total, train_sec, figures)
+            learner.count_bad_updates(total, published, self.lcfg.max_bad_updates, self.checkpoint_dir)
+        self._report_books(self.source.books_due())  # a batch no policy trained on: its books still count
+        self.population.step()  # a PBT round or a pool snapshot when one is due
+        self.source.release()
         self._keep_when_due()
+
+    def _report(self, learner: LearningPolicy, result: TrainResult, train_sec: float, figures) -> None:
+        """The Training message of `learner`'s part of a round (`result`: what its algorithm trained; `figures`: what
+        the source says of it, SourceFigures), then the replay buffer's status where there is one."""
+        self.ctx.send(
+            Training(
+                self.timer.report("learner"),
+                version=learner.version,
+                samples=result.samples,
+                dropped_lag=figures.dropped_lag,
+                not_trainable=figures.not_trainable,
+                lag_count=figures.lag_count,
+                lag_min=figures.lag_min,
+                lag_mean=figures.lag_mean,
+                lag_max=figures.lag_max,
+                learning_rate=learner.algorithm.learning_rate,
+                losses=result.losses,
+                policy=learner.policy,
+                train_sec=train_sec,
+                skipped_non_finite=figures.skipped_non_finite,
+                skipped_updates=result.skipped_updates,
+                inserted=figures.inserted,
+                report_number=figures.report_number,
+            )
+        )
+        if figures.replay is not None:
+            self.ctx.send(figures.replay)
+        self.source.reported(figures)
+
+    def _report_books(self, figures) -> None:
+        """The source's books of steps taken in and not reported yet (None: none due), as policy 0's report."""
+        if figures is not None:
+            self._report(self.policies[0], TrainResult(0), 0.0, figures)
 
     def _keep_when_due(self) -> None:
         """The whole training state (_training_state) into the file beside the run's shared memory, at most every
@@ -295,7 +343,7 @@ class Learner:
         trained first, as it would be in any run of the same seed."""
         if self.cfg.run.deterministic and self.cfg.run.mode == "sync":
             self._train_what_is_left()
-        self.source.finish()
+        self._report_books(self.source.books_due(finishing=True))
         if not self.cfg.run.sampling_only:
             self.save()
 
@@ -312,37 +360,6 @@ class Learner:
 
     def close(self) -> None:
         pass
-
-    def _count_bad_updates(self, learner: LearningPolicy, result: TrainResult, published: bool) -> None:
-        """Count `learner`'s updates in a row that had a non-finite loss or gradient (the algorithm skipped
-        them) or left non-finite weights (`published` False: undone); an update kept ends the run of them.
-        The first of a run is logged; --max_bad_updates in a row stop the run (RunStopped, one line)."""
-        if published and result.updates:
-            learner.bad_updates = 0
-            return
-        bad = result.skipped_updates + (0 if published else max(result.updates, 1))
-        if not bad:
-            return
-        if not learner.bad_updates:
-            logging.warning(
-                "policy %d: %s (version %d); training goes on, and stops after --max_bad_updates %d in a row",
-                learner.policy,
-                "an update had a non-finite loss or gradient: skipped"
-                if published
-                else "its weights went non-finite in training: those of the version published last are back",
-                learner.version,
-                self.lcfg.max_bad_updates,
-            )
-        learner.bad_updates += bad
-        if learner.bad_updates >= self.lcfg.max_bad_updates:
-            last, _ = latest_valid_checkpoint(self.checkpoint_dir)
-            raise RunStopped(
-                f"{learner.bad_updates} updates in a row had a non-finite loss or gradient or left non-finite "
-                f"weights (--max_bad_updates {self.lcfg.max_bad_updates}; last: policy {learner.policy} at version "
-                f"{learner.version}, learning rate {learner.algorithm.learning_rate:g}): the env's observations or "
-                f"rewards, or too high a --learning_rate, are the usual causes; the last checkpoint is "
-                f"{last or 'none yet'} (weights with a non-finite value are never saved)"
-            )
 
     def save(self):
         """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on. Not

@@ -1,9 +1,12 @@
 """Where the learner's data comes from: a data source, of the kind its algorithm's spec names.
 
-The learner role (sf_engine.roles.learner) is one loop over a source: `take` full slots until there is something
-to train on, then for each policy the `batches` it trains on, each handed to the algorithm's `train` and back to
-the source (`trained`), one publication of the policy's weights, the source's `report` of the round, and `done`
-when every policy has trained. Two sources:
+A source hands out data and takes it back; it sends nothing and trains nothing. The learner role
+(sf_engine.roles.learner) is one loop over a source: `take` full slots until there is something to train on (or
+`hold` slots handed over by a sampler node or a test), then for each policy the `batches` it trains on, each handed
+to the algorithm's `train` and back to the source (`trained`), one publication of the policy's weights and the
+Training message of the round, its figures the algorithm's and the source's (`figures`); then PBT's and the
+opponent pool's step, and `release` when every policy has trained. Between rounds `books_due` gives the figures of
+steps taken in and not reported yet. Two sources, each built from explicit arguments:
 
 - TrajectorySource (this module): --slots_per_batch whole slots gathered into one TrajectoryBatch; each policy
   trains once on its own samples of it; the slots go back to the free pool after the round (so in sync mode no
@@ -15,17 +18,48 @@ when every policy has trained. Two sources:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Protocol
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.algo.batch import SLOT_FIELDS, TrajectoryBatch
-from sf_engine.runtime.device_slots import settle, slot_obs_arrays
+from sf_engine.runtime.device_slots import settle
 from sf_engine.runtime.transfer import to_device
-from sf_engine.stats.messages import Recycled, Training
-from sf_engine.stats.stages import LearnerStage
+from sf_engine.stats.messages import Recycled, ReplayStatus
+from sf_engine.stats.stages import LearnerStage, StageTimer
+
+
+@dataclass
+class SourceFigures:
+    """What a source says of one policy's part of a round, or of the steps it took in between rounds: the figures of
+    the Training message beside the algorithm's (sf_engine.stats.messages.Training), and the replay buffer's."""
+
+    not_trainable: int = 0  # steps that may not be trained on (reset steps, absent agents, the pool's)
+    skipped_non_finite: int = 0  # steps a rollout worker skipped for a non-finite value
+    dropped_lag: int = 0  # samples of the policy's dropped for --max_policy_lag
+    lag_count: int = 0  # the samples whose policy lag the next three sum up (0: none)
+    lag_min: float = 0.0
+    lag_mean: float = 0.0
+    lag_max: float = 0.0
+    acted: int = 0  # samples the policy acted in the round (PBT's books)
+    inserted: int | None = None  # with a replay buffer: trainable env steps put into it
+    report_number: int = 0  # with a replay buffer: its reports of inserts, counted across the learner's deaths
+    replay: ReplayStatus | None = None  # the replay buffer's books, sent after the Training message
+
+
+def lag_figures(lag) -> dict:
+    """lag_count, lag_min, lag_mean, lag_max of the policy lags `lag` [samples] (a tensor or an array; none: 0s)."""
+    if len(lag) == 0:
+        return {}
+    return {
+        "lag_count": len(lag),
+        "lag_min": float(lag.min()),
+        "lag_mean": float(lag.mean()),
+        "lag_max": float(lag.max()),
+    }
 
 
 class DataSource(Protocol):
@@ -35,23 +69,33 @@ class DataSource(Protocol):
     def take(self, timeout_sec: float) -> bool:
         """Take in full slots (waiting at most `timeout_sec`); True when there is something to train on."""
 
+    def hold(self, slots: list) -> None:
+        """Full slots already taken (a sampler node's, a test's) as the next round's data."""
+
     def batches(self, policy) -> Iterator:
         """The batches `policy` trains on in this round, in the form its algorithm's `train` takes."""
 
     def trained(self, policy, batch, result: TrainResult) -> None:
         """`policy`'s algorithm trained on `batch` (the one `batches` gave last) with `result`."""
 
-    def report(self, policy, total: TrainResult, train_sec: float) -> None:
-        """`policy`'s part of the round done and published: its Training message (the role's figures)."""
+    def figures(self, policy, total: TrainResult) -> SourceFigures | None:
+        """The figures of `policy`'s part of the round (`total`: what it trained); None: it had no part in it."""
 
-    def done(self) -> None:
+    def books_due(self, finishing: bool = False) -> SourceFigures | None:
+        """The figures of what was taken in and not reported yet, when a report of them is due (`finishing`: the
+        run stops, every step is booked); else None."""
+
+    def reported(self, figures: SourceFigures) -> None:
+        """The Training message carrying `figures` went out: what they booked is cleared."""
+
+    def release(self) -> None:
         """Every policy has trained on this round: what it held goes back."""
-
-    def finish(self) -> None:
-        """The run stops: what is booked and not reported yet goes out."""
 
     def save(self, checkpoint_dir: str) -> None:
         """Beside a checkpoint just written: whatever the source keeps across runs."""
+
+    def load(self, checkpoint_dir: str) -> None:
+        """A resumed run: what `save` kept, where there is some."""
 
 
 def in_fill_order(buffers, slots: list, deterministic: bool) -> list:
@@ -61,13 +105,14 @@ def in_fill_order(buffers, slots: list, deterministic: bool) -> list:
 
 
 class TrajectorySource:
-    def __init__(self, learner):
-        """`learner`: the Learner this source feeds (its context, slot pool, stage timer, policies and
-        population are read, never its data)."""
-        self.ctx, self.cfg, self.pool, self.timer = learner.ctx, learner.cfg, learner.pool, learner.timer
-        self.buffers, self.device = learner.buffers, learner.device
-        self.slot_obs = slot_obs_arrays(learner.ctx)  # device mode on a GPU: in its memory
-        self.policies, self.population = learner.policies, learner.population
+    def __init__(
+        self, cfg, pool, buffers, slot_obs: dict, device, timer: StageTimer, num_policies: int, send: Callable
+    ):
+        """`pool`: the run's SlotPool; `buffers`: its SharedBuffers; `slot_obs`: key -> the slots' observations
+        (runtime.device_slots.slot_obs_arrays; on a GPU in device mode); `timer`: the learner's stage timer;
+        `send`: the learner's message queue (a sampling-only run's recycled slots)."""
+        self.cfg, self.pool, self.buffers, self.slot_obs, self.device = cfg, pool, buffers, slot_obs, device
+        self.timer, self.num_policies, self.send = timer, num_policies, send
         self.pending: list = []  # full slots taken, the batch not whole yet (freed by the supervisor on a death)
         self.slots: list = []  # the round's slots
         self.batch: TrajectoryBatch | None = None
@@ -80,7 +125,7 @@ class TrajectorySource:
         self.timer.lap(LearnerStage.WAIT_DATA)
         if self.cfg.run.sampling_only:
             if self.pending:
-                self.ctx.send(Recycled(self.pool.recycle(self.pending)))
+                self.send(Recycled(self.pool.recycle(self.pending)))
             self.pending = []
             return False
         if len(self.pending) < self.cfg.slots_per_batch:
@@ -90,7 +135,6 @@ class TrajectorySource:
         return True
 
     def hold(self, slots: list) -> None:
-        """`slots` (full, taken) as the round's batch."""
         self.slots, self.batch = slots, self.gather(slots)
         self.books = self._not_trainable(self.batch)  # booked once per batch, with its first report
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
@@ -101,7 +145,7 @@ class TrajectorySource:
         batch, self.marks = self.batch, None
         valid = batch.valid
         mine = valid if batch.policy_id is None else valid & (batch.policy_id[:-1] == policy.policy)
-        if len(self.policies) > 1 and not bool(mine.any()):
+        if self.num_policies > 1 and not bool(mine.any()):
             return
         lag = policy.version - batch.policy_version
         keep = mine & (lag <= self.cfg.learner.max_policy_lag) & (batch.policy_version >= policy.min_version)
@@ -111,25 +155,36 @@ class TrajectorySource:
     def trained(self, policy, batch, result: TrainResult) -> None:
         pass
 
-    def report(self, policy, total: TrainResult, train_sec: float) -> None:
+    def figures(self, policy, total: TrainResult) -> SourceFigures | None:
+        """Its samples of the batch, those dropped for their lag, their lags; the batch's books with the first."""
         if self.marks is None:
-            return
+            return None
         mine, keep, lag = self.marks
-        self.population.trained(policy.policy, int(mine.sum()))
-        self._send(policy, total, train_sec, mine, keep, lag)
+        acted = int(mine.sum())
+        return SourceFigures(
+            not_trainable=self.books[0],
+            skipped_non_finite=self.books[1],
+            dropped_lag=int((mine & ~keep).sum()),
+            acted=acted,
+            **lag_figures(lag[mine].float()),
+        )
 
-    def done(self) -> None:
-        if any(self.books):  # no policy trained on this batch: its books still count
-            self._send(self.policies[0], TrainResult(0))
-        self.population.step()  # a PBT round or a pool snapshot when one is due
+    def books_due(self, finishing: bool = False) -> SourceFigures | None:
+        """The books of a batch no policy trained on."""
+        return SourceFigures(not_trainable=self.books[0], skipped_non_finite=self.books[1]) if any(self.books) else None
+
+    def reported(self, figures: SourceFigures) -> None:
+        self.books = (0, 0)
+
+    def release(self) -> None:
         self.pool.recycle(self.slots)
         self.slots, self.batch = [], None
         self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
 
-    def finish(self) -> None:
+    def save(self, checkpoint_dir: str) -> None:
         pass
 
-    def save(self, checkpoint_dir: str) -> None:
+    def load(self, checkpoint_dir: str) -> None:
         pass
 
     def gather(self, slots: list) -> TrajectoryBatch:
@@ -164,31 +219,5 @@ class TrajectorySource:
         skipped = int(batch.non_finite.sum())
         not_trainable = int((~batch.valid).sum()) - skipped
         if batch.policy_id is not None:
-            not_trainable += int((batch.valid & (batch.policy_id[:-1] >= len(self.policies))).sum())
+            not_trainable += int((batch.valid & (batch.policy_id[:-1] >= self.num_policies)).sum())
         return not_trainable, skipped
-
-    def _send(self, policy, result: TrainResult, train_sec=0.0, mine=None, keep=None, lag=None) -> None:
-        """The Training message of `policy`'s part of the batch: `mine` [T, N] its samples, `keep` those it
-        trained on, `lag` their policy lag; without them, of a batch no policy trained on. The batch's books
-        go with the first message."""
-        mine_lag = lag[mine].float() if mine is not None and bool(mine.any()) else torch.zeros(1)
-        books, self.books = self.books, (0, 0)
-        self.ctx.send(
-            Training(
-                self.timer.report("learner"),
-                version=policy.version,
-                samples=result.samples,
-                dropped_lag=0 if mine is None else int((mine & ~keep).sum()),
-                not_trainable=books[0],
-                lag_count=0 if mine is None else int(mine.sum()),
-                lag_min=float(mine_lag.min()),
-                lag_mean=float(mine_lag.mean()),
-                lag_max=float(mine_lag.max()),
-                learning_rate=policy.algorithm.learning_rate,
-                losses=result.losses,
-                policy=policy.policy,
-                train_sec=train_sec,
-                skipped_non_finite=books[1],
-                skipped_updates=result.skipped_updates,
-            )
-        )

@@ -33,6 +33,7 @@ from sf_engine.envs.registry import registered_envs, resolve_backend
 from sf_engine.model.encoders import check_encoder, is_builtin, user_registration
 from sf_engine.model.shape import FlagChange, changed_flags, flag_text, resolve_model_config, state_size
 from sf_engine.model.user_model import BUILT_IN_NETWORK_FLAGS, check_model
+from sf_engine.replay.transform import transform_class
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, count, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
 from sf_engine.runtime.checkpoint import (
@@ -54,6 +55,26 @@ def saved_config(given: dict) -> dict:
     return read_config_file(config_file, given.get("learner", {}).get("algo")) if config_file else {}
 
 
+def _check_resolved(cfg: Config, spec: EnvSpec) -> None:
+    """The resolved configuration's checks (sf_engine.config.checks), the replay transform's, and those of the env
+    and the machine."""
+    check_resolved(cfg)
+    if cfg.uses_replay:  # the replay transform's own checks (its spec's data)
+        transform_class(cfg).check(cfg)
+    if cfg.sampler.envs_per_split % spec.num_agents:
+        raise ConfigError(
+            f"--num_envs_per_worker {cfg.sampler.num_envs_per_worker}: {cfg.env.env} has "
+            f"{spec.num_agents} agents per game, each a row, and a worker's "
+            f"{cfg.sampler.worker_num_splits} splits take whole games: use a multiple of "
+            f"{spec.num_agents * cfg.sampler.worker_num_splits}"
+        )
+    if cfg.run.bf16 and cfg.run.device == "cpu" and not cpu_has_native_bf16():
+        raise ConfigError(
+            "--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
+            "and slower: drop --bf16"
+        )
+
+
 def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) -> RunPlan:
     """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags,
     `saved`: its --config file already read by saved_config). Bad input raises ConfigError or
@@ -67,19 +88,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     check_acting_network(dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec)), spec)
     cfg, notes = _resolve(cfg, spec)
     notes = env_notes(cfg.env.env, spec) + user_notes + notes
-    check_resolved(cfg)
-    if cfg.sampler.envs_per_split % spec.num_agents:
-        raise ConfigError(
-            f"--num_envs_per_worker {cfg.sampler.num_envs_per_worker}: {cfg.env.env} has "
-            f"{spec.num_agents} agents per game, each a row, and a worker's "
-            f"{cfg.sampler.worker_num_splits} splits take whole games: use a multiple of "
-            f"{spec.num_agents * cfg.sampler.worker_num_splits}"
-        )
-    if cfg.run.bf16 and cfg.run.device == "cpu" and not cpu_has_native_bf16():
-        raise ConfigError(
-            "--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
-            "and slower: drop --bf16"
-        )
+    _check_resolved(cfg, spec)
     envs = registered_envs()
     if cfg.run.mode != "serial":
         _check_picklable(envs)
