@@ -1,7 +1,9 @@
 """sf_engine: a single-node, high-throughput, shared-memory reinforcement-learning engine.
 
 The public API (docs/api.md):
-- `train(**flags)`: a training run, every train.py flag a keyword argument, `observers=[...]`; a RunResult;
+- `train(config=None, **flags)`: a training run, every train.py flag a keyword argument (`algo`, `encoder`, `model`
+  and `env` also take the object itself), over a `Config` where one is given (a RunResult's `config`),
+  `observers=[...]`; a RunResult;
 - `load_policy(path)`: a trained agent (a Policy) whose `act(obs)` gives the env's actions;
 - `register_env(name, make_env)`: your own env as `env=name`; `register_encoder(name, factory)`: your own network
   from observations to features as `encoder=name`;
@@ -22,13 +24,13 @@ What a plug-in author needs:
 - `AlgorithmSpec` and its `data` values `SLOTS`, `TRANSITIONS`, `SEQUENCES`; `flag_field(default, help)`, a field
   of the algorithm's own group of flags (its spec's `config`), and `Range(low, high)`, a hyperparameter's for PBT.
 
-Everything but the registries, the spec and ConfigError is imported when first used (no torch, no TensorBoard on
+Everything but the registries, the spec, Config and ConfigError is imported when first used (no torch, no TensorBoard on
 `import sf_engine`): every process of a run imports this package.
 """
 
 from sf_engine.config.algorithms import SEQUENCES, SLOTS, TRANSITIONS, AlgorithmSpec, Range, register_algorithm
 from sf_engine.config.fields import flag_field
-from sf_engine.config.groups import ConfigError
+from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs.registry import register_env
 from sf_engine.model.encoders import register_encoder
 
@@ -78,6 +80,7 @@ __all__ = [
     "ActingNetwork",
     "Algorithm",
     "AlgorithmSpec",
+    "Config",
     "ConfigError",
     "Encoder",
     "FlatAdam",

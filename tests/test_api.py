@@ -3,6 +3,7 @@ see every report, checkpoint and evaluation and can stop a run, a bad flag is tr
 script may train several times leaving nothing behind."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -114,11 +115,77 @@ def test_a_bad_flag_is_train_pys_one_line_before_anything_on_disk_changes(tmp_pa
     assert files_of(tmp_path) == before
 
 
-def test_flags_become_train_pys_command_line():
-    from sf_engine.run.api import flags_to_argv
+def test_keyword_values_become_flags_without_a_command_line():
+    """train()'s keywords are the flags' values as they are (a bool, a number, a list), or read as the flag reads
+    its text; an unknown one or a bad value is the command line's one line; config.json records the command line."""
+    from sf_engine.config.cli import command_line_of, given_of_values
 
-    argv = flags_to_argv(dict(env="Pong-v5", with_vtrace=True, bf16=False, learning_rate=3e-4, seed=None))
-    assert argv == ["--env", "Pong-v5", "--with_vtrace", "true", "--bf16", "false", "--learning_rate", "0.0003"]
+    given = given_of_values(
+        dict(env="Pong-v5", with_vtrace=True, bf16="false", learning_rate=3e-4, seed=None, rollout="auto", gamma=1)
+    )
+    assert given["ppo"] == {"with_vtrace": True}
+    assert given["run"]["bf16"] is False and given["learner"]["learning_rate"] == 3e-4
+    assert given["sampler"]["rollout"] == "auto" and given["learner"]["gamma"] == 1.0
+    assert isinstance(given["learner"]["gamma"], float) and "seed" not in given.get("env", {})
+    from sf_engine.run.api import objects_as_flags
+
+    assert objects_as_flags({"model": gym.Env, "seed": 3}) == {"model": "gymnasium.core:Env", "seed": 3}
+    line = command_line_of(given)
+    pairs = set(zip(line[::2], line[1::2]))
+    assert {("--env", "Pong-v5"), ("--with_vtrace", "true"), ("--bf16", "false"), ("--rollout", "auto")} <= pairs
+    for bad, words in (
+        (dict(num_worker=2), "unknown flag --num_worker: did you mean --num_workers?"),
+        (dict(mode="fast"), "--mode: invalid choice: 'fast'"),
+        (dict(rollout="many"), "--rollout: expected an integer or 'auto', got 'many'"),
+        (dict(num_workers=2.5), "--num_workers"),
+    ):
+        with pytest.raises(sf_engine.ConfigError, match=re.escape(words)):
+            given_of_values(bad)
+
+
+def small_encoder(observation_space):
+    """A user's encoder factory, passed to train() as the object itself."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(observation_space.shape[0], 16), torch.nn.Tanh())
+
+
+@pytest.mark.e2e
+def test_train_takes_a_config_and_objects_without_a_command_line(tmp_path, shm_dir, monkeypatch):
+    """A RunResult's config trains again with the same settings (the keywords win); an encoder factory and a spec
+    are passed as themselves, registered under their names, and recorded in config.json."""
+    import dataclasses
+
+    from sf_engine.config import algorithms
+    from sf_engine.config.algorithms import algorithm_spec
+    from sf_engine.model import encoders
+
+    monkeypatch.setattr(encoders, "_REGISTRY", dict(encoders._REGISTRY))
+    monkeypatch.setattr(algorithms, "_REGISTERED", dict(algorithms._REGISTERED))
+    where = dict(train_dir=str(tmp_path), shm_dir=shm_dir, env="CartPole-v1", **SMALL)
+    first = sf_engine.train(
+        **where, experiment="first", train_for_env_steps=2_000, hidden_size=32, encoder=small_encoder
+    )
+    config = first.config
+    assert isinstance(config, sf_engine.Config) and config.model.hidden_size == 32
+    assert config.model.encoder == "small_encoder" and config.learner.gamma == 0.99
+    again = sf_engine.train(config, experiment="again", train_for_env_steps=3_000, gamma=0.98)
+    saved = read_json(os.path.join(again.experiment_dir, "config.json"))
+    assert saved["model"]["hidden_size"] == 32 and saved["model"]["encoder"] == "small_encoder"
+    assert saved["learner"]["gamma"] == 0.98 and saved["run"]["train_for_env_steps"] == 3_000
+    assert ("--gamma", "0.98") in zip(saved["command_line"][::2], saved["command_line"][1::2])
+    assert again.summary["env_steps"] >= 3_000
+
+    mine = dataclasses.replace(algorithm_spec("dqn"), description="DQN, a spec object of the user's")
+    run = sf_engine.train(algo=mine, **where, experiment="spec", train_for_env_steps=1_500, learning_starts=256)
+    assert read_json(os.path.join(run.experiment_dir, "config.json"))["learner"]["algo"] == (
+        "sf_engine.algo.dqn.learning.DQN"
+    )
+    with pytest.raises(sf_engine.ConfigError, match="is no sf_engine.Config"):
+        sf_engine.train({"env": "CartPole-v1"})
+    other = dataclasses.replace(mine, description="another")
+    with pytest.raises(sf_engine.ConfigError, match="its name 'sf_engine.algo.dqn.learning.DQN' is taken"):
+        sf_engine.train(algo=other, **where, experiment="other", train_for_env_steps=1)
 
 
 SCRIPT = """

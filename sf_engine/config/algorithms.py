@@ -107,6 +107,11 @@ def register_algorithm(name: str, spec: AlgorithmSpec) -> None:
     _REGISTERED[name] = spec
 
 
+def registered_algorithms() -> dict:
+    """name -> AlgorithmSpec of every register_algorithm() call in this process."""
+    return dict(_REGISTERED)
+
+
 def algorithm_registration(name: str) -> tuple:
     """The run plan's registrations for `--algo name`: ((register_algorithm, name, spec),) when it was registered
     in this process (its children register it again: sf_engine.runtime.role.register_user_code), else ()."""

@@ -117,6 +117,68 @@ def parse_flags(argv=None) -> dict:
     return given
 
 
+def given_of_values(values: dict) -> dict:
+    """The flags of Python values `values` (flag name -> value; None: not given), {group: {field: value}} as
+    parse_flags gives a command line's, without a command line: a value of its field's type is taken as it is (a
+    bool, an int, a float or an int for a float field, a str among the choices), any other through the flag's own
+    reading of its text (a list or tuple as comma-separated items, 'auto'); an unknown flag or a bad value is the
+    command line's ConfigError of one line."""
+    algo = values.get("algo")
+    parser = build_parser(algo if isinstance(algo, str) else None)
+    fields = {}  # flag -> (group name, field): as the command line takes it (a shared flag: the run's --algo's first)
+    for group_name, cls in flag_groups(algo if isinstance(algo, str) else None).items():
+        for fld in dataclasses.fields(cls):
+            fields.setdefault(fld.name, (group_name, fld))
+    given: dict = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in fields:
+            parser.error(parser._unknown(f"--{name}"))
+        group_name, fld = fields[name]
+        given.setdefault(group_name, {})[name] = _value_of(parser, name, fld, value)
+    return given
+
+
+def command_line_of(given: dict) -> list:
+    """train.py's command line of flags `given` ({group: {field: value}}), as config.json records it: --name VALUE
+    (true/false, a list comma-separated)."""
+    line = []
+    for values in given.values():
+        for name, value in values.items():
+            if isinstance(value, bool):
+                value = str(value).lower()
+            elif isinstance(value, (list, tuple)):
+                value = ",".join(str(item) for item in value)
+            line += [f"--{name}", str(value)]
+    return line
+
+
+def _value_of(parser: FlagParser, name: str, fld, value):
+    """`value` for the field `fld` of flag `name` (given_of_values)."""
+    convert, choices = value_type(fld)
+    kind = type_name(fld)
+    if isinstance(value, bool):
+        if kind == "bool":
+            return value
+        value = "true" if value else "false"
+    elif kind == "int" and isinstance(value, int) or kind == "float" and isinstance(value, (int, float)):
+        return float(value) if kind == "float" else value
+    elif isinstance(value, (list, tuple)):
+        value = ",".join(str(item) for item in value)
+    text = value if isinstance(value, str) else str(value)
+    if choices:
+        if text not in choices:
+            parser.error(f"--{name}: invalid choice: {text!r} (choose from {', '.join(map(repr, choices))})")
+        return text
+    try:
+        return convert(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"--{name}: {exc}")
+    except (TypeError, ValueError):
+        parser.error(f"--{name}: invalid {getattr(convert, '__name__', 'value')} value: {text!r}")
+
+
 def make_config(given: dict, defaults: dict | None = None, saved: dict | None = None) -> Config:
     """The fields' own defaults, overridden by `defaults` ({field name: value}, the env family's and the
     algorithm's), then by `saved` ({group: {field: value}}, a --config file), then by the flags `given`

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
+import json
 import logging
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -17,10 +19,12 @@ import os
 import sys
 from dataclasses import dataclass
 
-from sf_engine.config.groups import ConfigError
+from sf_engine.config.algorithms import AlgorithmSpec, built_in_algorithms, register_algorithm, registered_algorithms
+from sf_engine.config.cli import given_of_values, make_config
+from sf_engine.config.groups import Config, ConfigError
 from sf_engine.envs import EnvError
-from sf_engine.envs.registry import registered_envs
-from sf_engine.model.encoders import registered_encoders
+from sf_engine.envs.registry import register_env, registered_envs
+from sf_engine.model.encoders import register_encoder, registered_encoders
 from sf_engine.run import runner
 from sf_engine.runtime.checkpoint import checkpoint_dir, latest_valid_checkpoint
 from sf_engine.stats.observers import check_observers
@@ -46,43 +50,38 @@ class RunResult:
     checkpoint: str | None
     stop_reason: str
 
-
-def flags_to_argv(flags: dict) -> list:
-    """train.py's command line of keyword arguments: name=value -> --name VALUE (True/False as true/false, a
-    list as comma-separated values); a value of None leaves the flag at its default."""
-    argv = []
-    for name, value in flags.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        elif isinstance(value, (list, tuple)):
-            value = ",".join(str(item) for item in value)
-        argv += [f"--{name}", str(value)]
-    return argv
+    @property
+    def config(self) -> Config:
+        """The run's whole configuration as it ran (its config.json, every 'auto' resolved): train(result.config,
+        experiment="again") trains with the same settings."""
+        with open(os.path.join(self.experiment_dir, "config.json")) as f:
+            return Config.from_dict(json.load(f))
 
 
-def train(observers=(), **flags) -> RunResult:
-    """Train as `python train.py --name value ...` does with the keyword arguments `name=value`, handing the
-    run's figures, checkpoints and evaluations to `observers` (sf_engine.stats.observers). A bad flag raises
-    ConfigError with train.py's one line, before anything on disk changes. Ctrl-C stops the run cleanly, then
-    raises KeyboardInterrupt; a run that fails raises RunFailed; an observer that raises stops the run, and
-    its exception is raised once the run has stopped."""
+def train(config: Config | None = None, *, observers=(), **flags) -> RunResult:
+    """Train as `python train.py --name value ...` does with the keyword arguments `name=value` (Python values:
+    True, 3e-4, [64, 64]; sf_engine.config.cli.given_of_values), over `config` where one is given (a Config: its
+    values that differ from the fields' defaults, as if given; the keywords win), handing the run's figures,
+    checkpoints and evaluations to `observers` (sf_engine.stats.observers). A few flags also take the object
+    itself (`objects_as_flags`): `algo` an AlgorithmSpec, `encoder` a factory, `model` a network class, `env` a
+    factory. A bad flag raises ConfigError with train.py's one line, before anything on disk changes. Ctrl-C stops
+    the run cleanly, then raises KeyboardInterrupt; a run that fails raises RunFailed; an observer that raises
+    stops the run, and its exception is raised once the run has stopped."""
     observers = check_observers(observers)  # a misspelled hook is one line, before anything on disk changes
-    argv = flags_to_argv(flags)
+    given = _given(config, flags)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     before = _running_helpers()  # multiprocessing's helper processes the user's process ran already: they stay
     try:
         with _main_module_for_children():
-            launched = runner.launch(argv, observers=observers, before_processes=_check_children_can_start)
+            launched = runner.launch(given, observers=observers, before_processes=_check_children_can_start)
     except EnvError as exc:
         raise ConfigError(str(exc)) from None
     finally:
         _stop_helpers_started_since(before)
         _restore_logging(root, handlers, level)
     if isinstance(launched, str):  # nothing to train: the experiment's checkpoint holds its budget
-        experiment_dir = os.path.join(*_experiment(argv))
+        experiment_dir = os.path.join(*_experiment(given))
         return _result(experiment_dir, read_summary(os.path.join(experiment_dir, "summary.json")), launched)
     outcome, experiment_dir = launched
     result = _result(experiment_dir, outcome.summary, outcome.reason)
@@ -95,11 +94,82 @@ def train(observers=(), **flags) -> RunResult:
     return result
 
 
-def _experiment(argv: list) -> tuple:
-    """(train_dir, experiment) of a command line."""
-    from sf_engine.config.cli import make_config, parse_flags
+def _given(config: Config | None, flags: dict) -> dict:
+    """The flags of a call: `config`'s values that differ from their fields' defaults, then the keywords' (their
+    objects registered: objects_as_flags), {group: {field: value}}."""
+    if config is not None and not isinstance(config, Config):
+        raise ConfigError(
+            f"train(config=...): a {type(config).__name__} is no sf_engine.Config; pass flags as keywords instead"
+        )
+    values = _changed(config) if config is not None else {}
+    if "algo" in flags and "algo" in values and not isinstance(flags["algo"], str):
+        values.pop("algo")
+    return given_of_values(values | objects_as_flags(flags))
 
-    cfg = make_config(parse_flags(argv))
+
+def _changed(config: Config) -> dict:
+    """flag -> value of every field of `config`'s groups that differs from the field's default."""
+    values = {}
+    for group in config.groups().values():
+        for fld in dataclasses.fields(group):
+            value = getattr(group, fld.name)
+            if value != fld.default:
+                values[fld.name] = value
+    return values
+
+
+def objects_as_flags(flags: dict) -> dict:
+    """`flags` with the objects some flags take in place of a name: `algo` an AlgorithmSpec (the name it is known by,
+    else registered under its learner's "module.Class"), `encoder` a factory and `env` a
+    factory (registered under their function's name), `model` a class ("module:Class"). A name that another
+    object holds already is a ConfigError of one line."""
+    out = dict(flags)
+    spec = flags.get("algo")
+    if isinstance(spec, AlgorithmSpec):
+        known = built_in_algorithms() | registered_algorithms()
+        out["algo"] = _registered_name(spec, known, spec.learner.replace(":", "."), "algo")
+        if out["algo"] not in known:
+            register_algorithm(out["algo"], spec)
+    for flag, registry, register in (
+        ("encoder", registered_encoders, register_encoder),
+        ("env", registered_envs, register_env),
+    ):
+        factory = flags.get(flag)
+        if callable(factory):
+            out[flag] = _registered_name(factory, registry(), getattr(factory, "__name__", ""), flag)
+            register(out[flag], factory)
+    model = flags.get("model")
+    if isinstance(model, type):
+        out["model"] = f"{model.__module__}:{model.__qualname__}"
+    return out
+
+
+def _registered_name(thing, registry: dict, name: str, flag: str) -> str:
+    """The name `thing` is registered under in `registry`, else `name` where it is free."""
+    for taken, held in registry.items():
+        if held is thing:
+            return taken
+    held = registry.get(name)
+    if held is not None and _same_definition(held, thing):  # defined again (a notebook's cell run again)
+        return name
+    if not name or held is not None:
+        register = {"algo": "register_algorithm", "encoder": "register_encoder", "env": "register_env"}[flag]
+        raise ConfigError(
+            f"{flag}={thing!r:.60}: its name {name!r} is taken or empty: register it under a name of its own "
+            f"(sf_engine.{register}(name, ...)) and pass {flag}=name"
+        )
+    return name
+
+
+def _same_definition(held, thing) -> bool:
+    """Whether two functions or classes are one definition made twice (the same module and qualified name)."""
+    names = [(getattr(x, "__module__", None), getattr(x, "__qualname__", None)) for x in (held, thing)]
+    return names[0] == names[1] and names[0][1] is not None
+
+
+def _experiment(given: dict) -> tuple:
+    """(train_dir, experiment) of a call's flags."""
+    cfg = make_config(given)
     return cfg.run.train_dir, cfg.run.experiment
 
 

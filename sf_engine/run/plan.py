@@ -76,9 +76,10 @@ def _check_resolved(cfg: Config, spec: EnvSpec) -> None:
 
 
 def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) -> RunPlan:
-    """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags,
-    `saved`: its --config file already read by saved_config). Bad input raises ConfigError or
-    EnvError with one line naming the flag and the fix; nothing on disk is touched."""
+    """The plan of `train.py argv` (sys.argv when None; `given`: argv already parsed by parse_flags, or a call's
+    flags with `argv` their command line, command_line_of; `saved`: its --config file already read by
+    saved_config). Bad input raises ConfigError or EnvError with one line naming the flag and the fix; nothing on
+    disk is touched."""
     given = parse_flags(argv) if given is None else given
     saved = saved_config(given) if saved is None else saved
     cfg, spec = _configured(given, saved)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sf_engine.config.algorithms import built_in_algorithms
 from sf_engine.config.checks import check_flags
-from sf_engine.config.cli import make_config, parse_flags
+from sf_engine.config.cli import command_line_of, make_config, parse_flags
 from sf_engine.config.groups import ConfigError
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
@@ -260,12 +260,12 @@ def _same_env(cfg, config_path: str) -> bool:
         return False
 
 
-def launch(argv, observers=(), exits_after: bool = False, before_processes=lambda cfg: None):
-    """A command line's run: flags -> run plan -> training. Returns the one line of a re-run with nothing to
-    train (already_done), or (the run's Outcome, its experiment directory). Bad input raises ConfigError or
+def launch(given: dict, observers=(), exits_after: bool = False, before_processes=lambda cfg: None, argv=None):
+    """A run of the flags `given` (parse_flags's of the command line `argv`, or given_of_values' of a call's keywords,
+    then recorded as command_line_of's): flags -> run plan -> training. Returns the one line of a re-run with nothing
+    to train (already_done), or (the run's Outcome, its experiment directory). Bad input raises ConfigError or
     EnvError, before anything on disk changes. `before_processes(cfg)`: called with the flags' config before
     any process starts. Envs registered with sf_engine.envs.register_env before this call can be used."""
-    given = parse_flags(argv)
     saved = saved_config(given)
     first = make_config(given, saved=saved)  # the env and mode given, to start the forkserver's preloading early
     check_not_running(first.run.train_dir, first.run.experiment)
@@ -274,14 +274,15 @@ def launch(argv, observers=(), exits_after: bool = False, before_processes=lambd
         return done
     before_processes(first)
     mp_context = start_forkserver(first.env.env, first.env.env_backend) if first.run.mode != "serial" else None
-    plan = build_plan(argv, given, saved)
+    plan = build_plan(command_line_of(given) if argv is None else argv, given, saved)
     return run_plan(plan, mp_context, exits_after, observers), plan.paths.experiment_dir
 
 
 def main(argv=None) -> int:
     """Entry point of train.py: bad input prints one line and returns 2."""
     try:
-        launched = launch(argv, exits_after=True)
+        argv = sys.argv[1:] if argv is None else argv
+        launched = launch(parse_flags(argv), exits_after=True, argv=argv)
     except (ConfigError, EnvError) as exc:  # bad input, found while building the plan or locking the experiment
         print(f"error: {exc}", file=sys.stderr)
         return 2
