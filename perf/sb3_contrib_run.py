@@ -21,14 +21,14 @@ zoo's 1M replay entries of 4x84x84 frames take about 56 GB (observations and nex
 allocated the run stops with one line: --buffer_size lowers it, and the JSON's settings say so. CrossQ's MuJoCo entry
 is the zoo's *-v4 one (&mujoco-defaults), used for -v4 and -v5.
 
-The JSON line: system, algo, env, seed, budget_env_steps, env_steps, wall_sec (from the start of this script,
-imports included), env_steps_per_sec (training only), env_steps_per_sec_learning (from learning_starts on, the
-updates' rate; null before), episode_return_mean (last 100 episodes), episodes, seconds_to_threshold /
-env_steps_to_threshold (first time the mean of the last 100 episodes reached --stop_at_return; null if never), with
---eval_every_sec: evals [[seconds, env_steps, greedy return], ...] (mean of --eval_episodes greedy episodes) and
-seconds_to_eval_threshold, gradient_steps, replay_ratio (samples trained per env step), a coarse curve [[seconds,
-env_steps, return_mean], ...] every 5 s, and settings (the hyperparameters used, the zoo entry they came from, what
-this run overrode). Evaluation time is excluded from every clock (eval_seconds_excluded).
+The JSON line: system, algo, env, seed, budget_env_steps, env_steps, wall_sec (from the start of this script, imports
+included), env_steps_per_sec (training only), env_steps_per_sec_learning (from learning_starts on, the updates' rate;
+null before), episode_return_mean (last 100 episodes), episodes, seconds_to_threshold / env_steps_to_threshold (first
+time the mean of the last 100 episodes reached --stop_at_return; null if never), with --eval_every_sec: evals
+[[seconds, env_steps, greedy return], ...] (mean of --eval_episodes greedy episodes; with --final_eval the final
+policy's last) and seconds_to_eval_threshold, gradient_steps, replay_ratio (samples trained per env step), a coarse
+curve [[seconds, env_steps, return_mean], ...] every 5 s, and settings (the hyperparameters used, the zoo entry they
+came from, what this run overrode). Evaluation time is excluded from every clock (eval_seconds_excluded).
 """
 
 import argparse
@@ -292,6 +292,7 @@ def main():
     p.add_argument("--eval_every_sec", type=float, default=0, help="greedy evaluation every N s of training")
     p.add_argument("--eval_episodes", type=int, default=10)
     p.add_argument("--stop_at_eval_return", type=float, default=None, help="stop once a greedy evaluation is this")
+    p.add_argument("--final_eval", action="store_true", help="a greedy evaluation of the final policy, last in evals")
     p.add_argument("--buffer_size", type=int, default=None, help="replace the zoo's replay size (Atari's is 1M)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads (SB3 trains in the main thread)")
@@ -312,7 +313,7 @@ def main():
     if "learning_rate" in hp:
         hp["learning_rate"] = linear(hp["learning_rate"])
     env = make_env(a.env, n_envs, a.seed, atari, frame_stack)
-    eval_env = make_env(a.env, 1, a.seed + 1000, atari, frame_stack) if a.eval_every_sec else None
+    eval_env = make_env(a.env, 1, a.seed + 1000, atari, frame_stack) if a.eval_every_sec or a.final_eval else None
     try:
         model = CLASSES[a.algo](policy, env, seed=a.seed, device=a.device, verbose=0, **hp)
     except MemoryError as e:
@@ -321,6 +322,8 @@ def main():
     began = time.time()
     model.learn(total_timesteps=budget, callback=track)
     train_sec = time.time() - began - track.paused
+    if a.final_eval:  # the policy the run ends with, greedily: its figure at exactly the env steps it trained
+        track.evals.append([round(track.clock(), 1), int(model.num_timesteps), round(track.evaluate(), 2)])
     steps = int(model.num_timesteps)
     grad_steps = int(getattr(model, "_n_updates", 0))
     batch = int(model.batch_size)
