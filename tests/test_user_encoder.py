@@ -50,6 +50,8 @@ ALGO_FLAGS = {
     + ["--learning_starts", "500", "--train_for_env_steps", "1500"],
     "sac": ["--env", "Pendulum-v1", "--learning_starts", "300", "--replay_ratio", "4", "--batch_size", "64"]
     + ["--train_for_env_steps", "1000"],
+    "crossq": ["--env", "Pendulum-v1", "--learning_starts", "300", "--replay_ratio", "4", "--batch_size", "64"]
+    + ["--critic_hidden_size", "32", "--train_for_env_steps", "1000"],
 }
 
 
@@ -252,7 +254,7 @@ def _policy_state(experiment_dir) -> dict:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("algo", ["ppo", "dqn", "pqn", "r2d2", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "pqn", "r2d2", "sac", "crossq"])
 def test_a_serial_run_trains_and_checkpoints_the_users_module(user_dir, tmp_path, shm_dir, algo):
     from sf_engine.run.plan import build_plan
     from sf_engine.run.runner import run
@@ -264,11 +266,13 @@ def test_a_serial_run_trains_and_checkpoints_the_users_module(user_dir, tmp_path
     summary = read_json(tmp_path / "train" / algo / "summary.json")
     assert summary["learner_version"] > 0 and summary["updates_skipped_non_finite"] == 0, summary
     state = _policy_state(tmp_path / "train" / algo)
-    prefix = {"ppo": "actor_encoder", "sac": "encoder"}.get(algo, "encoder")
+    prefix = {"ppo": "actor_encoder", "sac": "encoder", "crossq": "inputs.encoder"}.get(algo, "encoder")
     assert state["model"][f"{prefix}.user.linear.weight"].shape[0] == 32
     if algo == "sac":  # each critic and its target have their own
         assert state["critic"]["encoders.1.user.linear.weight"].shape[0] == 32
         assert "encoders.0.user.linear.bias" in state["target"]
+    if algo == "crossq":  # the critics have one of their own
+        assert state["critic"]["inputs.encoder.user.linear.weight"].shape[0] == 32
     assert os.listdir(shm_dir) == []
 
 

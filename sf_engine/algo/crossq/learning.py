@@ -16,6 +16,7 @@ from torch import nn
 from sf_engine.algo.base import TrainResult, schedule_learning_rate
 from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.acting import ActOutput
+from sf_engine.model.features import Encoder
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -136,6 +137,22 @@ def _flat(spec, obs: dict) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+class Inputs(nn.Module):
+    """What a network of CrossQ's sees of the observations: their vector entries side by side (its own input
+    normalization is the batch renormalization), or with a user's --encoder that encoder's features (the engine's
+    Encoder wires it, as for every algorithm)."""
+
+    def __init__(self, spec, cfg):
+        super().__init__()
+        self.spec = spec
+        encoder = Encoder(spec, cfg.model)
+        self.encoder = encoder if encoder.user is not None else None  # a built-in encoder: the entries as they are
+        self.size = encoder.out_size if self.encoder is not None else sum(math.prod(s) for _, s, _ in spec.obs)
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        return _flat(self.spec, obs) if self.encoder is None else self.encoder(obs)
+
+
 class Actor(nn.Module):
     """A tanh-squashed Gaussian over the env's Box bounds, its MLP batch-renormalized. Its acting contract
     (sf_engine.ActingNetwork): the running statistics (never a batch's), samples (uniform within the bounds while
@@ -148,9 +165,9 @@ class Actor(nn.Module):
         super().__init__()
         self.spec, self.random_before_learning = spec, cfg.replay.random_before_learning
         self.size = spec.action.shape[0]
-        in_size = sum(math.prod(shape) for _, shape, _ in spec.obs)
+        self.inputs = Inputs(spec, cfg)
         self.net = RenormMLP(
-            in_size,
+            self.inputs.size,
             cfg.model.hidden_size,
             cfg.model.mlp_layers,
             2 * self.size,
@@ -182,7 +199,7 @@ class Actor(nn.Module):
         return ((actions - self.center) / self.half_range).clamp(-1.0, 1.0)
 
     def outputs(self, obs: dict, state=None):
-        mean, log_std = self.params(_flat(self.spec, obs), batch_stats=False)
+        mean, log_std = self.params(self.inputs(obs), batch_stats=False)
         return torch.cat([mean, log_std], dim=-1), mean.new_zeros(mean.shape[0]), None
 
     def act(self, obs: dict, state, ctx, forward=None):
@@ -203,9 +220,9 @@ class Critics(nn.Module):
 
     def __init__(self, spec, cfg):
         super().__init__()
-        in_size = sum(math.prod(shape) for _, shape, _ in spec.obs) + spec.action.shape[0]
+        self.inputs = Inputs(spec, cfg)  # with a user's encoder, one of the critics' own (both share it)
         self.net = RenormMLP(
-            in_size,
+            self.inputs.size + spec.action.shape[0],
             cfg.crossq.critic_hidden_size,
             cfg.model.mlp_layers,
             1,
@@ -214,7 +231,8 @@ class Critics(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, squashed: torch.Tensor, batch_stats: bool):
-        """(Q1 [B], Q2 [B]) of inputs x [B, D] and actions `squashed` [B, A] in [-1, 1]."""
+        """(Q1 [B], Q2 [B]) of inputs x [B, D] (its `inputs` of the observations) and actions `squashed` [B, A] in
+        [-1, 1]."""
         q = self.net(torch.cat([x, squashed], dim=1), batch_stats)
         return q[0, :, 0], q[1, :, 0]
 
@@ -275,9 +293,12 @@ class CrossQ(TrainingState):
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
-        x, next_x = _flat(self.spec, batch.obs), _flat(self.spec, batch.next_obs)
+        x = self.model.inputs(batch.obs)
+        with torch.no_grad():
+            next_x = self.model.inputs(batch.next_obs)
+        both = self.critic.inputs({key: torch.cat([batch.obs[key], batch.next_obs[key]]) for key in batch.obs})
         alpha = self.log_alpha.detach().exp()
-        critic_loss, q_mean, td_abs = self._critic_loss(batch, x, next_x, alpha)
+        critic_loss, q_mean, td_abs = self._critic_loss(batch, both, next_x, alpha)
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
         norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
@@ -285,7 +306,8 @@ class CrossQ(TrainingState):
         if delayed:
             squashed, log_probs = self.model.rsample(x, batch_stats=True)
             self.critic.requires_grad_(False)
-            actor_loss = (alpha * log_probs - torch.minimum(*self.critic(x, squashed, batch_stats=False))).mean()
+            q = self.critic(both[: len(x)].detach(), squashed, batch_stats=False)
+            actor_loss = (alpha * log_probs - torch.minimum(*q)).mean()
             self.optimizer.zero_grad()
             actor_loss.backward()
             self.critic.requires_grad_(True)
@@ -307,7 +329,7 @@ class CrossQ(TrainingState):
             len(x), dict(zip(LOSS_STATS, figures)) | {"grad_norm": float(stats[3:].norm())}, 1, 0, td_abs
         )
 
-    def _critic_loss(self, batch, x: torch.Tensor, next_x: torch.Tensor, alpha: torch.Tensor) -> tuple:
+    def _critic_loss(self, batch, both: torch.Tensor, next_x: torch.Tensor, alpha: torch.Tensor) -> tuple:
         """The critics' loss (0.5 x both critics' squared errors, weighted by the importance weights), Q1's mean and
         |TD error| [B] (the mean of the two critics'): the replayed steps and their next steps (with the actor's next
         actions) in one batch-renormalized forward, so that its statistics are of both; the targets are the next
@@ -315,8 +337,8 @@ class CrossQ(TrainingState):
         actions = self.model.unscale(batch.actions)
         with torch.no_grad():
             next_actions, next_log_probs = self.model.rsample(next_x, batch_stats=False)
-        q1, q2 = self.critic(torch.cat([x, next_x]), torch.cat([actions, next_actions]), batch_stats=True)
-        size = len(x)
+        q1, q2 = self.critic(both, torch.cat([actions, next_actions]), batch_stats=True)
+        size = len(next_x)
         next_q = torch.minimum(q1[size:], q2[size:]).detach() - alpha * next_log_probs
         targets = batch.returns + batch.discounts * next_q
         error1, error2 = q1[:size] - targets, q2[:size] - targets
