@@ -95,6 +95,33 @@ def test_one_update_trains_the_critics_on_their_own_next_steps_half(tmp_path):
     assert algorithm.optimizer.param_groups[0]["betas"] == (0.5, 0.999)
 
 
+def test_compile_gives_the_same_updates_past_the_warm_up(tmp_path):
+    """--compile (the critics' loss through torch.compile, its random draws torch's) trains as the eager update does,
+    before and after batch renormalization's warm-up (r and d chosen by a tensor, not by Python). Adam's epsilon is
+    large here: at 1e-8 its first steps move a weight of a near-zero gradient by the learning rate either way, so the
+    float sums' other order (1e-7 in the loss) would show as 1e-3 in the weights."""
+    import torch._inductor.config
+
+    flags = ("--renorm_warmup_steps", "2", "--adam_eps", "1.0")
+    eager = CrossQ(_plan(tmp_path, *flags).cfg, _plan(tmp_path).spec, torch.device("cpu"), HOOKS)
+    plan = _plan(tmp_path, *flags, "--compile", "true")
+    compiled = CrossQ(plan.cfg, plan.spec, torch.device("cpu"), HOOKS)
+    compiled.params.copy_(eager.params)
+    compiled.critic_params.copy_(eager.critic_params)
+    with torch._inductor.config.patch(fallback_random=True):
+        for step in range(4):  # two in the warm-up, two after
+            batch = _batch()
+            results = []
+            for algorithm in (eager, compiled):
+                torch.manual_seed(step)
+                results.append(algorithm.train(batch))
+            assert results[1].losses["critic_loss"] == pytest.approx(results[0].losses["critic_loss"], rel=1e-4)
+            torch.testing.assert_close(results[1].priorities, results[0].priorities, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled.critic_params, eager.critic_params, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled.params, eager.params, rtol=1e-4, atol=1e-5)
+    assert float(compiled.critic.net.input_norm.steps) == 4  # the compiled forward moved the statistics, once each
+
+
 def test_it_acts_on_its_running_statistics(tmp_path):
     plan = _plan(tmp_path)
     actor = CrossQ(plan.cfg, plan.spec, torch.device("cpu"), HOOKS).model

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from sf_engine.algo.base import TrainResult, schedule_learning_rate
+from sf_engine.algo.base import CompiledLosses, TrainResult, schedule_learning_rate
 from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.acting import ActOutput
 from sf_engine.model.features import Encoder
@@ -67,12 +67,11 @@ class BatchRenorm(nn.Module):
         centered = x - row(mean)
         var = centered.square().mean(dim=-2)
         std = (var + self.eps).sqrt()
-        if float(self.steps) >= self.warmup_steps:
-            r = (std.detach() / running_std).clamp(1.0 / self.r_max, self.r_max)
-            d = ((mean.detach() - self.running_mean) / running_std).clamp(-self.d_max, self.d_max)
-            scale, shift = self.weight * r / std, self.weight * d + self.bias
-        else:
-            scale, shift = self.weight / std, self.bias
+        # after the warm-up r and d, before it 1 and 0: a tensor's choice, not Python's (torch.compile fuses it whole)
+        warm = self.steps >= self.warmup_steps
+        r = torch.where(warm, (std.detach() / running_std).clamp(1.0 / self.r_max, self.r_max), 1.0)
+        d = torch.where(warm, ((mean.detach() - self.running_mean) / running_std).clamp(-self.d_max, self.d_max), 0.0)
+        scale, shift = self.weight * r / std, self.weight * d + self.bias
         with torch.no_grad():
             self.running_mean.lerp_(mean.detach(), self.momentum)
             self.running_var.lerp_(var.detach(), self.momentum)
@@ -281,6 +280,8 @@ class CrossQ(TrainingState):
         self.target_entropy = self.ccfg.target_entropy_per_dim * self.model.size
         self.num_updates = 0
         self.last_actor_loss, self.last_entropy = 0.0, 0.0
+        self.compile = CompiledLosses(cfg, device, hooks.beat)  # --compile: the critics' loss through torch.compile
+        self.critic_loss = self.compile.compiled(self._critic_loss)
 
     @property
     def learning_rate(self) -> float:
@@ -293,12 +294,17 @@ class CrossQ(TrainingState):
         if self.num_updates % 64 == 0:
             schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
             self._set_learning_rate(self.learning_rate)
+        with self.compile.step():
+            return self._update(batch)
+
+    def _update(self, batch) -> TrainResult:
         x = self.model.inputs(batch.obs)
         with torch.no_grad():
             next_x = self.model.inputs(batch.next_obs)
         both = self.critic.inputs({key: torch.cat([batch.obs[key], batch.next_obs[key]]) for key in batch.obs})
         alpha = self.log_alpha.detach().exp()
-        critic_loss, q_mean, td_abs = self._critic_loss(batch, both, next_x, alpha)
+        critic_loss, q_mean, td_abs = self.critic_loss(batch, both, next_x, alpha)
+        td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs may not)
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
         norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
