@@ -21,7 +21,7 @@ from sf_engine.model.q_network import inverse_value_rescale, value_rescale
 from sf_engine.replay.buffer import ReplayBuffer
 from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
 from sf_engine.replay.sequences import Sequences, SequenceShape, sequences_trainable
-from sf_engine.replay.transform import transform_class
+from sf_engine.replay.transform import SlotSteps, transform_class
 from sf_engine.run.plan import build_plan
 
 HOOKS = TrainingHooks(env_steps=lambda: 0, beat=lambda: None, stopping=lambda: False, elapsed_sec=lambda: 0.0)
@@ -116,7 +116,7 @@ def hand_made_slot():
 def test_sequences_are_cut_with_their_stored_states_burn_in_and_episode_starts(prioritized):
     buffer = sequence_buffer(prioritized)
     slot = hand_made_slot()
-    buffer.insert(*slot[:7], rnn_states=slot[7].astype(np.float32), starts=slot[8])
+    buffer.insert(SlotSteps(*slot[:7], rnn_states=slot[7].astype(np.float32), episode_start=slot[8]))
     obs, states, starts, valid = slot[0]["obs"], slot[7], slot[8], slot[5]
     if prioritized:  # priorities only at the starts of sequences that hold a trainable step
         leaves = buffer.tree.priorities(np.arange(2 * T)).reshape(E, T)

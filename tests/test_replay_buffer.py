@@ -6,7 +6,6 @@ ratio the limiter holds."""
 
 import os
 import zipfile
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from sf_engine.replay.layout import (
     replay_layout,
 )
 from sf_engine.replay.rate_limiter import RateLimiter
+from sf_engine.replay.transform import SlotSteps
 from sf_engine.replay.transitions import NStepTransitions
 
 T, E = 8, 3  # rollout, envs per slot
@@ -32,19 +32,7 @@ GAMMA, N_STEP, ALPHA = 0.9, 3, 0.6
 SPEC = EnvSpec(obs=(("pixels", (1, 2, 2), "uint8"), ("obs", (2,), "float32")), action=ActionSpec("discrete", nvec=(5,)))
 
 
-class Slot(NamedTuple):
-    """A trajectory slot's fields in ReplayBuffer.insert's order: obs key -> [T+1, E, *shape], the rest [T, E]."""
-
-    obs: dict
-    actions: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    valid: np.ndarray
-    policy_version: np.ndarray
-
-
-def synthetic_slot(index: int) -> Slot:
+def synthetic_slot(index: int) -> SlotSteps:
     """Slot number `index` (< 9) whose every observation names its (slot, row, env). Env 0: terminated at step 2,
     truncated at step 6, each followed by its reset step (valid False). Env 1: starts on a reset step (the previous
     slot's episode ended on its last step) and skips step 4 (valid False, no done: a non-finite value). Env 2:
@@ -61,10 +49,10 @@ def synthetic_slot(index: int) -> Slot:
     valid[[0, 4], 1] = False
     truncated[0, 2], valid[1, 2], terminated[7, 2] = True, False, True
     rewards = (np.random.default_rng(index).normal(size=(T, E)) * valid).astype(np.float32)
-    return Slot(obs, steps * E + envs, rewards, terminated, truncated, valid, 100 * index + steps)
+    return SlotSteps(obs, steps * E + envs, rewards, terminated, truncated, valid, 100 * index + steps)
 
 
-def targets_of(slot: Slot):
+def targets_of(slot: SlotSteps):
     return n_step_transitions(slot.rewards, slot.terminated, slot.truncated, slot.valid, GAMMA, N_STEP)
 
 
@@ -119,7 +107,7 @@ def test_the_synthetic_slot_is_what_its_docstring_says():
 def test_every_sampled_transition_is_its_envs_n_step_transition(prioritized):
     arrays = replay_arrays(E, prioritized)
     buffer = make_buffer(arrays)
-    assert buffer.insert(*synthetic_slot(0)) == T * E
+    assert buffer.insert(synthetic_slot(0)) == T * E
     seen = set()
     for _ in range(100):
         sample = buffer.sample(64, beta=0.4)
@@ -137,7 +125,7 @@ def test_the_ring_overwrites_the_oldest_columns_and_a_restarted_learner_sees_the
     buffer = make_buffer(arrays)
     owners = {}
     for index in range(4):  # 12 trajectories through 5 columns
-        buffer.insert(*synthetic_slot(index))
+        buffer.insert(synthetic_slot(index))
         owners |= {(index * E + env) % columns: (index, env) for env in range(E)}
         assert arrays["counters"][REPLAY_NEXT] == (index + 1) * E % columns
         assert arrays["counters"][REPLAY_FILLED] == min(columns, (index + 1) * E)
@@ -149,7 +137,7 @@ def test_the_ring_overwrites_the_oldest_columns_and_a_restarted_learner_sees_the
     restarted = make_buffer(arrays, seed=1)  # a new learner over the same shared arrays
     assert (restarted.size, restarted.capacity) == (columns * T, buffer.capacity)
     check_transitions(restarted.sample(256, beta=1.0), owners)
-    restarted.insert(*synthetic_slot(4))  # goes on at column 12 % 5 = 2
+    restarted.insert(synthetic_slot(4))  # goes on at column 12 % 5 = 2
     owners |= {(12 + env) % columns: (4, env) for env in range(E)}
     assert arrays["counters"][REPLAY_NEXT] == 0 and arrays["counters"][REPLAY_FILLED] == columns
     assert restarted.size == columns * T
@@ -163,7 +151,7 @@ def priorities_of(buffer: ReplayBuffer) -> np.ndarray:
 def test_new_transitions_enter_at_the_running_max_priority_and_the_untrainable_at_zero():
     arrays = replay_arrays(2 * E, prioritized=True)
     buffer = make_buffer(arrays)
-    buffer.insert(*synthetic_slot(0))
+    buffer.insert(synthetic_slot(0))
     trainable = targets_of(synthetic_slot(0)).trainable.T.reshape(-1)  # flat index = column x T + t
     np.testing.assert_array_equal(priorities_of(buffer)[: E * T], np.where(trainable, 1.0, 0.0))
     assert (priorities_of(buffer)[E * T :] == 0).all()
@@ -173,14 +161,14 @@ def test_new_transitions_enter_at_the_running_max_priority_and_the_untrainable_a
     expected = (np.abs(td_errors) + PRIORITY_EPS) ** ALPHA
     np.testing.assert_allclose(priorities_of(buffer)[indices], expected)
     buffer.update_priorities(indices[:1], np.zeros(1))  # the leaf that set the max falls: the max stays
-    buffer.insert(*synthetic_slot(1))  # into columns E .. 2E-1
+    buffer.insert(synthetic_slot(1))  # into columns E .. 2E-1
     np.testing.assert_allclose(priorities_of(buffer)[E * T :], np.where(trainable, expected.max(), 0.0))
     assert expected.max() > 1.0
 
 
 def test_prioritized_sampling_follows_the_td_errors_and_weights_correct_for_it():
     buffer = make_buffer(replay_arrays(E, prioritized=True), seed=3)
-    buffer.insert(*synthetic_slot(0))
+    buffer.insert(synthetic_slot(0))
     indices = np.flatnonzero(targets_of(synthetic_slot(0)).trainable.T)
     td_errors = np.random.default_rng(0).uniform(-2.0, 2.0, len(indices))
     td_errors[0] = 0.0  # priority eps ** alpha: drawn, rarely
@@ -206,11 +194,11 @@ def test_prioritized_sampling_follows_the_td_errors_and_weights_correct_for_it()
 def test_a_late_priority_update_gives_no_priority_to_a_transition_replaced_by_an_untrainable_one():
     arrays = replay_arrays(E, prioritized=True)  # full after one slot: the next overwrites every column
     buffer = make_buffer(arrays)
-    buffer.insert(*synthetic_slot(0))
+    buffer.insert(synthetic_slot(0))
     stale = buffer.sample(256, beta=0.4)
     newer = synthetic_slot(1)
     newer.valid[:, 1] = False  # env 1 absent throughout: none of column 1's transitions is trainable any more
-    buffer.insert(*newer)
+    buffer.insert(newer)
     assert (stale.indices // T == 1).any()
     buffer.update_priorities(stale.indices, np.full(len(stale.indices), 5.0))
     trainable = targets_of(newer).trainable.T.reshape(-1)
@@ -226,8 +214,8 @@ def test_a_late_priority_update_gives_no_priority_to_a_transition_replaced_by_an
 def filled_buffer(columns: int, seed: int = 0) -> ReplayBuffer:
     """A prioritized buffer of `columns` columns that holds two slots and some updated priorities."""
     buffer = make_buffer(replay_arrays(columns, prioritized=True), seed)
-    buffer.insert(*synthetic_slot(0))
-    buffer.insert(*synthetic_slot(1))
+    buffer.insert(synthetic_slot(0))
+    buffer.insert(synthetic_slot(1))
     sample = buffer.sample(32, beta=0.4)
     buffer.update_priorities(sample.indices, np.linspace(0.0, 4.0, 32))
     buffer.arrays["counters"][REPLAY_INSERTED], buffer.arrays["counters"][REPLAY_SAMPLED] = 2 * T * E, 32

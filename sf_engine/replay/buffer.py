@@ -19,7 +19,7 @@ import numpy as np
 
 from sf_engine.replay.layout import REPLAY_FILLED, REPLAY_NEXT
 from sf_engine.replay.sum_tree import SumTree, importance_weights
-from sf_engine.replay.transform import ReplayTransform, SlotSteps
+from sf_engine.replay.transform import RAW_ARRAYS, ReplayTransform, SlotSteps
 
 PRIORITY_EPS = 1e-6  # added to |TD error| so that no transition's priority falls to 0
 
@@ -42,18 +42,14 @@ class ReplayBuffer:
         """Transitions stored (trainable or not)."""
         return int(self.counters[REPLAY_FILLED]) * self.rollout
 
-    def insert(
-        self, obs: dict, actions, rewards, terminated, truncated, valid, policy_version, rnn_states=None, starts=None
-    ) -> int:
-        """Copy one slot in: obs key -> [T+1, E, *shape], actions [T, E, ...], the others [T, E]; with a recurrent
-        policy also rnn_states [T+1, E, H] and (episode) starts [T+1, E] (SlotSteps). Returns the env steps it held
+    def insert(self, slot: SlotSteps) -> int:
+        """Copy one slot in (its fields time-major: [T+1, E, ...] and [T, E, ...]). Returns the env steps it held
         (T x E). The E columns written next are overwritten (the oldest data)."""
-        steps, envs = rewards.shape
+        steps, envs = slot.rewards.shape
         columns = (int(self.counters[REPLAY_NEXT]) + np.arange(envs)) % self.columns
-        for key, rows in obs.items():
+        for key, rows in slot.obs.items():
             _put_columns(self.obs[key], columns, rows)
-        slot = SlotSteps(obs, actions, rewards, terminated, truncated, valid, policy_version, rnn_states, starts)
-        for name in ("actions", "rewards", "terminated", "truncated", "valid", "policy_version"):
+        for name in RAW_ARRAYS:
             self.arrays[name][columns] = getattr(slot, name).swapaxes(0, 1)
         samplable = self.transform.insert(self.arrays, columns, slot)  # [E, T]
         if self.tree is not None:  # new samples at the running maximum priority, the rest at 0

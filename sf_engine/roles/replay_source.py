@@ -26,7 +26,7 @@ import torch
 from sf_engine.algo.base import TrainingHooks, TrainResult
 from sf_engine.replay.buffer import ReplayBuffer
 from sf_engine.replay.rate_limiter import RateLimiter
-from sf_engine.replay.transform import ReplayTransform
+from sf_engine.replay.transform import ReplayTransform, SlotSteps
 from sf_engine.roles.sources import SourceFigures, in_fill_order, lag_figures
 from sf_engine.runtime.device_slots import settle
 from sf_engine.runtime.transfer import to_device
@@ -157,14 +157,16 @@ class ReplaySource:
         b = self.buffers
         valid, non_finite = b.valid[slot], b.non_finite[slot]
         self.buffer.insert(
-            {key: array[slot] for key, array in self.slot_obs.items()},
-            b.actions[slot],
-            b.rewards[slot],
-            b.terminated[slot],
-            b.truncated[slot],
-            valid,
-            b.policy_version[slot],
-            *((b.rnn_states[slot], b.episode_start[slot]) if b.rnn_states is not None else ()),
+            SlotSteps(
+                {key: array[slot] for key, array in self.slot_obs.items()},
+                b.actions[slot],
+                b.rewards[slot],
+                b.terminated[slot],
+                b.truncated[slot],
+                valid,
+                b.policy_version[slot],
+                *((b.rnn_states[slot], b.episode_start[slot]) if b.rnn_states is not None else ()),
+            )
         )
         if self.observe is not None:  # each trainable step's observation once, as inserted
             self.observe({key: _rows(array[slot][:-1], valid) for key, array in self.slot_obs.items()})

@@ -102,8 +102,6 @@ def _given(config: Config | None, flags: dict) -> dict:
             f"train(config=...): a {type(config).__name__} is no sf_engine.Config; pass flags as keywords instead"
         )
     values = _changed(config) if config is not None else {}
-    if "algo" in flags and "algo" in values and not isinstance(flags["algo"], str):
-        values.pop("algo")
     return given_of_values(values | objects_as_flags(flags))
 
 

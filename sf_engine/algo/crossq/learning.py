@@ -16,6 +16,7 @@ from torch import nn
 from sf_engine.algo.base import CompiledLosses, TrainResult, schedule_learning_rate
 from sf_engine.algo.training_state import Holds, TrainingState
 from sf_engine.model.acting import ActOutput
+from sf_engine.model.encoders import is_builtin
 from sf_engine.model.features import Encoder
 from sf_engine.model.flat_state import FlatAdam, flatten_state
 
@@ -144,9 +145,8 @@ class Inputs(nn.Module):
     def __init__(self, spec, cfg):
         super().__init__()
         self.spec = spec
-        encoder = Encoder(spec, cfg.model)
-        self.encoder = encoder if encoder.user is not None else None  # a built-in encoder: the entries as they are
-        self.size = encoder.out_size if self.encoder is not None else sum(math.prod(s) for _, s, _ in spec.obs)
+        self.encoder = None if is_builtin(cfg.model.encoder) else Encoder(spec, cfg.model)  # built-in: the entries
+        self.size = self.encoder.out_size if self.encoder is not None else sum(math.prod(s) for _, s, _ in spec.obs)
 
     def forward(self, obs: dict) -> torch.Tensor:
         return _flat(self.spec, obs) if self.encoder is None else self.encoder(obs)
