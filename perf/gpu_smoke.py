@@ -3,11 +3,12 @@
   python perf/gpu_smoke.py [--device cuda] [--parallel 4]
 Runs, each with --device cuda for 15 s (30 s with --compile), `--parallel` at a time: every built-in algorithm
 (PPO with --compile and an evaluator, with a GRU core, with a user's encoder from a file of the user's directory;
-DQN, PQN and R2D2 on CartPole-v1; SAC and TD3 on Pendulum-v1, SAC also with --compile). Checks that the policy
-worker acted on the GPU, the learner shared its weights there (CUDA IPC), a version was published, and no rollout
-worker held a CUDA context (nvidia-smi lists the processes holding one). Then enjoy.py --device cuda on the first
-run, and sf_engine.load_policy(..., device="cuda") on every run's checkpoint, acting on a batch of the env's
-observations. Prints one JSON line: each check and `ok` (and each run's result to stderr as it ends).
+DQN, QR-DQN, PQN and R2D2 on CartPole-v1; SAC, TD3 and CrossQ (compiled, its default) on Pendulum-v1, SAC also
+with --compile). Checks that the policy worker acted on the GPU, the learner shared its weights there (CUDA IPC), a
+version was published, and no rollout worker held a CUDA context (nvidia-smi lists the processes holding one).
+Then enjoy.py --device cuda on the first run, and sf_engine.load_policy(..., device="cuda") on every run's
+checkpoint, acting on a batch of the env's observations. Prints one JSON line: each check and `ok` (and each run's
+result to stderr as it ends).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ RUNS = {  # name -> (env, flags); each run 15 s, the compiling ones 30 s (they c
     "cartpole_gru": ("CartPole-v1", ["--rnn", "gru", "--rnn_size", "64"]),
     "cartpole_user_encoder": ("CartPole-v1", ["--encoder", "my_encoder:make"]),
     "cartpole_dqn": ("CartPole-v1", ["--algo", "dqn"]),
+    "cartpole_qrdqn": ("CartPole-v1", ["--algo", "qrdqn"]),
     "cartpole_pqn": ("CartPole-v1", ["--algo", "pqn"]),
     "cartpole_r2d2": ("CartPole-v1", ["--algo", "r2d2"]),
     "pendulum_sac": ("Pendulum-v1", ["--algo", "sac"]),
     "pendulum_td3": ("Pendulum-v1", ["--algo", "td3"]),
     "pendulum_sac_compile": ("Pendulum-v1", ["--algo", "sac", "--compile", "true", "--train_for_seconds", "30"]),
+    "pendulum_crossq": ("Pendulum-v1", ["--algo", "crossq", "--train_for_seconds", "30"]),
 }
 RUN_LIMIT_SEC = 90  # a run (15 or 30 s, start-up and compiling included) still going then is killed and fails
 ENCODER = """import torch

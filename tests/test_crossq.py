@@ -15,6 +15,7 @@ from test_sac_runs import PENDULUM
 from sf_engine.algo.base import TrainingHooks
 from sf_engine.algo.batch import ReplayBatch
 from sf_engine.algo.crossq.learning import BatchRenorm, CrossQ
+from sf_engine.config.groups import ConfigError
 from sf_engine.model.acting import GREEDY, ActContext
 from sf_engine.run.plan import build_plan
 
@@ -52,8 +53,24 @@ def test_batch_renorm_is_batch_norm_in_its_warm_up_then_corrected_toward_the_run
 
 
 def _plan(tmp_path, *flags):
+    """A small CrossQ's plan on Pendulum, eager unless `flags` say --compile (its default)."""
     base = ["--algo", "crossq", "--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--mode", "serial"]
+    base += [] if "--compile" in flags else ["--compile", "false"]
     return build_plan(base + ["--num_workers", "1", "--critic_hidden_size", "32", "--hidden_size", "16", *flags])
+
+
+def test_it_compiles_by_default_and_without_a_compiler_says_so_in_one_line(tmp_path, monkeypatch):
+    """--compile is CrossQ's default (not SAC's); where torch.compile would find no C++ compiler the plan refuses it
+    in one line naming the way out, before anything starts."""
+    assert build_plan(["--algo", "crossq", "--env", "Pendulum-v1", "--train_dir", str(tmp_path)]).cfg.run.compile
+    assert not build_plan(["--algo", "sac", "--env", "Pendulum-v1", "--train_dir", str(tmp_path)]).cfg.run.compile
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(ConfigError, match=r"^--compile: .*C\+\+ compiler.*pass --compile false$"):
+        build_plan(["--algo", "crossq", "--env", "Pendulum-v1", "--train_dir", str(tmp_path)])
+    assert not build_plan(
+        ["--algo", "crossq", "--env", "Pendulum-v1", "--train_dir", str(tmp_path), "--compile", "false"]
+    ).cfg.run.compile
+    assert os.listdir(tmp_path) == []
 
 
 def _batch(rows: int = 64) -> ReplayBatch:

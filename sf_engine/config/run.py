@@ -45,9 +45,9 @@ class RunConfig:
         "Compile the hot paths: the policy worker's forward at a few fixed batch sizes (each batch padded to "
         "the next; CUDA graphs on a GPU, torch.compile on the CPU), PPO's feed-forward learner forward "
         "(torch.compile), SAC's and TD3's losses and CrossQ's critic loss (torch.compile; with CUDA graphs on a "
-        "GPU). Compiling takes seconds to a minute at the start; off by default: on an H100 a learner-bound CartPole "
-        "run was 4% slower with it, and on the CPU SAC's and TD3's updates were 4-16% slower (CrossQ's about 1.5x "
-        "faster).",
+        "GPU). Compiling takes seconds to a minute at the start. Needs a C++ compiler. Off by default but for "
+        "--algo crossq: on an H100 a learner-bound CartPole run was 4% slower with it, on the CPU SAC's and TD3's "
+        "updates 4-16% slower, CrossQ's about 1.45x faster.",
     )
     deterministic: bool = _f(
         False,

@@ -4,6 +4,9 @@ directly, so a run without a GPU never imports torch for it."""
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
+import sys
 
 
 def cuda_device_count() -> int:
@@ -40,6 +43,12 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch.compile would call (its inductor's: $CXX, else g++, clang++ on macOS), where it is on
+    PATH; None where it is not, and torch.compile would fail at its first call."""
+    return shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++"))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)

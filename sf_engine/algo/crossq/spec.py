@@ -67,7 +67,9 @@ def check_env(cfg, env_spec) -> None:
 
 # Stable-Baselines3-contrib's CrossQ: a 256 x 2 ReLU actor, 1024 x 2 critics, batch renormalization in both, Adam
 # 1e-3 with beta1 0.5, batch 256, no target networks, the actor every 3 updates; one update per env step as SAC's
-# replay ratio of 256 would be on this machine's learner, so the same ratio as our SAC's, 64
+# replay ratio of 256 would be on this machine's learner, so the same ratio as our SAC's, 64. Compiled: its critics'
+# loss, many small ops of the renormalization, makes about 1.45x the updates per second through torch.compile on the
+# CPU (HalfCheetah after 15 minutes on two cores: 7,371 and 7,501 against 6,654 eager; docs/sac.md)
 SPEC = AlgorithmSpec(
     learner="sf_engine.algo.crossq.learning:CrossQ",
     description="CrossQ (Bhatt et al. 2024) for Box action spaces on the replay buffer: SAC without target networks, "
@@ -99,6 +101,7 @@ SPEC = AlgorithmSpec(
             "num_envs_per_worker": 4,
             "rollout": 16,
             "learner_threads": 2,
+            "compile": True,
         },
     },
 )
