@@ -6,8 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from .spec import EnvSpec
+
+# the ways a batch of envs may reset an ended env that the engine takes (envs.device says what each means)
+AUTORESET_MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
 
 @dataclass

@@ -31,6 +31,7 @@ import importlib.util
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
+from .batch import AUTORESET_MODES, StepResult
 from .jax_bridge import JAX_ENV_PREFIXES, jax_env_class, jax_env_prefix
 from .spec import EnvError
 from .user_code import import_user_module, user_attribute
@@ -41,8 +42,6 @@ DEVICE_ENV_IDS = {
     "TorchAcrobot-v1": "TorchAcrobot",
     "TorchPendulum-v1": "TorchPendulum",
 }
-
-AUTORESET_MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
 
 def device_env_class(env_id: str):
@@ -124,8 +123,6 @@ class DeviceBatchEnv:
 
     def step(self, actions):
         import torch
-
-        from .batch import StepResult
 
         actions = torch.as_tensor(self.spec.action.env_actions(actions), device=self._env.device)
         obs, rewards, terminated, truncated, _ = (

@@ -14,7 +14,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from .device import AUTORESET_MODES
+from .batch import AUTORESET_MODES
 
 
 class TorchVectorEnv(gymnasium.vector.VectorEnv):
