@@ -86,12 +86,7 @@ class PolicyValueModel(nn.Module):
 
     def update_normalizers(self, obs: dict, returns: torch.Tensor) -> None:
         """Learner only: merge a batch's observation and return statistics (valid samples only)."""
-        encoder = self.input_encoder
-        for key, normalizer in encoder.normalizers.items():
-            if key in encoder.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
-                normalizer.update(obs[key][::4].float().div_(255.0))
-            else:
-                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+        self.input_encoder.update_normalizers(obs)
         if self.return_normalizer is not None:
             self.return_normalizer.update(returns)
 

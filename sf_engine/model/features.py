@@ -190,6 +190,15 @@ class Encoder(nn.Module):
         x = x.reshape(x.shape[0], -1).float()
         return self.normalizers[key].normalize(x) if key in self.normalizers else x
 
+    def update_normalizers(self, obs: dict) -> None:
+        """With --normalize_input: merge the observations `obs` (key -> [N, *shape]) into each entry's running
+        statistics (learner only)."""
+        for key, normalizer in self.normalizers.items():
+            if key in self.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
+                normalizer.update(obs[key][::4].float().div_(255.0))
+            else:
+                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+
     def user_inputs(self, obs: dict):
         """What a user's module receives: per entry a contiguous float32 tensor [B, *shape], shaped as the env
         gives it (images [B, C, H, W] or [B, H, W, C] alike), uint8 entries scaled to [0, 1], images normalized

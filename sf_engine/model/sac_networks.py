@@ -13,6 +13,7 @@ actor and each critic have one of their own, which receives those inputs split b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -21,8 +22,8 @@ from torch import nn
 from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.acting import ActContext, ActOutput
 from sf_engine.model.cnn import init_layer
-from sf_engine.model.encoders import is_builtin, user_network
-from sf_engine.model.features import RunningMeanStd
+from sf_engine.model.encoders import is_builtin
+from sf_engine.model.features import Encoder, RunningMeanStd
 from sf_engine.model.kernels import mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log-std is clamped here (Stable-Baselines3's bounds)
@@ -33,21 +34,18 @@ def vector_size(spec) -> int:
     return sum(int(math.prod(shape)) for key, shape, _ in spec.obs if key != ACTION_MASK_KEY)
 
 
-class UserFeatures(nn.Module):
-    """A user's encoder over SAC's inputs x [B, in_size] (the vector entries side by side, normalized with
-    --normalize_input): x split back into its entries, float32 [B, *shape] (a dict of them for a Dict observation,
-    the tensor alone for a Box one), through the user's module -> features [B, out_size]."""
+class UserFeatures(Encoder):
+    """A user's encoder over SAC's inputs x [B, in_size] (the vector entries side by side, already normalized with
+    --normalize_input): x split back into its entries, float32 [B, *shape], through the engine's Encoder (which gives
+    the user's module a dict of them for a Dict observation, the tensor alone for a Box one) -> features
+    [B, out_size]."""
 
     def __init__(self, spec, mcfg):
-        super().__init__()
-        self.entries = [(key, shape) for key, shape, _ in spec.obs if key != ACTION_MASK_KEY]
-        self.is_dict = spec.is_dict
-        self.user, self.out_size = user_network(mcfg.encoder, spec)
+        super().__init__(spec, dataclasses.replace(mcfg, normalize_input=False))  # x comes normalized
+        self.sizes = [int(math.prod(self.shapes[key])) for key in self.keys]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = x.split([int(math.prod(shape)) for _, shape in self.entries], dim=1)
-        inputs = {key: part.reshape(-1, *shape) for (key, shape), part in zip(self.entries, parts)}
-        return self.user(inputs if self.is_dict else inputs["obs"])
+        return super().forward(dict(zip(self.keys, x.split(self.sizes, dim=1))))
 
 
 class MLPStack(nn.Module):
