@@ -146,8 +146,8 @@ def test_every_spec_names_classes_that_exist_and_its_flags():
         assert set(spec.pbt) <= flags and all(isinstance(r, Range) and r.low < r.high for r in spec.pbt.values()), name
 
 
-# where an algorithm's name is a word of another flag, or --algo's default: --weight_init's 'ppo' is PPO's
-# orthogonal init, for any algorithm
+# where an algorithm's name is a word of another flag, or --algo's default: --weight_init reads 'ppo', the former
+# name of its 'scaled' orthogonal init (any algorithm's), from old command lines and saved configs
 NOT_AN_ALGORITHM = {"weight_init", "algo"}
 
 

@@ -272,3 +272,27 @@ def test_config_values_of_the_wrong_type_are_refused(tmp_path, text, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(text)
     assert "is not a valid" in train_error(["--config", str(bad)], tmp_path / "runs", capsys)
+
+
+def test_a_choice_by_its_former_name_is_read_as_its_name_now(tmp_path, shm_dir):
+    """--weight_init's 'ppo' is 'scaled' now: from the command line, train()'s keywords, a --config file, and the
+    config.json of an experiment it ran in, which resumes as the same model."""
+    from sf_engine.config.cli import given_of_values
+    from sf_engine.run.plan import build_plan
+    from sf_engine.run.runner import run
+
+    base = ["--experiment", "old", "--mode", "serial", "--shm_dir", shm_dir, "--train_dir", str(tmp_path)]
+    base += ["--num_workers", "1", "--num_envs_per_worker", "8", "--batch_size", "256"]
+    plan = build_plan(base + ["--weight_init", "ppo", "--train_for_env_steps", "2000"])
+    assert plan.cfg.model.weight_init == "scaled"
+    assert given_of_values({"weight_init": "ppo"})["model"]["weight_init"] == "scaled"
+    assert run(plan) == 0
+    config = tmp_path / "old" / "config.json"
+    saved = read_json(config)
+    assert saved["model"]["weight_init"] == "scaled"
+    saved["model"]["weight_init"] = "ppo"  # as a run of an earlier version wrote it
+    config.write_text(json.dumps(saved))
+    resumed = build_plan(base + ["--train_for_env_steps", "4000"])  # the same model: no refusal
+    assert resumed.resume_from is not None and resumed.cfg.model.weight_init == "scaled"
+    rerun = build_plan(["--config", str(config), "--experiment", "new", "--train_dir", str(tmp_path)])
+    assert rerun.cfg.model.weight_init == "scaled"

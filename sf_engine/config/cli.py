@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 
 from sf_engine.config.algorithms import algorithm_spec
-from sf_engine.config.fields import type_name
+from sf_engine.config.fields import current_name, type_name
 from sf_engine.config.groups import (
     GROUPS,
     Config,
@@ -35,7 +35,7 @@ def value_type(fld) -> tuple:
     if kind == "bool":
         return _str_to_bool, None
     if "choices" in fld.metadata:
-        return str, fld.metadata["choices"]
+        return (lambda text: current_name(fld, text)) if "renamed" in fld.metadata else str, fld.metadata["choices"]
     return fld.metadata.get("type", {"int": int, "float": float, "str": str}.get(kind, str)), None
 
 
@@ -92,7 +92,7 @@ def build_parser(algo: str | None = None) -> argparse.ArgumentParser:
             if convert is _str_to_bool:
                 kwargs.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
             elif choices:
-                kwargs.update(choices=choices)
+                kwargs.update(choices=choices, type=convert)
             else:
                 kwargs.update(type=convert, metavar=fld.name.upper())
             taken[fld.name] = group.add_argument(f"--{fld.name}", **kwargs)
@@ -168,6 +168,7 @@ def _value_of(parser: FlagParser, name: str, fld, value):
         value = ",".join(str(item) for item in value)
     text = value if isinstance(value, str) else str(value)
     if choices:
+        text = convert(text)
         if text not in choices:
             parser.error(f"--{name}: invalid choice: {text!r} (choose from {', '.join(map(repr, choices))})")
         return text

@@ -12,8 +12,15 @@ class ConfigError(ValueError):
 
 
 def flag_field(default, help_text: str, **kw):
-    """A config field: its default, the --help text, and (kw) choices or a type for the command line."""
+    """A config field: its default, the --help text, and (kw) choices or a type for the command line; `renamed`:
+    {former name: name} of the choices that had another name, still read from command lines and saved configs."""
     return field(default=default, metadata={"help": help_text, **kw})
+
+
+def current_name(fld, value):
+    """`value` of the field `fld` by its name now (a choice's former name, `renamed` in its metadata, is read as the
+    name it has now)."""
+    return fld.metadata.get("renamed", {}).get(value, value) if isinstance(value, str) else value
 
 
 def type_name(fld) -> str:

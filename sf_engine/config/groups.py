@@ -12,7 +12,7 @@ from typing import Optional
 
 from sf_engine.config.algorithms import AlgorithmSpec, algorithm_names, algorithm_spec, built_in_algorithms
 from sf_engine.config.env import EnvConfig
-from sf_engine.config.fields import ConfigError, int_or_auto
+from sf_engine.config.fields import ConfigError, current_name, int_or_auto
 from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
@@ -75,10 +75,11 @@ class ModelConfig:
     mlp_layers: int = _f(2, "Hidden layers of the MLP for vector observations.")
     activation: str = _f("tanh", "Nonlinearity of the MLP layers.", choices=("tanh", "relu"))
     weight_init: str = _f(
-        "ppo",
-        "Orthogonal weight init: 'ppo' (gain sqrt(2) in hidden layers, 0.01 on the policy "
-        "head, 1 on the value head) or 'unit' (gain 1 everywhere, Sample Factory's).",
-        choices=("ppo", "unit"),
+        "scaled",
+        "Orthogonal weight init: 'scaled' (gain sqrt(2) in hidden layers, 0.01 on the policy head, 1 on the value "
+        "head; its former name 'ppo' is read as it) or 'unit' (gain 1 everywhere, Sample Factory's).",
+        choices=("scaled", "unit"),
+        renamed={"ppo": "scaled"},
     )
     actor_critic: str = _f(
         "auto",
@@ -108,6 +109,11 @@ class ModelConfig:
         "Class(observation_space, action_space) -> torch.nn.Module, forward(obs) -> (distribution parameters "
         "[B, P], values [B]); feed-forward (docs/api.md, your own network).",
     )
+
+    def __post_init__(self):
+        """A choice by its former name (a saved config.json's, a checkpoint's) is read as the name it has now."""
+        for fld in dataclasses.fields(self):
+            object.__setattr__(self, fld.name, current_name(fld, getattr(self, fld.name)))
 
 
 @dataclass(frozen=True)

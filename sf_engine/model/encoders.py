@@ -141,7 +141,7 @@ def check_encoder(cfg, spec) -> list:
     network, features = user_network(name, spec)
     parameters = sum(p.numel() for p in network.parameters())
     skipped = "the compiled CPU kernels" + (" and --bf16's bfloat16 weight copies" if cfg.run.bf16 else "")
-    unused = {"--layer_norm": cfg.q.layer_norm, "--weight_init": cfg.model.weight_init != "ppo"}
+    unused = {"--layer_norm": cfg.q.layer_norm, "--weight_init": cfg.model.weight_init != "scaled"}
     flags = [flag for flag, used in unused.items() if used]
     left = f"; {' and '.join(flags)} leave{'s' if len(flags) == 1 else ''} it as it is" if flags else ""
     return [

@@ -56,7 +56,7 @@ def check_model(cfg, spec) -> list:
     network = user_model(name, spec)
     parameters = sum(p.numel() for p in network.parameters())
     skipped = "the compiled CPU kernels" + (" and --bf16's bfloat16 weight copies" if cfg.run.bf16 else "")
-    init = "; --weight_init leaves it as it is" if mcfg.weight_init != "ppo" else ""
+    init = "; --weight_init leaves it as it is" if mcfg.weight_init != "scaled" else ""
     return [
         f"--model {name}: a user's whole network ({parameters:,} parameters); it runs as plain torch ops"
         f"{' under bfloat16 autocast' if cfg.run.bf16 else ''}: {skipped} are the built-in networks' only{init}"
