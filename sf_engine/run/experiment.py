@@ -192,13 +192,16 @@ def _remove_leftovers(experiment_dir: str, shm_dir: str) -> list:
 
 
 def started_sec(process) -> float:
-    """Seconds from the machine's boot to the start of `process` (a psutil.Process): its start in clock ticks,
-    which setting the clock does not move (psutil's create_time adds the kernel's boot time, which follows the
-    clock in whole seconds, so a process's create_time can jump by one between two reads)."""
+    """Seconds from the machine's boot to the start of `process` (a psutil.Process): its start in clock ticks as
+    the kernel keeps it (/proc/PID/stat), exact and unmoved by setting the clock (psutil's create_time adds the
+    kernel's boot time, which follows the clock in whole seconds, so two reads of it could differ).
+    psutil.NoSuchProcess where the process is gone."""
     try:
-        return process.create_time(monotonic=True)
-    except TypeError:  # psutil before 7.1: the boot time read just now taken off again
-        return round(process.create_time() - psutil.boot_time(), 2)
+        with open(f"/proc/{process.pid}/stat", "rb") as f:
+            after_name = f.read().rsplit(b")", 1)[1].split()  # the fields after the command's name, the 3rd on
+        return int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # the 22nd: starttime
+    except (OSError, IndexError, ValueError):
+        raise psutil.NoSuchProcess(process.pid) from None
 
 
 def _alive(row: dict) -> bool:
