@@ -187,15 +187,16 @@ def test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory(
 @pytest.mark.parametrize(
     "env, algo, env_steps, flags, floor",
     [
-        ("TorchCartPole-v1", "ppo", 400_000, [], 300.0),
+        ("TorchCartPole-v1", "ppo", 600_000, [], 300.0),
         ("TorchCartPole-v1", "dqn", 60_000, [], 150.0),
         ("TorchCartPole-v1", "pqn", 200_000, ["--num_envs_per_worker", "32", "--batch_size", "256"], 80.0),
         ("TorchPendulum-v1", "sac", 4_000, ["--batch_size", "64", "--learning_starts", "1000"], None),
     ],
 )
 def test_each_algorithm_trains_on_a_shipped_device_env_in_serial_mode(tmp_path, env, algo, env_steps, flags, floor):
-    """Budgets in env steps, floors far below what each reaches (PPO about 450, DQN about 200; PQN as in its
-    Gymnasium test, random play about 22); SAC on Pendulum only runs (its learning is the async figure's)."""
+    """Budgets in env steps, floors far below what each reaches (PPO 500 in 8 runs of 8, where at 400,000 env steps
+    it ended anywhere from 296 to 500; DQN about 200; PQN as in its Gymnasium test, random play about 22); SAC on
+    Pendulum only runs (its learning is the async figure's)."""
     result = run_train(
         ["--env", env, "--algo", algo, "--mode", "serial", "--train_for_env_steps", str(env_steps)]
         + ["--epsilon_decay_env_steps", "50000", *flags],
