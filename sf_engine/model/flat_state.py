@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -80,13 +82,24 @@ class FlatAdam:
         self.param.grad = self.grad
         self.param_groups = [_adam_group(lr, eps, fused=flat.device.type in ("cpu", "cuda"))]
         self.state: dict = {}  # step (float32 scalar on the parameter's device), exp_avg, exp_avg_sq
+        # data-parallel learners (sf_engine.runtime.ranks): the gradient's mean over the ranks, in place, taken
+        # once per gradient (by clip_grad_norm, else by step); None: one learner
+        self.average: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._averaged = False
 
     def zero_grad(self) -> None:
         self.grad.zero_()
+        self._averaged = False
+
+    def _average(self) -> None:
+        if self.average is not None and not self._averaged:
+            self.average(self.grad)
+            self._averaged = True
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """Scale the gradient to norm <= max_norm (torch.nn.utils.clip_grad_norm_'s rule; 0: no
-        clipping); returns the norm before."""
+        """Scale the gradient (with several learner ranks, its mean over them) to norm <= max_norm
+        (torch.nn.utils.clip_grad_norm_'s rule; 0: no clipping); returns the norm before."""
+        self._average()
         norm = torch.linalg.vector_norm(self.grad)
         if max_norm > 0:
             self.grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
@@ -96,6 +109,7 @@ class FlatAdam:
     def step(self) -> None:
         """One Adam step: torch's fused Adam kernel on the flat vector where torch has it for the device (without
         Optimizer.step's own Python, about 25 us per call: 2% of a CartPole minibatch), else its arithmetic."""
+        self._average()
         group, state = self.param_groups[0], self.state
         if not state:  # as torch's Adam initializes it
             state["step"] = torch.zeros((), dtype=torch.float32, device=self.param.device)

@@ -1,0 +1,104 @@
+"""The ranks of one policy's learner, joined by torch.distributed: data-parallel learning.
+
+N learner processes (ranks) train one policy, each on its own share of the data. Before each optimizer step the
+gradient, one flat vector per optimizer (sf_engine.model.flat_state.FlatAdam), is summed over the ranks and divided
+by N (`average_`), so every rank takes the same step from the same weights and holds the same weights after it, bit
+for bit: `checksum` sums the weights' bits, and `same_everywhere` compares the ranks' sums. NCCL between GPUs, gloo on
+the CPU (several ranks may share the host). Every collective runs under the group's timeout: where a rank died or
+hangs, the others get a CollectiveError of one line naming the operation and the rank, never a hang.
+
+Runs in each learner process; the ranks meet through a rendezvous file (`file://`, on one machine) or an address
+(`tcp://HOST:PORT`, or torchrun's environment: `env://`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    """A collective of the learner's ranks did not complete (a rank died, hangs, or disagrees): one line."""
+
+
+class RankGroup:
+    def __init__(self, rank: int, world: int, init_method: str, device: torch.device, timeout_sec: float):
+        """Join the group of `world` ranks as `rank` (blocks until all have joined, at most `timeout_sec`); the
+        collectives run on `device`'s backend (NCCL for CUDA, gloo otherwise)."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not one of the {world} ranks")
+        self.rank, self.world, self.device, self.timeout_sec = rank, world, device, timeout_sec
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self._run(
+            "joining the group",
+            lambda: dist.init_process_group(
+                backend,
+                init_method=init_method,
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=timeout_sec),
+                # NCCL: the device of this rank, known at once (a lazy init would pick cuda:0 on every rank)
+                **({"device_id": device} if backend == "nccl" else {}),
+            ),
+        )
+
+    def _run(self, what: str, call: Callable):
+        try:
+            return call()
+        except (RuntimeError, ValueError) as exc:  # torch's DistBackendError and timeouts are RuntimeErrors
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CollectiveError(
+                f"learner rank {self.rank} of {self.world}: {what} did not complete within {self.timeout_sec:g} s "
+                f"(another rank died or hangs): {first}"
+            ) from exc
+
+    def average_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` (a gradient) replaced by its mean over the ranks, in place; returned."""
+        self._run("a gradient all-reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+        return tensor.div_(self.world)
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` replaced by its sum over the ranks (figures: samples, books), in place; returned."""
+        self._run("a sum of figures", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+        return tensor
+
+    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` replaced by its elementwise maximum over the ranks, in place; returned."""
+        self._run("a maximum over the ranks", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))
+        return tensor
+
+    def broadcast_(self, tensor: torch.Tensor, source: int = 0) -> torch.Tensor:
+        """`tensor` replaced by rank `source`'s, in place; returned."""
+        self._run(f"a broadcast from rank {source}", lambda: dist.broadcast(tensor, src=source))
+        return tensor
+
+    def same_everywhere(self, value: int) -> bool:
+        """Whether every rank passed the same integer (a checksum): one all-reduce of (value, -value) by maximum."""
+        both = torch.tensor([value, -value], dtype=torch.int64, device=self._collective_device())
+        self.max_(both)
+        return int(both[0]) == -int(both[1])
+
+    def agree(self, flags: list[int]) -> list[int]:
+        """Each of `flags` (non-negative integers: stop, a batch not ready, a count) at its maximum over the ranks,
+        so that every rank takes the same branch."""
+        values = torch.tensor(flags, dtype=torch.int64, device=self._collective_device())
+        return [int(v) for v in self.max_(values).tolist()]
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def close(self) -> None:
+        """Leave the group (its rendezvous file is the caller's)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def checksum(*flats: torch.Tensor) -> int:
+    """The sum of the bits of float32 vectors read as int32 (a change of any weight in any bit changes it but by
+    chance; the same weights give the same sum on any device)."""
+    return sum(int(flat.detach().view(torch.int32).sum(dtype=torch.int64)) for flat in flats)

@@ -1,0 +1,144 @@
+"""Data-parallel learner ranks (sf_engine.runtime.ranks) over gloo, two processes on this host: the averaged
+gradient is the mean of the ranks' gradients on their halves of a batch, the ranks' weights stay bit-identical step
+after step (and close to one learner's on the whole batch), and a collective a rank never joins ends in one line
+within the timeout instead of a hang."""
+
+import multiprocessing
+import time
+import traceback
+
+import pytest
+import torch
+from torch import nn
+
+from sf_engine.model.flat_state import FlatAdam, flatten_state
+from sf_engine.runtime.ranks import CollectiveError, RankGroup, checksum
+
+STEPS = 5
+BATCH = 64
+
+
+def _network():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+    return model, flatten_state(model)
+
+
+def _batch(step: int):
+    generator = torch.Generator().manual_seed(100 + step)
+    x = torch.randn(BATCH, 4, generator=generator)
+    return x, torch.randn(BATCH, 2, generator=generator) + x[:, :2]
+
+
+def _gradient_and_step(model, optimizer, x, y) -> torch.Tensor:
+    """One update on (x, y); returns the gradient it stepped with (after the ranks' mean, before clipping)."""
+    optimizer.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    optimizer.clip_grad_norm(10.0)
+    gradient = optimizer.grad.clone()  # clipping at 10 leaves these gradients as they are
+    optimizer.step()
+    return gradient
+
+
+def _train_rank(rank: int, init: str, results) -> None:
+    try:
+        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
+        model, flat = _network()
+        optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
+        optimizer.average = group.average_
+        sums, gradients = [], []
+        for step in range(STEPS):
+            x, y = _batch(step)
+            half = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+            gradients.append(_gradient_and_step(model, optimizer, x[half], y[half]))
+            sums.append(checksum(flat))
+            assert group.same_everywhere(sums[-1])
+        results.put((rank, sums, gradients, flat.clone()))
+        group.close()
+    except BaseException:
+        results.put((rank, traceback.format_exc(), None, None))
+
+
+def _run_ranks(target, tmp_path, *args) -> dict:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    processes = [context.Process(target=target, args=(rank, init, results, *args)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    out = {}
+    try:
+        for _ in processes:
+            rank, *rest = results.get(timeout=120)
+            out[rank] = rest
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    return out
+
+
+def test_two_ranks_step_with_the_mean_gradient_and_hold_the_same_weights_bit_for_bit(tmp_path):
+    out = _run_ranks(_train_rank, tmp_path)
+    for rank in (0, 1):
+        assert not isinstance(out[rank][0], str), out[rank][0]
+    assert out[0][0] == out[1][0]  # the checksums of the two ranks' weights, step after step
+    assert torch.equal(out[0][2], out[1][2])
+    # one learner, the same halves: its gradients' mean is the gradient the ranks stepped with
+    model, flat = _network()
+    optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
+    x, y = _batch(0)
+    halves = []
+    for half in (slice(0, BATCH // 2), slice(BATCH // 2, BATCH)):
+        optimizer.zero_grad()
+        ((model(x[half]) - y[half]) ** 2).mean().backward()
+        halves.append(optimizer.grad.clone())
+    torch.testing.assert_close(out[0][1][0], (halves[0] + halves[1]) / 2)
+    # ... and trained on the whole batches it ends where the ranks do (the same steps, sums in another order)
+    model, flat = _network()
+    optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
+    for step in range(STEPS):
+        _gradient_and_step(model, optimizer, *_batch(step))
+    torch.testing.assert_close(out[0][2], flat, rtol=1e-4, atol=1e-5)
+    assert checksum(flat) != out[0][0][0]  # the checksum sees the weights move
+
+
+def _one_rank_never_comes(rank: int, init: str, results) -> None:
+    try:
+        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=3)
+        if rank == 1:
+            time.sleep(30)  # joined, then hangs: never takes part in the all-reduce
+            return
+        started = time.monotonic()
+        try:
+            group.average_(torch.ones(10))
+            results.put((rank, "the all-reduce completed", None))
+        except CollectiveError as exc:
+            results.put((rank, str(exc), time.monotonic() - started))
+    except BaseException:
+        results.put((rank, traceback.format_exc(), None))
+
+
+def test_a_collective_a_rank_never_joins_ends_in_one_line_within_the_timeout(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    processes = [context.Process(target=_one_rank_never_comes, args=(r, init, results)) for r in range(2)]
+    for process in processes:
+        process.start()
+    try:
+        rank, message, waited = results.get(timeout=120)
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()
+    assert rank == 0 and waited is not None, message
+    assert message.startswith("learner rank 0 of 2: a gradient all-reduce did not complete within 3 s")
+    assert "\n" not in message
+    assert waited < 30
+
+
+def test_a_rank_outside_the_group_is_refused():
+    with pytest.raises(ValueError, match="rank 2 is not one of the 2 ranks"):
+        RankGroup(2, 2, "file:///nonexistent", torch.device("cpu"), timeout_sec=1)
