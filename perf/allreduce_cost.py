@@ -27,14 +27,13 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from learner_step import build, fill  # noqa: E402
+from learner_step import build, fill, train_step  # noqa: E402
 
 
 def _rank(rank: int, world: int, init: str, flags: list, steps: int, results) -> None:
     """One rank's timed learner steps (all ranks start together after warm-up), with the checksums compared."""
     import torch
 
-    from sf_engine.runtime.ipc import get_many
     from sf_engine.runtime.ranks import RankGroup, checksum
 
     shm_dir = tempfile.mkdtemp(prefix=f"sf_engine_allreduce_{rank}_", dir="/dev/shm")
@@ -59,10 +58,7 @@ def _rank(rank: int, world: int, init: str, flags: list, steps: int, results) ->
             params = learner.policies[0].params
 
             def step():
-                learner.version = 0
-                learner.train_on(slots)
-                get_many(queues.free_slots, 0)
-                get_many(queues.stats, 0)
+                train_step(learner, queues, slots)
                 if group is not None and not group.same_everywhere(checksum(params)):
                     raise RuntimeError(f"rank {rank}: the ranks' weights differ after a step")
 

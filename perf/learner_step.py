@@ -83,6 +83,16 @@ def build(flags: list, shm_dir: str):
     return plan, buffers, queues, learner
 
 
+def train_step(learner, queues, slots: list) -> None:
+    """One learner step on the filled `slots`, as the learner's loop takes it."""
+    from sf_engine.runtime.ipc import get_many
+
+    learner.version = 0  # every sample stays within --max_policy_lag
+    learner.train_on(slots)
+    get_many(queues.free_slots, 0)  # the slots handed back, and the stats sent, are dropped here
+    get_many(queues.stats, 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
@@ -92,7 +102,6 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="Ops listed from the profile.")
     args, extra = parser.parse_known_args()
     flags = [x for x in extra if x != "--"]
-    from sf_engine.runtime.ipc import get_many
     from sf_engine.stats.stages import StageTimer
 
     plan, buffers, queues, learner = build(flags, "/dev/shm")
@@ -103,10 +112,7 @@ def main() -> None:
         fill(buffers, plan.spec, rng)
 
         def step():
-            learner.version = 0  # every sample stays within --max_policy_lag
-            learner.train_on(slots)
-            get_many(queues.free_slots, 0)  # the slots handed back, and the stats sent, are dropped here
-            get_many(queues.stats, 0)
+            train_step(learner, queues, slots)
 
         for _ in range(3):
             step()

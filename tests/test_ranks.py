@@ -59,23 +59,26 @@ def _train_rank(rank: int, init: str, results) -> None:
         results.put((rank, traceback.format_exc(), None, None))
 
 
-def _run_ranks(target, tmp_path, *args) -> dict:
+def _run_ranks(target, tmp_path, reporting: int = 2) -> dict:
+    """rank -> what it reported, of two ranks running `target`, the first `reporting` reports; then every rank that
+    has not ended is killed (at once where a rank reports nothing)."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     init = f"file://{tmp_path / 'rendezvous'}"
-    processes = [context.Process(target=target, args=(rank, init, results, *args)) for rank in range(2)]
+    processes = [context.Process(target=target, args=(rank, init, results)) for rank in range(2)]
     for process in processes:
         process.start()
     out = {}
     try:
-        for _ in processes:
+        for _ in range(reporting):
             rank, *rest = results.get(timeout=120)
             out[rank] = rest
     finally:
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=30 if reporting == len(processes) else 0)
             if process.is_alive():
                 process.kill()
+                process.join()
     return out
 
 
@@ -121,19 +124,10 @@ def _one_rank_never_comes(rank: int, init: str, results) -> None:
 
 
 def test_a_collective_a_rank_never_joins_ends_in_one_line_within_the_timeout(tmp_path):
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    init = f"file://{tmp_path / 'rendezvous'}"
-    processes = [context.Process(target=_one_rank_never_comes, args=(r, init, results)) for r in range(2)]
-    for process in processes:
-        process.start()
-    try:
-        rank, message, waited = results.get(timeout=120)
-    finally:
-        for process in processes:
-            process.kill()
-            process.join()
-    assert rank == 0 and waited is not None, message
+    out = _run_ranks(_one_rank_never_comes, tmp_path, reporting=1)
+    assert list(out) == [0], out
+    message, waited = out[0]
+    assert waited is not None, message
     assert message.startswith("learner rank 0 of 2: a gradient all-reduce did not complete within 3 s")
     assert "\n" not in message
     assert waited < 30

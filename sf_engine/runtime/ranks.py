@@ -62,32 +62,11 @@ class RankGroup:
         self._run("a gradient all-reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
         return tensor.div_(self.world)
 
-    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` replaced by its sum over the ranks (figures: samples, books), in place; returned."""
-        self._run("a sum of figures", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
-        return tensor
-
-    def max_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` replaced by its elementwise maximum over the ranks, in place; returned."""
-        self._run("a maximum over the ranks", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))
-        return tensor
-
-    def broadcast_(self, tensor: torch.Tensor, source: int = 0) -> torch.Tensor:
-        """`tensor` replaced by rank `source`'s, in place; returned."""
-        self._run(f"a broadcast from rank {source}", lambda: dist.broadcast(tensor, src=source))
-        return tensor
-
     def same_everywhere(self, value: int) -> bool:
         """Whether every rank passed the same integer (a checksum): one all-reduce of (value, -value) by maximum."""
         both = torch.tensor([value, -value], dtype=torch.int64, device=self._collective_device())
-        self.max_(both)
+        self._run("a comparison of the ranks' weights", lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
         return int(both[0]) == -int(both[1])
-
-    def agree(self, flags: list[int]) -> list[int]:
-        """Each of `flags` (non-negative integers: stop, a batch not ready, a count) at its maximum over the ranks,
-        so that every rank takes the same branch."""
-        values = torch.tensor(flags, dtype=torch.int64, device=self._collective_device())
-        return [int(v) for v in self.max_(values).tolist()]
 
     def _collective_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
