@@ -163,7 +163,7 @@ def test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory(
         runner, "make_device_obs", lambda plan: made.append(device_slots.make_device_obs(plan)) or made[0]
     )
     env, env_steps, floor, flags = {
-        "ppo": ("TorchCartPole-v1", 400_000, 300.0, {}),
+        "ppo": ("TorchCartPole-v1", 600_000, 300.0, {}),
         "dqn": ("TorchCartPole-v1", 60_000, 150.0, {"epsilon_decay_env_steps": 50_000}),
         "sac": ("TorchPendulum-v1", 2_000, None, {"batch_size": 64, "learning_starts": 1_000}),
     }[algo]
