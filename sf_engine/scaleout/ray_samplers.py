@@ -142,16 +142,43 @@ def _reconstructed() -> bool:
         return False
 
 
-def connect(address: str) -> None:
+def connect(address: str) -> list:
     """Join the Ray cluster at `address` ('auto', HOST:PORT), or start one on this machine for this
-    process alone ('local': it stops with the process)."""
+    process alone ('local': it stops with the process). Returns the processes a local instance started
+    (its raylet and GCS), for `disconnect` to see ended; none for a cluster joined."""
+    import psutil
     import ray
 
     options = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    if address == "local":
-        ray.init(**options)
-    else:
+    if address != "local":
         ray.init(address=address, **options)
+        return []
+    before = {child.pid for child in psutil.Process().children()}
+    ray.init(**options)
+    return [child for child in psutil.Process().children() if child.pid not in before]
+
+
+def disconnect(started: list, timeout_sec: float = 2.0) -> None:
+    """Close this process's Ray connection and see every process of the local instance it started end:
+    Ray stops its raylet and GCS, whose workers (the actors) exit on their own a moment later; a worker
+    still running after `timeout_sec` is killed."""
+    import psutil
+    import ray
+
+    family = list(started)
+    for process in started:
+        try:
+            family += process.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    ray.shutdown()
+    _, alive = psutil.wait_procs(family, timeout=timeout_sec)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout_sec)
 
 
 def remote_sampler_class(num_cpus: float = 1.0, max_restarts: int = -1):

@@ -80,7 +80,7 @@ class Receiver:
         self.num_local = cfg.sampler.num_workers
         self.books = self.buffers.remote_books
         self._close_books_of_a_predecessor()
-        connect(cfg.remote.ray_address)
+        self.ray_processes = connect(cfg.remote.ray_address)
         actor_class = remote_sampler_class(num_cpus=cfg.remote.remote_cpus_per_sampler)
         run_key = os.path.basename(ctx.plan.paths.shm_path)[-16:]
         self.samplers = [
@@ -332,9 +332,11 @@ class Receiver:
 
     def close(self) -> None:
         """Every actor's node memory released, the actors ended, and this driver's Ray connection closed
-        (a Ray instance it started stops with it). Takes at most CLOSE_TIMEOUT_SEC: an actor still busy
+        (a Ray instance it started stops with it, its workers too). Takes at most CLOSE_TIMEOUT_SEC: an actor still busy
         then is killed, and the next actor started on its node removes the memory it left."""
         import ray
+
+        from sf_engine.scaleout.ray_samplers import disconnect
 
         try:
             deadline = time.monotonic() + CLOSE_TIMEOUT_SEC
@@ -346,4 +348,4 @@ class Receiver:
             for sampler in self.samplers:
                 ray.kill(sampler.actor, no_restart=True)
         finally:
-            ray.shutdown()
+            disconnect(self.ray_processes)
