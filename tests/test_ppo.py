@@ -172,7 +172,18 @@ def test_fused_discrete_loss_matches_autograd_through_ppo_losses(entropy_coeff, 
         torch.testing.assert_close(fused, expected)
 
 
-def test_categorical_log_prob_entropy_and_sampling():
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch-ops"])
+def test_categorical_log_prob_entropy_and_sampling(compiled, monkeypatch):
+    """Acting's samples follow the softmax distribution with the log-probs of the learner's log_prob_entropy, from
+    the compiled inverse-CDF pass (on the CPU where built) and from torch's Gumbel-max alike; a masked action (its
+    logit MASKED_LOGIT) is never taken."""
+    from sf_engine.model import kernels
+    from sf_engine.model.actor_critic import MASKED_LOGIT
+
+    if compiled and kernels.KERNELS is None:
+        pytest.skip("the compiled CPU kernels are not built")
+    if not compiled:
+        monkeypatch.setattr(kernels, "KERNELS", None)
     torch.manual_seed(0)
     dist = ActionDistribution(ActionSpec("discrete", nvec=(5,)))
     logits = torch.randn(64, 5)
@@ -181,12 +192,31 @@ def test_categorical_log_prob_entropy_and_sampling():
     reference = torch.distributions.Categorical(logits=logits)
     torch.testing.assert_close(log_probs, reference.log_prob(actions))
     torch.testing.assert_close(entropy, reference.entropy())
-    # Gumbel-max sampling follows the softmax distribution
-    logits = torch.tensor([[0.0, 1.0, 2.0]]).expand(200_000, 3)
-    sampled, sampled_log_probs = ActionDistribution(ActionSpec("discrete", nvec=(3,))).sample(logits)
-    freq = torch.bincount(sampled, minlength=3).float() / len(sampled)
-    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=5e-3, rtol=0)
-    torch.testing.assert_close(sampled_log_probs, torch.log_softmax(logits, -1)[0][sampled])
+    logits = torch.tensor([[0.0, 1.0, 2.0, MASKED_LOGIT], [MASKED_LOGIT, 3.0, 0.0, -1.0]]).repeat(100_000, 1)
+    sampled, sampled_log_probs = ActionDistribution(ActionSpec("discrete", nvec=(4,))).sample(logits)
+    assert sampled.dtype == torch.int64 and sampled.shape == (200_000,)
+    for row in range(2):
+        freq = torch.bincount(sampled[row::2], minlength=4).float() / 100_000
+        torch.testing.assert_close(freq, torch.softmax(logits[row], -1), atol=5e-3, rtol=0)
+        assert freq[3 * (1 - row)] == 0, "a masked action was taken"
+    torch.testing.assert_close(sampled_log_probs, torch.log_softmax(logits, -1).gather(1, sampled[:, None])[:, 0])
+
+
+def test_compiled_categorical_sampling_takes_no_action_of_probability_zero():
+    """The inverse CDF with u as close to 1 as float32 has (u * total rounds up to total): the last action that can be
+    taken, not one whose probability is 0."""
+    from sf_engine.model import kernels
+    from sf_engine.model.actor_critic import MASKED_LOGIT
+
+    if kernels.KERNELS is None:
+        pytest.skip("the compiled CPU kernels are not built")
+    logits = torch.tensor([[0.0, 0.3, MASKED_LOGIT], [MASKED_LOGIT, 1.0, MASKED_LOGIT], [2.0, -5.0, 1.0]])
+    top = torch.full((3,), 1.0 - 2.0**-24)
+    actions, log_probs = kernels.KERNELS.categorical_sample(logits, top)
+    assert actions.tolist() == [1, 1, 2]
+    actions, _ = kernels.KERNELS.categorical_sample(logits, torch.zeros(3))
+    assert actions.tolist() == [0, 1, 0]
+    torch.testing.assert_close(log_probs, torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor([1, 1, 2])])
 
 
 def test_multi_discrete_is_a_product_of_categoricals():

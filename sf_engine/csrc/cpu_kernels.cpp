@@ -3,7 +3,8 @@
 // sum_tree.cpp's ops for prioritized replay, built into the same library):
 // - mlp_forward / mlp_backward (or mlp_backward_into the optimizer's gradients): a whole MLP (linear
 //   layers, each followed by tanh, ReLU or nothing, and optionally a layer norm before that);
-// - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients.
+// - ppo_discrete_loss: the clipped PPO loss of categorical actions with its gradients;
+// - categorical_sample: actions sampled from categorical logits and their log-probabilities (acting).
 //
 // Why: on a small MLP (CartPole's 64 x 64) each op is a few us of dispatch and a fresh tensor the
 // next op reads back from memory; the matrix products here go through torch's brgemm (oneDNN's
@@ -253,7 +254,7 @@ SF_CLONES void norm_activation_grad(i64 rows, i64 n, float* __restrict__ g, cons
 }
 
 // Bumped with every change of the ops' signatures or outputs: sf_engine/model/kernels.py loads only this one.
-int64_t version() { return 5; }
+int64_t version() { return 6; }
 
 // Whether layer l has a layer norm: norm weights are given and l's is not empty.
 bool has_norm(const std::vector<Tensor>& norm_weights, size_t l) {
@@ -510,6 +511,50 @@ SF_CLONES void ppo_loss_rows(i64 batch, i64 n, const float* __restrict__ logits,
   for (i64 b = 0; b < batch; ++b) grad_logits[b * n + actions[b]] += d_log_prob[b];
 }
 
+// Categorical samples of logits [B, n] (float32) by inverse CDF, one uniform u in [0, 1) per row (Gumbel-max
+// draws n): the first action whose cumulative probability exceeds u. An action of probability 0 (a masked one,
+// or one underflowing to 0) is never taken, whatever the rounding of the sums. Returns the actions [B] int64
+// and their log-probabilities log_softmax(logits)[b, a] [B] float32.
+std::vector<Tensor> categorical_sample(Tensor logits, Tensor uniform) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.device().is_cpu(),
+              "categorical_sample: logits must be [B, n] CPU float32");
+  const i64 batch = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(n > 0, "categorical_sample: no action");
+  TORCH_CHECK(uniform.dim() == 1 && uniform.size(0) == batch && uniform.scalar_type() == at::kFloat &&
+                  uniform.device().is_cpu(), "categorical_sample: uniform must be [B] CPU float32");
+  logits = logits.contiguous();
+  uniform = uniform.contiguous();
+  Tensor actions = at::empty({batch}, logits.options().dtype(at::kLong));
+  Tensor log_probs = at::empty({batch}, logits.options());
+  const float* l = logits.data_ptr<float>();
+  const float* u = uniform.data_ptr<float>();
+  int64_t* a = actions.data_ptr<int64_t>();
+  float* lp = log_probs.data_ptr<float>();
+  for (i64 b = 0; b < batch; ++b) {
+    const float* row = l + b * n;
+    float top = row[0];
+    for (i64 j = 1; j < n; ++j) top = std::max(top, row[j]);
+    float total = 0.0f;
+    for (i64 j = 0; j < n; ++j) total += std::exp(row[j] - top);
+    const float target = u[b] * total;  // the draw on the unnormalized CDF: no division
+    float sum = 0.0f;
+    i64 chosen = -1, last = 0;
+    for (i64 j = 0; j < n; ++j) {
+      const float weight = std::exp(row[j] - top);
+      if (weight <= 0.0f) continue;
+      last = j;
+      sum += weight;
+      if (target < sum) {
+        chosen = j;
+        break;
+      }
+    }
+    a[b] = chosen >= 0 ? chosen : last;  // u * total rounded up to total: the last action that can be taken
+    lp[b] = row[a[b]] - top - std::log(total);
+  }
+  return {actions, log_probs};
+}
+
 // The clipped PPO loss of categorical actions over a minibatch, with its gradients (those of the loss
 // itself: the caller scales them by the incoming gradient). logits [B, n], values, old_log_probs,
 // advantages, returns [B] float32; actions [B] int64 in [0, n). Returns the loss [], the stats [5]
@@ -575,6 +620,7 @@ TORCH_LIBRARY(sf_engine_cpu, m) {
         "Tensor(c!)[] grad_norm_weights, Tensor(d!)[] grad_norm_biases) -> ()");
   m.def("ppo_discrete_loss(Tensor logits, Tensor values, Tensor actions, Tensor old_log_probs, Tensor advantages, "
         "Tensor returns, float clip_ratio, float value_loss_coeff, float entropy_coeff) -> Tensor[]");
+  m.def("categorical_sample(Tensor logits, Tensor uniform) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(sf_engine_cpu, CPU, m) {
@@ -584,4 +630,5 @@ TORCH_LIBRARY_IMPL(sf_engine_cpu, CPU, m) {
   m.impl("mlp_backward", mlp_backward);
   m.impl("mlp_backward_into", mlp_backward_into);
   m.impl("ppo_discrete_loss", ppo_discrete_loss);
+  m.impl("categorical_sample", categorical_sample);
 }

@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from sf_engine.model import kernels
+
 
 class ActionDistribution:
     """Categorical (per dimension for MultiDiscrete), Bernoulli per bit (MultiBinary: one logit each) or
@@ -64,6 +66,9 @@ class ActionDistribution:
             actions = params + std * torch.randn_like(params)
             return actions, self.log_prob_entropy(params, actions, log_std)[0]
         if self.kind == "discrete":  # one categorical: its log-softmax serves the sampling and the log-prob
+            compiled = kernels.categorical_sample(params)
+            if compiled is not None:
+                return compiled
             log_pi = torch.log_softmax(params, dim=-1)
             actions = torch.argmax(log_pi - torch.empty_like(log_pi).exponential_().log_(), dim=-1)  # Gumbel-max
             return actions, log_pi.gather(1, actions.unsqueeze(1)).squeeze(1)
