@@ -119,6 +119,7 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
     import shutil
     import subprocess
     import sys
+    import time
 
     import psutil
 
@@ -127,6 +128,9 @@ def test_leftovers_are_removed_only_when_they_are_this_experiments(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         process = psutil.Process(child.pid)
+        deadline = time.monotonic() + 10
+        while not process.cmdline() and time.monotonic() < deadline:  # /proc reads it empty for a moment after exec
+            time.sleep(0.01)
         row = {
             "role": "rollout_worker",
             "index": 0,
