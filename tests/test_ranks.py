@@ -1,7 +1,8 @@
 """Data-parallel learner ranks (sf_engine.runtime.ranks) over gloo, two processes on this host: the averaged
 gradient is the mean of the ranks' gradients on their halves of a batch, the ranks' weights stay bit-identical step
-after step (and close to one learner's on the whole batch), and a collective a rank never joins ends in one line
-within the timeout instead of a hang."""
+after step (and close to one learner's on the whole batch), their agreement on each round and the gather of their
+figures are the same on every rank, and a collective a rank never joins ends in one line within the timeout instead
+of a hang."""
 
 import multiprocessing
 import time
@@ -105,6 +106,36 @@ def test_two_ranks_step_with_the_mean_gradient_and_hold_the_same_weights_bit_for
         _gradient_and_step(model, optimizer, *_batch(step))
     torch.testing.assert_close(out[0][2], flat, rtol=1e-4, atol=1e-5)
     assert checksum(flat) != out[0][0][0]  # the checksum sees the weights move
+
+
+def _agree_and_gather(rank: int, init: str, results) -> None:
+    try:
+        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
+        agreed = [
+            group.agree(ready=True, stopping=False, env_steps=1000 + rank, elapsed_sec=1.5),
+            group.agree(ready=rank == 0, stopping=False, env_steps=7, elapsed_sec=0.25 * rank),
+            group.agree(ready=True, stopping=rank == 1, env_steps=0, elapsed_sec=0.0),
+        ]
+        rows = group.gather(torch.tensor([float(rank), 10.0 + rank, -1.0], dtype=torch.float64))
+        results.put((rank, agreed, rows))
+        group.close()
+    except BaseException:
+        results.put((rank, traceback.format_exc(), None))
+
+
+def test_the_ranks_agree_on_each_round_and_gather_their_figures_in_rank_order(tmp_path):
+    """Every rank gets the same agreement: a round only when all hold their share, the stop when any saw it, the
+    furthest env steps and seconds; the gather gives every rank's row, in rank order, on every rank."""
+    out = _run_ranks(_agree_and_gather, tmp_path)
+    for rank in (0, 1):
+        assert not isinstance(out[rank][0], str), out[rank][0]
+    assert out[0][0] == out[1][0]
+    first, not_all_ready, one_stops = out[0][0]
+    assert (first.all_ready, first.stop, first.env_steps, first.elapsed_sec) == (True, False, 1001, 1.5)
+    assert (not_all_ready.all_ready, not_all_ready.stop, not_all_ready.elapsed_sec) == (False, False, 0.25)
+    assert one_stops.stop and one_stops.all_ready
+    expected = torch.tensor([[0.0, 10.0, -1.0], [1.0, 11.0, -1.0]], dtype=torch.float64)
+    assert torch.equal(out[0][1], expected) and torch.equal(out[1][1], expected)
 
 
 def _one_rank_never_comes(rank: int, init: str, results) -> None:

@@ -29,6 +29,7 @@ import torch
 
 from sf_engine.algo import pbt
 from sf_engine.algo.base import set_learning_rate
+from sf_engine.model.features import RunningMeanStd
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,17 @@ class TrainingState:
     The algorithm has `cfg` (the resolved Config: a PBT member's own) and `lcfg` (its learner group)."""
 
     holds: ClassVar[Holds]
+
+    def join_ranks(self, group) -> None:
+        """Several learner ranks of this policy (--num_learners; sf_engine.runtime.ranks.RankGroup `group`): every
+        optimizer averages its gradient over the ranks before a step, and every normalizer of the modules merges the
+        statistics of every rank's batch, so that the ranks' states stay the same."""
+        for name in self.holds.optimizers.values():
+            getattr(self, name).average = group.average_
+        for name in self.holds.modules:
+            for module in getattr(self, name).modules():
+                if isinstance(module, RunningMeanStd):
+                    module.gather = group.gather
 
     def state(self) -> dict:
         """Tensors and plain data to checkpoint: every module's state_dict (views of the live weights, as a

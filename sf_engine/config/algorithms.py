@@ -54,6 +54,9 @@ class AlgorithmSpec:
     normalize_returns: bool = False  # --normalize_returns
     value_rescale: bool = False  # --value_rescale
     user_model: bool = False  # --model: a whole network of the user (its acting_network builds it)
+    # --num_learners > 1: its class averages its gradients over the ranks (TrainingState.join_ranks: each optimizer a
+    # FlatAdam, each normalizer a RunningMeanStd) and takes the same branches on every rank
+    data_parallel: bool = False
     bootstrap_forwards: Callable | int = 0  # (cfg ->) forwards per trained sample besides its own (auto sizing)
     pbt: dict = field(default_factory=dict)  # name -> Range: the hyperparameters PBT explores, its fields' or common
     config: tuple = ()  # (name, dataclass): the group of its own flags, cfg.<name>, its runs' only (config.groups)

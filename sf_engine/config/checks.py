@@ -33,10 +33,38 @@ def check_flags(cfg: Config) -> None:
     algorithm_spec(cfg.learner.algo)  # an --algo that names none
     _check_counts(cfg)
     _check_sampler_nodes(cfg)
+    _check_learner_ranks(cfg)
     _check_learner_values(cfg)
     _check_rollout(cfg)
     _check_run(cfg)
     _check_value_based(cfg)
+
+
+def _check_learner_ranks(cfg: Config) -> None:
+    """--num_learners: its value, and what several ranks of one policy's learner do not run (the alternative named)."""
+    try:
+        cfg.parallel.check()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    ranks, run = cfg.parallel.num_learners, cfg.run
+    if ranks == 1:
+        return
+    flag = f"--num_learners {ranks}"
+    if not cfg.algorithm.data_parallel:
+        raise ConfigError(
+            f"{flag}: --algo {cfg.learner.algo} does not average its gradients over learner ranks (data-parallel "
+            f"learning is built for ppo); use --num_learners 1"
+        )
+    refused = {
+        run.mode == "serial": "--mode serial runs every role in one process: use --mode async or sync",
+        run.sampling_only: "--sampling_only true trains nothing: drop --num_learners",
+        run.deterministic: "--deterministic true: the ranks take their slots as they come; drop one of them",
+        cfg.policies.num_policies > 1: "--num_policies > 1: the ranks train one policy; use --num_learners 1",
+        cfg.policies.pbt: "--pbt: the ranks train one policy; use --num_learners 1",
+        cfg.env.env_backend == "device": f"--env {cfg.env.env} is a device env, sampled by the learner's device",
+    }
+    if True in refused:
+        raise ConfigError(f"{flag}: {refused[True]}")
 
 
 def _check_counts(cfg: Config) -> None:
@@ -190,6 +218,13 @@ def check_resolved(cfg: Config) -> None:
             f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
     _check_device_mode(cfg)
+    ranks = cfg.parallel.num_learners
+    if ranks > 1 and (cfg.slots_per_batch % ranks or lrn.batch_size % ranks):
+        raise ConfigError(
+            f"--num_learners {ranks}: each rank trains on an equal share of every batch, so the batch's trajectory "
+            f"slots ({cfg.slots_per_batch}) and --batch_size ({lrn.batch_size}) must be multiples of it: change "
+            f"--batch_size or --num_learners"
+        )
     if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
         raise ConfigError(
             f"--deterministic true in --mode sync trains on one round of every env group: --batch_size x "

@@ -14,6 +14,7 @@ from sf_engine.config.algorithms import AlgorithmSpec, algorithm_names, algorith
 from sf_engine.config.env import EnvConfig
 from sf_engine.config.fields import ConfigError, current_name, int_or_auto
 from sf_engine.config.fields import flag_field as _f
+from sf_engine.config.parallel import ParallelConfig
 from sf_engine.config.policies import PolicyConfig
 from sf_engine.config.remote import RemoteConfig
 from sf_engine.config.run import DEFAULT_ENV_STEPS, DEFAULT_SECONDS, RunConfig
@@ -196,6 +197,7 @@ GROUPS = {
     "tracking": TrackingConfig,
     "policies": PolicyConfig,
     "remote": RemoteConfig,
+    "parallel": ParallelConfig,
     "replay": ReplayConfig,
     "q": QConfig,
 }

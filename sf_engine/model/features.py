@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -31,14 +32,31 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("var", torch.ones(shape))
         self.register_buffer("count", torch.full((), 1e-4))
+        # several learner ranks (sf_engine.runtime.ranks.RankGroup.gather): every rank's batch statistics, merged in
+        # rank order on every rank, so that the ranks' statistics stay the same; None: one learner
+        self.gather: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
-        """Merge the statistics of `batch` [N, *shape] (learner only)."""
+        """Merge the statistics of `batch` [N, *shape] (learner only; with several ranks, those of every rank's)."""
         batch = batch.float()
         n = batch.shape[0]
-        batch_mean = batch.mean(0)
-        batch_var = (batch - batch_mean).square_().mean(0)  # two passes: a third of torch's var(0) on images
+        if n:
+            batch_mean = batch.mean(0)
+            batch_var = (batch - batch_mean).square_().mean(0)  # two passes: a third of torch's var(0) on images
+        else:  # a rank without samples still takes part in the gather
+            batch_mean, batch_var = torch.zeros_like(self.mean), torch.zeros_like(self.var)
+        if self.gather is None:
+            self._merge(n, batch_mean, batch_var)
+            return
+        size = self.mean.numel()
+        rows = self.gather(torch.cat([batch.new_full((1,), n), batch_mean.reshape(-1), batch_var.reshape(-1)]))
+        for row in rows.to(self.mean.device):
+            self._merge(int(row[0]), row[1 : 1 + size].view_as(self.mean), row[1 + size :].view_as(self.var))
+
+    def _merge(self, n: int, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
+        if not n:
+            return
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean += delta * n / total

@@ -10,7 +10,8 @@ is cut anyway, so each policy's targets are those of its own trajectories. After
 its new weights are copied into its shared tensor under the seqlock and its version is bumped; only then does
 the source free what the round held. At most every KEEP_EVERY_SEC, after a round, the whole training state (what a
 checkpoint holds) is kept in a file beside the run's shared memory: a learner restarted after this one died goes on
-from it as if nothing had happened.
+from it as if nothing had happened. With --num_learners N, N such processes (ranks: the role's index) train the one
+policy data-parallel (sf_engine.roles.learner_ranks); rank 0 alone publishes, keeps, saves and reports.
 """
 
 from __future__ import annotations
@@ -24,20 +25,19 @@ import torch
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite
 from sf_engine.config.algorithms import import_class
 from sf_engine.replay.transform import replay_transform
+from sf_engine.roles.learner_ranks import LearnerRanks
+from sf_engine.roles.learner_recovery import recover, resume_from
 from sf_engine.roles.learning_policy import LearningPolicy
 from sf_engine.roles.population import Population
 from sf_engine.roles.replay_source import ReplaySource
 from sf_engine.roles.sources import DataSource, TrajectorySource
 from sf_engine.runtime.checkpoint import (
-    CheckpointError,
-    latest_valid_checkpoint,
-    load_checkpoint,
-    policy_states,
     population_state,
     save_checkpoint,
     save_state_atomic,
 )
 from sf_engine.runtime.device_slots import slot_obs_arrays
+from sf_engine.runtime.ranks import rank_device
 from sf_engine.runtime.role import RoleContext
 from sf_engine.runtime.shared_buffers import TRAINING_STATE_SUFFIX
 from sf_engine.runtime.slot_pool import SlotPool
@@ -66,40 +66,55 @@ class Learner:
         )
         self.pool = SlotPool(ctx.buffers, ctx.queues)
         self.kept_path = ctx.buffers.path + TRAINING_STATE_SUFFIX
+        # --num_learners: this process is rank `rank` of the policy's learner; rank 0 publishes, saves and reports
+        self.rank, self.num_ranks = ctx.index, self.cfg.parallel.num_learners
+        self.publishes = share and self.rank == 0
         # a learner of its own process keeps its state for its successor (a serial run's learner dies with the run)
-        self.keeps = share and self.cfg.run.mode != "serial" and not self.cfg.run.sampling_only
+        self.keeps = self.publishes and self.cfg.run.mode != "serial" and not self.cfg.run.sampling_only
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
-        self.device = torch.device(self.cfg.run.device if share else "cpu")
+        self.device = rank_device(self.cfg.run.device, self.rank) if share else torch.device("cpu")
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
-        hooks = TrainingHooks(
-            env_steps=lambda: self.env_steps,
+        self.ranks: LearnerRanks | None = None  # several ranks: this one's view of them
+        hooks = TrainingHooks(  # several ranks: the env steps and seconds they agreed on for the round
+            env_steps=lambda: self.env_steps if self.ranks is None else self.ranks.env_steps,
             beat=ctx.beat,
             # --deterministic: a round is trained whole wherever the stop finds it, its updates the same every run
             stopping=lambda: ctx.stopping and not self.cfg.run.deterministic,
-            elapsed_sec=lambda: time.monotonic() - float(self.buffers.run_started[0]),
+            elapsed_sec=lambda: self.elapsed_sec if self.ranks is None else self.ranks.elapsed_sec,
         )
         self.hooks = hooks
         algorithm = import_class(self.cfg.algorithm.learner)
         self.policies = [
-            LearningPolicy(policy, algorithm(self.cfg, plan.spec, self.device, hooks), ctx.weights(policy))
+            LearningPolicy(
+                policy,
+                algorithm(self.cfg, plan.spec, self.device, hooks),
+                ctx.weights(policy),
+                publishes=self.rank == 0,
+            )
             for policy in range(self.cfg.policies.num_policies)
         ]
         self.population = Population(self, ctx)  # PBT and the opponent pool (sf_engine.roles.population)
-        self.recovered = self._recover() if ctx.generation else None
+        self.recovered = recover(self) if ctx.generation else None
         if plan.resume_from and not ctx.generation:
-            self._load(plan.resume_from)
-        if share:
+            resume_from(self, plan.resume_from)
+        if share and self.num_ranks > 1:
+            self.ranks = LearnerRanks(self, ctx)
+        if self.publishes:
             for learner in self.policies:
                 learner.weights.create(learner.params, learner.version, weight_readers(self.cfg))
             self.population.share(weight_readers(self.cfg))
-        if self.recovered:  # logged by the main process
+        if self.recovered and self.rank == 0:  # logged by the main process
             self.ctx.send(Recovered(self.recovered))
         self.last_save_time = self.last_keep_time = time.monotonic()
-        self.timer = StageTimer(*LearnerStage, live=ctx.buffers.learner_stage if share else None)
+        self.timer = StageTimer(*LearnerStage, live=ctx.buffers.learner_stage if self.publishes else None)
         replay = self.cfg.uses_replay and share and not self.cfg.run.sampling_only
         self.source: DataSource = self._replay_source() if replay else self._trajectory_source()
         if replay and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
             self.source.load(self.checkpoint_dir)
+
+    @property
+    def elapsed_sec(self) -> float:
+        return time.monotonic() - float(self.buffers.run_started[0])
 
     def _trajectory_source(self) -> TrajectorySource:
         return TrajectorySource(
@@ -111,6 +126,7 @@ class Learner:
             self.timer,
             len(self.policies),
             self.ctx.send,
+            self.cfg.slots_per_batch // self.num_ranks,
         )
 
     def _replay_source(self) -> ReplaySource:
@@ -145,75 +161,10 @@ class Learner:
 
     def describe(self) -> str:
         versions = ", ".join(str(learner.version) for learner in self.policies)
-        return f"version(s) {versions} published, weights shared on {self.policies[0].weights.shared.device}"
-
-    def _load(self, path: str) -> None:
-        """A checkpoint of one policy or of several (sf_engine.runtime.checkpoint.policy_states)."""
-        state = load_checkpoint(path, self.device)
-        for learner, policy_state in zip(self.policies, policy_states(state)):
-            learner.algorithm.load(policy_state, path)
-            learner.version = learner.min_version = int(policy_state["version"])
-            logging.info("policy %d resumed from %s (version %d)", learner.policy, path, learner.version)
-        self.population.load(state)
-
-    def _recover(self) -> str:
-        """What a learner that died left: the training state it kept (_keep_when_due), whole; without one, the
-        newest checkpoint that loads (weights, optimizer state, the population), then each policy's weights as that
-        learner published them last where they are newer (they outlive it in the shared-memory file:
-        SharedWeights.last_published). Returns one line on where each policy's state came from, and so what was
-        lost."""
-        kept = self._kept_state()
-        if kept is not None:
-            return self._resume_kept(kept)
-        path, _ = latest_valid_checkpoint(self.checkpoint_dir, load=True)
-        if path:
-            self._load(path)
-        name = os.path.basename(path) if path else None
-        parts, self.newer_than_checkpoint = [], False
-        for learner in self.policies:
-            published = learner.weights.last_published(learner.params.numel())
-            if published is not None and (path is None or published[0] > learner.version):
-                learner.version, flat = published
-                learner.params.copy_(torch.from_numpy(flat))
-                learner.algorithm.weights_replaced()
-                self.newer_than_checkpoint = True
-                optimizer = f"the optimizer state of {name}" if name else "a new optimizer state (no checkpoint yet)"
-                parts.append(
-                    f"policy {learner.policy} version {learner.version} from its last published weights, {optimizer}"
-                )
-            else:
-                source = name or "scratch (nothing published, no checkpoint)"
-                parts.append(f"policy {learner.policy} version {learner.version} from {source}")
-        return "recovered what the learner left: " + "; ".join(parts)
-
-    def _kept_state(self) -> dict | None:
-        """The training state a dead learner kept, or None where it kept none (or, never expected, none whole)."""
-        if not os.path.exists(self.kept_path):
-            return None
-        try:
-            return load_checkpoint(self.kept_path, self.device)
-        except CheckpointError as exc:
-            logging.warning("the training state the learner kept is not used: %s", exc)
-            return None
-
-    def _resume_kept(self, kept: dict) -> str:
-        """Every policy's training state as the dead learner kept it; each goes on from the version it published
-        last (the kept state is up to KEEP_EVERY_SEC older: its weights are published as the next version)."""
-        parts, age = [], max(0.0, time.time() - float(kept["kept_at"]))
-        for learner, state in zip(self.policies, policy_states(kept)):
-            learner.algorithm.load(state, "the training state the learner kept")
-            published = learner.weights.last_published(learner.params.numel())
-            learner.version = max(int(state["version"]), published[0] if published is not None else 0)
-            parts.append(
-                f"policy {learner.policy} version {learner.version} with the training state of version "
-                f"{int(state['version'])}"
-            )
-        self.population.load(kept)
-        self.newer_than_checkpoint = True
-        return (
-            f"recovered what the learner left: {'; '.join(parts)}, kept {age:.1f} s before (weights, optimizer "
-            f"moments and the rest of the algorithm's state)"
-        )
+        if not self.publishes:
+            return f"rank {self.rank} of {self.num_ranks} on {self.device}, version(s) {versions}"
+        ranks = f", rank 0 of {self.num_ranks} on {self.device}" if self.ranks is not None else ""
+        return f"version(s) {versions} published, weights shared on {self.policies[0].weights.shared.device}{ranks}"
 
     @property
     def env_steps(self) -> int:
@@ -224,10 +175,14 @@ class Learner:
         self.timer.start()
         self.timer.enter(LearnerStage.WAIT_DATA)
         self.ctx.beat()
-        for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
-            learner.weights.serve_requests()
-        self.population.serve_requests()
-        if self.source.take(timeout_sec):
+        if self.publishes:
+            for learner in self.policies:  # a restarted policy worker or evaluator needs the shared weights
+                learner.weights.serve_requests()
+            self.population.serve_requests()
+        if self.ranks is not None:
+            if self.ranks.agree_on_round(timeout_sec):
+                self.train_round()
+        elif self.source.take(timeout_sec):
             self.train_round()
         else:
             self._report_books(self.source.books_due())
@@ -254,8 +209,12 @@ class Learner:
             self.timer.lap(LearnerStage.TRAIN)
             total = TrainResult.total(results) if results else TrainResult(0)
             published = learner.publish() if total.updates else True
+            if self.ranks is not None and total.updates:
+                self.ranks.check_same_weights("after a round")
             self.timer.lap(LearnerStage.WEIGHT_PUBLISH)
             figures = self.source.figures(learner, total)
+            if self.ranks is not None:  # every rank's figures as one, reported by rank 0
+                total, figures, train_sec = self.ranks.gathered(total, figures, train_sec)
             if figures is not None:
                 self.population.trained(learner.policy, figures.acted)
                 self._report(learner, total, train_sec, figures)
@@ -267,7 +226,11 @@ class Learner:
 
     def _report(self, learner: LearningPolicy, result: TrainResult, train_sec: float, figures) -> None:
         """The Training message of `learner`'s part of a round (`result`: what its algorithm trained; `figures`: what
-        the source says of it, SourceFigures), then the replay buffer's status where there is one."""
+        the source says of it, SourceFigures), then the replay buffer's status where there is one; from rank 0 only
+        with several ranks (the figures of all of them)."""
+        if self.rank:
+            self.source.reported(figures)
+            return
         self.ctx.send(
             Training(
                 self.timer.report("learner"),
@@ -331,7 +294,9 @@ class Learner:
         return [p.policy for p in self.policies if p.bad_updates or not all_finite(p.params)]
 
     def _save_when_due(self) -> None:
-        if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec and not self.cfg.run.sampling_only:
+        if not self.publishes or self.cfg.run.sampling_only:
+            return
+        if time.monotonic() - self.last_save_time > self.cfg.run.save_every_sec:
             self.timer.start()
             self.timer.enter(LearnerStage.CHECKPOINT)
             self.save()
@@ -343,8 +308,9 @@ class Learner:
         trained first, as it would be in any run of the same seed."""
         if self.cfg.run.deterministic and self.cfg.run.mode == "sync":
             self._train_what_is_left()
-        self._report_books(self.source.books_due(finishing=True))
-        if not self.cfg.run.sampling_only:
+        if self.ranks is None:  # several ranks: a share held at the stop is in flight, its books not due
+            self._report_books(self.source.books_due(finishing=True))
+        if not self.cfg.run.sampling_only and self.rank == 0:
             self.save()
 
     def _train_what_is_left(self) -> None:
@@ -359,7 +325,8 @@ class Learner:
                 idle += 1
 
     def close(self) -> None:
-        pass
+        if self.ranks is not None:
+            self.ranks.close()
 
     def save(self):
         """Write a checkpoint; on a full disk (or any OSError) keep the previous one, warn, and go on. Not

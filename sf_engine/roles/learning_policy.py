@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import torch
+
 from sf_engine.algo.base import Algorithm, TrainResult, all_finite
 from sf_engine.runtime.checkpoint import latest_valid_checkpoint
 from sf_engine.runtime.role import RunStopped
@@ -25,6 +27,8 @@ class LearningPolicy:
     version: int = 0
     min_version: int = 0
     bad_updates: int = 0
+    publishes: bool = True  # False: a learner rank other than 0 (--num_learners), which counts the versions only
+    counted_weights: torch.Tensor | None = None  # a rank that does not publish: the weights of the version counted last
 
     @property
     def params(self):
@@ -33,12 +37,16 @@ class LearningPolicy:
     def publish(self) -> bool:
         """The algorithm's weights as the next version when every value is finite (one check over the flat
         vector); else the weights published last are put back into the algorithm (the shared copy holds
-        them), nothing is published, and False is returned."""
+        them), nothing is published, and False is returned. A rank that does not publish counts the version
+        and keeps a copy of the weights instead."""
         if not all_finite(self.params):
-            self.params.copy_(self.weights.shared)
+            self.params.copy_(self.weights.shared if self.publishes else self.counted_weights)
             return False
         self.version += 1
-        self.weights.publish(self.params, self.version)
+        if not self.publishes:
+            self.counted_weights = self.params.detach().clone()
+        else:
+            self.weights.publish(self.params, self.version)
         return True
 
     def count_bad_updates(

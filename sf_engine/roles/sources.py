@@ -106,13 +106,24 @@ def in_fill_order(buffers, slots: list, deterministic: bool) -> list:
 
 class TrajectorySource:
     def __init__(
-        self, cfg, pool, buffers, slot_obs: dict, device, timer: StageTimer, num_policies: int, send: Callable
+        self,
+        cfg,
+        pool,
+        buffers,
+        slot_obs: dict,
+        device,
+        timer: StageTimer,
+        num_policies: int,
+        send: Callable,
+        slots_per_batch: int,
     ):
         """`pool`: the run's SlotPool; `buffers`: its SharedBuffers; `slot_obs`: key -> the slots' observations
         (runtime.device_slots.slot_obs_arrays; on a GPU in device mode); `timer`: the learner's stage timer;
-        `send`: the learner's message queue (a sampling-only run's recycled slots)."""
+        `send`: the learner's message queue (a sampling-only run's recycled slots); `slots_per_batch`: the slots of
+        one batch (--num_learners: a rank's share of the run's)."""
         self.cfg, self.pool, self.buffers, self.slot_obs, self.device = cfg, pool, buffers, slot_obs, device
         self.timer, self.num_policies, self.send = timer, num_policies, send
+        self.slots_per_batch = slots_per_batch
         self.pending: list = []  # full slots taken, the batch not whole yet (freed by the supervisor on a death)
         self.slots: list = []  # the round's slots
         self.batch: TrajectoryBatch | None = None
@@ -120,7 +131,7 @@ class TrajectorySource:
         self.marks = None  # the policy training now: its samples of the batch, those it keeps, their lag
 
     def take(self, timeout_sec: float) -> bool:
-        needed = self.cfg.slots_per_batch - len(self.pending)
+        needed = self.slots_per_batch - len(self.pending)
         self.pending += self.pool.take_full(needed, timeout_sec)
         self.timer.lap(LearnerStage.WAIT_DATA)
         if self.cfg.run.sampling_only:
@@ -128,7 +139,7 @@ class TrajectorySource:
                 self.send(Recycled(self.pool.recycle(self.pending)))
             self.pending = []
             return False
-        if len(self.pending) < self.cfg.slots_per_batch:
+        if len(self.pending) < self.slots_per_batch:
             return False
         slots, self.pending = in_fill_order(self.buffers, self.pending, self.cfg.run.deterministic), []
         self.hold(slots)

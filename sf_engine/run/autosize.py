@@ -184,7 +184,9 @@ def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> t
         lines.append(_rollout_line(s.rollout, costs, train_batch))
     if auto_envs:
         hint_per_split = max(1, envs_per_worker_hint // s.worker_num_splits)
-        per_split = choose_envs_per_split(costs, train_batch // s.rollout, hint_per_split, spec.num_agents)
+        # whole slots per learner rank's share of the batch (--num_learners: each rank takes its own slots)
+        rank_rows = train_batch // s.rollout // cfg.parallel.num_learners
+        per_split = choose_envs_per_split(costs, rank_rows, hint_per_split, spec.num_agents)
         num_envs = per_split * s.worker_num_splits
         lines.append(
             f"--num_envs_per_worker auto = {num_envs}: {count(per_split, 'env')} per split step in "

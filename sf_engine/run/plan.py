@@ -43,7 +43,7 @@ from sf_engine.runtime.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
 )
-from sf_engine.runtime.device import cpp_compiler, cpu_has_native_bf16, resolve_device
+from sf_engine.runtime.device import cpp_compiler, cpu_has_native_bf16, cuda_device_count, resolve_device
 from sf_engine.runtime.run_plan import Paths, RunPlan
 from sf_engine.runtime.shared_buffers import buffer_layout, required_bytes, shm_path
 from sf_engine.stats.tracking import check_tracking
@@ -72,6 +72,12 @@ def _check_resolved(cfg: Config, spec: EnvSpec) -> None:
         raise ConfigError(
             "--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
             "and slower: drop --bf16"
+        )
+    ranks = cfg.parallel.num_learners
+    if ranks > 1 and cfg.run.device == "cuda" and ranks > cuda_device_count():
+        raise ConfigError(
+            f"--num_learners {ranks} with --device cuda: one GPU per learner rank, and {cuda_device_count()} are "
+            f"visible: lower --num_learners"
         )
     if cfg.run.compile and cpp_compiler() is None:
         raise ConfigError(

@@ -5,8 +5,10 @@ everything at the end. Runs in the main process; serial mode (sf_engine.run.seri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import time
 from collections import deque
@@ -17,7 +19,7 @@ from sf_engine.runtime.checkpoint import latest_valid_checkpoint, remove_tempora
 from sf_engine.runtime.device_slots import queues_for
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import RUN_STOPPED_EXIT, run_role
-from sf_engine.runtime.shared_buffers import LEARNING, WRITING
+from sf_engine.runtime.shared_buffers import LEARNING, RENDEZVOUS_SUFFIX, WRITING
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import LAST_STOP_PHASE, ROLES, heartbeat_index, new_policy_requests, roles_of
@@ -50,9 +52,15 @@ class Supervisor:
         self.learner_published_at_restart = None  # param_seq when the learner was last restarted
 
     def start(self) -> None:
+        self._remove_rendezvous()
         for role, index in roles_of(self.cfg):
             self._spawn(role, index)
         self._write_processes()
+
+    def _remove_rendezvous(self) -> None:
+        """The learner ranks' rendezvous file of ranks before (--num_learners): new ranks meet in a new one."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.buffers.path + RENDEZVOUS_SUFFIX)
 
     def step(self) -> None:
         """Replace the children that died or are stuck (past the restart budget: ChildFailed)."""
@@ -97,9 +105,13 @@ class Supervisor:
         if stopped_run and role != "evaluator":
             raise ChildFailed(trace or f"{where} {cause}")
         logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
+        if role == "learner":  # with --num_learners, the other ranks too: one that died first shows why
+            for rank, child in [(i, c) for (r, i), c in self.children.items() if r == "learner" and i != index]:
+                other = self._failure("learner", rank, child)
+                logging.error("learner rank %d of the same learner %s", rank, other or "was running")
         self._kill(role, index)
         generation = self.children[(role, index)].generation + 1
-        if role == "learner":
+        if role == "learner":  # with --num_learners, every rank: they start again together
             self._restart_learner(f"{where} {cause}", generation)
         elif role == "evaluator":
             self._restart_evaluator(generation, stopped_run)
@@ -122,8 +134,11 @@ class Supervisor:
 
     def _restart_learner(self, what: str, generation: int) -> None:
         """A learner that died is replaced by one that starts from the newest of its last checkpoint and
-        the weights it published last (sf_engine.roles.learner.Learner._recover); the slots it was training
+        the weights it published last (sf_engine.roles.learner_recovery.recover); the slots it was training
         on are dropped (booked). With the restarts spent, what it published last becomes a checkpoint."""
+        ranks = [index for role, index in self.children if role == "learner"]
+        for rank in ranks:
+            self._kill("learner", rank)
         self.stats.books.dropped_faults += self.pool.recycle(self.pool.owned_by([LEARNING]))
         for policy in range(self.cfg.policies.num_acting):  # its vectors died with it: readers keep their copies
             SharedWeights(self.buffers, self.queues.weights, policy).retire()
@@ -133,10 +148,13 @@ class Supervisor:
                 raise ChildFailed(f"the learner failed again before publishing anything ({what})")
             self._count_restart(what)
         except ChildFailed as exc:
-            del self.children[("learner", 0)]  # saved here, not again at the stop
+            for rank in ranks:
+                del self.children[("learner", rank)]  # saved here, not again at the stop
             raise ChildFailed(f"{exc}; {self._checkpoint_last_published(generation)}") from None
         self.learner_published_at_restart = published
-        self._spawn("learner", 0, generation)
+        self._remove_rendezvous()
+        for rank in ranks:
+            self._spawn("learner", rank, generation)
         self.stats.learner_restarts += 1
         logging.warning(
             "restarted the learner (%d learner restarts): it resumes from the newest of its last checkpoint and "

@@ -14,14 +14,31 @@ Runs in each learner process; the ranks meet through a rendezvous file (`file://
 from __future__ import annotations
 
 import datetime
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 
+def rank_device(device: str, rank: int) -> torch.device:
+    """The device of learner rank `rank` in a run on `device` (resolved: 'cpu' or 'cuda'): GPU `rank` on CUDA, where
+    each rank has its own; the CPU is shared by all."""
+    return torch.device("cuda", rank) if device == "cuda" else torch.device(device)
+
+
 class CollectiveError(RuntimeError):
     """A collective of the learner's ranks did not complete (a rank died, hangs, or disagrees): one line."""
+
+
+class Agreement(NamedTuple):
+    """What the ranks agreed on before a round (RankGroup.agree): whether every rank has its share of a batch, whether
+    any saw the run stop, and the run's env steps and seconds as the furthest rank read them (the round's schedules:
+    every rank the same values)."""
+
+    all_ready: bool
+    stop: bool
+    env_steps: int
+    elapsed_sec: float
 
 
 class RankGroup:
@@ -67,6 +84,22 @@ class RankGroup:
         both = torch.tensor([value, -value], dtype=torch.int64, device=self._collective_device())
         self._run("a comparison of the ranks' weights", lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
         return int(both[0]) == -int(both[1])
+
+    def agree(self, ready: bool, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
+        """One all-reduce by maximum: each rank says whether it holds its share of the next batch, whether it saw
+        the run stop, and the env steps and seconds it read; every rank gets the same Agreement."""
+        flags = [int(not ready), int(stopping), int(env_steps), int(elapsed_sec * 1e6)]
+        both = torch.tensor(flags, dtype=torch.int64, device=self._collective_device())
+        self._run("the ranks' agreement on the next round", lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
+        not_ready, stop, steps, micros = (int(x) for x in both.tolist())
+        return Agreement(not not_ready, bool(stop), steps, micros / 1e6)
+
+    def gather(self, vector: torch.Tensor) -> torch.Tensor:
+        """Every rank's `vector` (the same length on each), as rows [world, len] in rank order, on every rank."""
+        vector = vector.to(self._collective_device()).contiguous()
+        rows = [torch.empty_like(vector) for _ in range(self.world)]
+        self._run("a gather of the ranks' figures", lambda: dist.all_gather(rows, vector))
+        return torch.stack(rows)
 
     def _collective_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")

@@ -63,6 +63,9 @@ class RoleContext:
     buffers: SharedBuffers
     queues: Queues
     generation: int = 0
+    # learner ranks (--num_learners > 1): whether they agreed to stop (sf_engine.roles.learner), which `stopping`
+    # says in place of the shared flag, so that every rank leaves its loop after the same round; None: one learner
+    agreed_stop: bool | None = None
 
     @property
     def cfg(self):
@@ -79,7 +82,13 @@ class RoleContext:
 
     @property
     def stopping(self) -> bool:
-        """The run stops, and this role's turn to stop has come (wiring.RoleSpec.stop_phase)."""
+        """The run stops, and this role's turn to stop has come (wiring.RoleSpec.stop_phase); learner ranks: they
+        agreed so."""
+        return self.stop_signalled if self.agreed_stop is None else self.agreed_stop
+
+    @property
+    def stop_signalled(self) -> bool:
+        """The shared stop flag has reached this role's phase."""
         return int(self.buffers.stop[0]) >= ROLES[self.role].stop_phase
 
     def send(self, message) -> None:

@@ -18,8 +18,8 @@ after each env's latest action, carried by the policy worker from one request to
 Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
 num_workers + i: the env steps sampler node i reported, written by the receiver),
 param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py),
-stop [1] int64, heartbeat [4 + num_workers] float64 (time.monotonic() of each process's latest loop, see
-wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver,
+stop [1] int64, heartbeat [4 + num_workers + num_learners - 1] float64 (time.monotonic() of each process's latest
+loop, see wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver,
 NO_OWNER when none; see slot_pool), slot_filler [S] int64 (worker x splits + split: the split that filled a slot
 last, written as it hands the slot over; --deterministic orders a round's slots by it), slot_rows [S] int64
 (env-step rows written into a slot and not trained yet), params_wanted [P, readers] int64 (set by the supervisor
@@ -99,7 +99,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
         "stop": ((1,), "int64"),
-        "heartbeat": ((HEARTBEAT_ROLES + workers,), "float64"),
+        "heartbeat": ((HEARTBEAT_ROLES + workers + cfg.parallel.num_learners - 1,), "float64"),
         "slot_owner": ((slots,), "int64"),
         "slot_filler": ((slots,), "int64"),
         "slot_rows": ((slots,), "int64"),
@@ -133,7 +133,8 @@ SHM_PREFIX = "sf_engine_"
 WEIGHTS_SUFFIX = ".weights"  # the file of the last published weights, beside the run's
 TRAINING_STATE_SUFFIX = ".training"  # the learner's whole training state, kept every second (roles.learner)
 # the files beside the run's own: removed with it (and the kept state's half-written one)
-SIDE_SUFFIXES = (WEIGHTS_SUFFIX, TRAINING_STATE_SUFFIX, TRAINING_STATE_SUFFIX + ".tmp")
+RENDEZVOUS_SUFFIX = ".ranks"  # the learner ranks' rendezvous file (--num_learners), removed before they start
+SIDE_SUFFIXES = (WEIGHTS_SUFFIX, TRAINING_STATE_SUFFIX, TRAINING_STATE_SUFFIX + ".tmp", RENDEZVOUS_SUFFIX)
 
 
 def shm_path(shm_dir: str, experiment_dir: str) -> str:

@@ -69,19 +69,23 @@ def role_class(role: str):
 
 
 def heartbeat_index(role: str, index: int = 0) -> int:
-    """Entry of `role` (rollout worker `index`) in the shared heartbeat array."""
+    """Entry of `role` (rollout worker `index`) in the shared heartbeat array; learner rank r > 0 (--num_learners):
+    the r-th entry from its end."""
+    if role == "learner" and index:
+        return -index
     slot = ROLES[role].heartbeat
     return HEARTBEAT_WORKERS + index if slot is None else slot
 
 
 def roles_of(cfg) -> list:
-    """(role, index) of every process of a run, in start order (the learner publishes the weights first); in
-    device mode (a device env) a device sampler per --num_workers instead of the rollout and policy workers."""
-    workers = cfg.sampler.num_workers
+    """(role, index) of every process of a run, in start order (the learner publishes the weights first; its ranks
+    with --num_learners); in device mode (a device env) a device sampler per --num_workers instead of the rollout and
+    policy workers."""
+    workers, learners = cfg.sampler.num_workers, [("learner", r) for r in range(cfg.parallel.num_learners)]
     if cfg.env.env_backend == "device":
-        roles = [("learner", 0)] + [("device_sampler", w) for w in range(workers)]
+        roles = learners + [("device_sampler", w) for w in range(workers)]
     else:
-        roles = [("learner", 0)] + ([("policy_worker", 0)] if workers else [])
+        roles = learners + ([("policy_worker", 0)] if workers else [])
         roles += [("rollout_worker", w) for w in range(workers)]
     roles += [("receiver", 0)] if cfg.remote.num_remote_samplers else []
     return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])

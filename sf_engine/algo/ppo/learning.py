@@ -140,13 +140,16 @@ class PPO(TrainingState):
             returns=flat(returns),
             acting=None if batch.acting is None else flat(batch.acting).float(),
         )
-        if not index.numel():
+        if not index.numel() and self.optimizer.average is None:
             return TrainResult(0)
-        result = (
-            self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
-            if self.model.recurrent
-            else self._ppo_epochs(samples)
-        )
+        if not index.numel():  # several ranks: this one's share holds no sample, and it still takes every step
+            result = self._optimize(0, lambda picked: None)
+        else:
+            result = (
+                self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
+                if self.model.recurrent
+                else self._ppo_epochs(samples)
+            )
         # after the epochs: the behaviour log-probs were computed with the statistics in force (not after a
         # skipped update: a non-finite value in the batch would poison them)
         if not result.skipped_updates:
@@ -321,22 +324,31 @@ class PPO(TrainingState):
         """--num_epochs passes of minibatches (`_minibatches`) over `num_units` samples or sequences (of
         `unit` samples), each a clipped PPO step: gradients(indices) puts the minibatch's loss gradients
         into the optimizer's gradient and returns the loss stats [5] (None: too few samples, skipped). A
-        step whose loss stats or gradient norm are not finite is not taken (counted: `skipped_updates`)."""
+        step whose loss stats or gradient norm are not finite is not taken (counted: `skipped_updates`).
+        With several learner ranks (the optimizer averages over them) every rank takes part in every minibatch's
+        step, whatever its own share holds (none: a zero gradient), and a rank's non-finite loss makes the mean
+        gradient non-finite: the ranks take the same steps."""
         lcfg = self.lcfg
         schedule_learning_rate(self.optimizer, self.cfg, self.lcfg, self.hooks)
         totals = torch.zeros(len(LOSS_STATS))
         num_updates = skipped = 0
         minibatches = self._minibatches(num_units, unit)
+        ranked = self.optimizer.average is not None
         for _ in range(lcfg.num_epochs):
             for picked in torch.randperm(num_units, device=self.device).tensor_split(minibatches):
-                if picked.numel() < 1 or self.hooks.stopping():  # a stopping run does not wait for epochs
+                if self.hooks.stopping() or (picked.numel() < 1 and not ranked):  # a stop does not wait for epochs
                     continue
                 self.hooks.beat()
                 # --compile: a new minibatch size compiles again, at any update: heartbeats meanwhile
                 with base.keep_beating(self.hooks.beat) if self.cfg.run.compile else contextlib.nullcontext():
-                    stats = gradients(picked)
-                if stats is None:
+                    stats = gradients(picked) if picked.numel() else None
+                if stats is None and not ranked:
                     continue
+                if stats is None:
+                    self.optimizer.zero_grad()
+                    stats = torch.zeros(len(LOSS_STATS) - 1, device=self.device)
+                elif ranked and not all_finite(stats.detach()):
+                    self.optimizer.grad.fill_(float("nan"))
                 grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
                 figures = torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
                 if not all_finite(figures):  # a NaN or inf in the loss or any gradient

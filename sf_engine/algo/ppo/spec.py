@@ -128,6 +128,7 @@ SPEC = AlgorithmSpec(
     data=SLOTS,
     normalize_returns=True,
     user_model=True,
+    data_parallel=True,
     # the ranges its hyperparameters are drawn from and kept within (gamma's by its horizon 1 / (1 - gamma))
     pbt={
         "learning_rate": Range(1e-5, 1e-2),

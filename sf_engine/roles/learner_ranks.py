@@ -1,0 +1,108 @@
+"""The ranks of one policy's learner (--num_learners > 1), as the learner of one rank sees them.
+
+Each rank is a learner process (sf_engine.roles.learner, its role's index its rank) on its own device, joined to the
+others by torch.distributed (sf_engine.runtime.ranks.RankGroup). Each takes its own share of every batch's trajectory
+slots; before each round the ranks agree (one all-reduce) on whether every one holds its share, whether the run stops
+(all of them leave their loops after the same round) and on the env steps and seconds of the round's schedules. The
+algorithm averages its gradients and merges its normalizers' statistics over them (its TrainingState.join_ranks), so
+every rank holds the same weights, compared after every round; rank 0 alone publishes them, keeps the training state,
+writes the checkpoints and reports the round's figures of all the ranks, gathered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from sf_engine.algo.base import TrainResult
+from sf_engine.roles.sources import SourceFigures
+from sf_engine.runtime.ranks import Agreement, RankGroup, checksum
+from sf_engine.runtime.role import RoleContext, RunStopped
+from sf_engine.runtime.shared_buffers import RENDEZVOUS_SUFFIX
+
+
+class LearnerRanks:
+    def __init__(self, learner, ctx: RoleContext):
+        """Join the other ranks (a rendezvous file beside the run's shared memory, removed before each start of
+        them); each policy's algorithm then averages its gradients and merges its normalizers' statistics over the
+        ranks. They built the same state (the same seed, checkpoint or kept state): compared at once."""
+        self.learner, self.ctx = learner, ctx
+        self.rank, self.world = learner.rank, learner.num_ranks
+        self.group = RankGroup(
+            self.rank,
+            self.world,
+            f"file://{learner.buffers.path}{RENDEZVOUS_SUFFIX}",
+            learner.device,
+            learner.cfg.parallel.collective_timeout_sec,
+        )
+        for policy in learner.policies:
+            policy.algorithm.join_ranks(self.group)
+            policy.counted_weights = policy.params.detach().clone()
+        self.check_same_weights("at the start")
+        self.ready = False  # this rank holds its share of the next batch
+        self.agreed: Agreement | None = None  # what the ranks agreed on for the round
+        ctx.agreed_stop = False  # from now on the ranks stop together (agree_on_round)
+
+    @property
+    def env_steps(self) -> int:
+        return self.learner.env_steps if self.agreed is None else self.agreed.env_steps
+
+    @property
+    def elapsed_sec(self) -> float:
+        return self.learner.elapsed_sec if self.agreed is None else self.agreed.elapsed_sec
+
+    def agree_on_round(self, timeout_sec: float) -> bool:
+        """This rank takes its share of a batch (and holds it until the others have theirs), then the ranks agree:
+        True when every rank holds its share (a round to train now); the stop when any saw it (`ctx.stopping` then
+        says so on every rank, after the same round)."""
+        learner = self.learner
+        if not self.ready:
+            self.ready = learner.source.take(timeout_sec)
+        self.agreed = self.group.agree(self.ready, self.ctx.stop_signalled, learner.env_steps, learner.elapsed_sec)
+        if self.agreed.stop:
+            self.ctx.agreed_stop = True
+            return False
+        if not self.agreed.all_ready:
+            return False
+        self.ready = False
+        return True
+
+    def check_same_weights(self, when: str) -> None:
+        """Every rank holds the same weights (a checksum of every policy's, compared): else the run stops, one line."""
+        if not self.group.same_everywhere(checksum(*(policy.params for policy in self.learner.policies))):
+            raise RunStopped(
+                f"learner rank {self.rank} of {self.world}: the ranks' weights differ {when} (version "
+                f"{self.learner.version}); data-parallel learning needs the same update on every rank"
+            )
+
+    def gathered(self, total: TrainResult, figures: SourceFigures | None, train_sec: float) -> tuple:
+        """(TrainResult, SourceFigures, seconds) of a policy's round on every rank as one, on every rank: counts
+        summed, losses averaged, the lags of all, the longest training time."""
+        figures = figures or SourceFigures()
+        names = sorted(total.losses)  # the same on every rank: they took the same steps
+        counts = [total.samples, figures.dropped_lag, figures.not_trainable, figures.skipped_non_finite, figures.acted]
+        lags = [figures.lag_count, figures.lag_mean * figures.lag_count, figures.lag_min, figures.lag_max]
+        row = torch.tensor(counts + lags + [train_sec] + [total.losses[name] for name in names], dtype=torch.float64)
+        rows = self.group.gather(row).cpu()
+        sums = [int(x) for x in rows[:, : len(counts)].sum(0).tolist()]
+        lag_rows = rows[:, len(counts) : len(counts) + len(lags)]
+        lagged = lag_rows[lag_rows[:, 0] > 0]
+        lag = {}
+        if len(lagged):
+            count = float(lagged[:, 0].sum())
+            lag = dict(
+                lag_count=int(count),
+                lag_mean=float(lagged[:, 1].sum()) / count,
+                lag_min=float(lagged[:, 2].min()),
+                lag_max=float(lagged[:, 3].max()),
+            )
+        merged = dataclasses.replace(
+            figures, dropped_lag=sums[1], not_trainable=sums[2], skipped_non_finite=sums[3], acted=sums[4], **lag
+        )
+        losses = dict(zip(names, rows[:, len(counts) + len(lags) + 1 :].mean(0).tolist()))
+        train_sec = float(rows[:, len(counts) + len(lags)].max())
+        return dataclasses.replace(total, samples=sums[0], losses=losses), merged, train_sec
+
+    def close(self) -> None:
+        self.group.close()

@@ -1,0 +1,131 @@
+"""--num_learners: learner ranks of one policy, data-parallel (sf_engine.runtime.ranks): they learn as one learner
+does, report their figures once, stop together, start again together when one dies, and their checkpoints resume
+with any number of ranks."""
+
+import os
+import re
+import signal
+
+import pytest
+import torch
+from conftest import one_line_error, read_json, run_train
+from test_reliability import (  # noqa: F401  (no_leftover_runs: the autouse fixture that kills what a test left)
+    books_balance,
+    no_leftover_runs,
+    start_train,
+    wait_for,
+    wait_for_children,
+    wait_for_steps,
+)
+
+from sf_engine.model.features import RunningMeanStd
+
+CARTPOLE = ["--env", "CartPole-v1", "--num_learners", "2", "--seed", "1"]
+
+
+def test_normalizer_statistics_merged_over_ranks_are_those_of_the_whole_batch():
+    """Each rank's batch statistics gathered and merged in rank order: the running mean and variance of the two
+    halves are those of one learner's update on the whole batch (a rank without samples changes nothing)."""
+    torch.manual_seed(0)
+    batch = torch.randn(300, 3) * torch.tensor([1.0, 5.0, 0.1]) + torch.tensor([2.0, -1.0, 0.5])
+    halves = batch[:120], batch[120:]
+    whole = RunningMeanStd((3,))
+    whole.update(batch)
+    sent = []
+    other = RunningMeanStd((3,))
+    other.gather = lambda row: sent.append(row) or row[None]  # rank 1: its row, as it goes into the gather
+    other.update(halves[1])
+    ranked = RunningMeanStd((3,))
+    ranked.gather = lambda row: torch.stack([row, sent[0]])  # rank 0 gets both rows
+    ranked.update(halves[0])
+    torch.testing.assert_close(ranked.mean, whole.mean)
+    torch.testing.assert_close(ranked.var, whole.var)
+    torch.testing.assert_close(ranked.count, whole.count)
+    before = ranked.mean.clone()
+    ranked.gather = lambda row: torch.stack([row, row])  # two ranks without samples
+    ranked.update(torch.zeros(0, 3))
+    torch.testing.assert_close(ranked.mean, before)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_two_learner_ranks_learn_cartpole_and_report_each_sample_once(tmp_path, shm_dir, mode):
+    """Two ranks on the CPU (gloo): CartPole reaches 475 within the env-step budget, the samples they trained are
+    counted once (the books balance, trained = the learner's samples), rank 1 says so in the log, and nothing of
+    the run is left (its shared memory and the ranks' rendezvous file)."""
+    result = run_train(
+        CARTPOLE
+        + ["--mode", mode, "--experiment", "ranks", "--shm_dir", shm_dir, "--stop_at_return", "475"]
+        + ["--train_for_env_steps", "3000000", "--train_for_seconds", "300"],
+        tmp_path,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(tmp_path / "ranks" / "summary.json")
+    assert summary["episode_return_mean"] >= 475, summary["episode_return_mean"]
+    books = books_balance(summary)
+    assert books["trained"] == summary["learner_samples"] > 0.8 * summary["env_steps"], books
+    log = (tmp_path / "ranks" / "train.log").read_text()
+    assert re.search(r"learner\[1\] INFO ready: rank 1 of 2 on cpu", log), log[-2000:]
+    assert "rank 0 of 2 on cpu" in log
+    assert os.listdir(shm_dir) == [], "the run's shared memory or the ranks' rendezvous file was left behind"
+
+
+@pytest.mark.e2e
+def test_a_killed_learner_rank_restarts_every_rank_from_the_kept_state(tmp_path, shm_dir):
+    """SIGKILL of rank 1: rank 0's collective ends (no hang), both ranks start again from the training state kept,
+    at the version published, and the run ends on its env-step budget with its books balanced."""
+    exp = str(tmp_path / "kill")
+    args = CARTPOLE + ["--shm_dir", shm_dir, "--train_for_env_steps", "1500000", "--train_for_seconds", "200"]
+    proc = start_train(args + ["--collective_timeout_sec", "30"], tmp_path, "kill")
+    rows = wait_for_children(exp, 4)
+    wait_for_steps(exp, 100_000)
+    os.kill(next(r["pid"] for r in rows if r["role"] == "learner" and r["index"] == 1), signal.SIGKILL)
+    wait_for(exp, "learner_restarts", 1, timeout=90)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    summary = read_json(os.path.join(exp, "summary.json"))
+    assert summary["learner_restarts"] == 1 and summary["env_steps"] >= 1_500_000
+    books_balance(summary)
+    log = open(os.path.join(exp, "train.log")).read()
+    assert re.search(r"learner rank 1 of the same learner died \(killed by SIGKILL\)|learner 1 on env \S+ died", log)
+    assert "with the training state of version" in log, "the ranks started again from scratch"
+    assert len(re.findall(r"learner\[1\] INFO ready: rank 1 of 2", log)) == 2
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.e2e
+def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
+    """Rank 0 writes the checkpoints as one learner does: a 2-rank run resumes with one learner and that one's
+    checkpoint with two, each from the version the last one saved."""
+    common = ["--env", "CartPole-v1", "--experiment", "resume", "--seed", "2"]
+    versions = []
+    for ranks, steps in [(2, 100_000), (1, 200_000), (2, 300_000)]:
+        result = run_train(common + ["--num_learners", str(ranks), "--train_for_env_steps", str(steps)], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        versions.append(read_json(tmp_path / "resume" / "summary.json")["learner_version"])
+    log = (tmp_path / "resume" / "train.log").read_text()
+    resumed = {
+        rank: [int(v) for v in re.findall(rf"learner\[{rank}\] INFO policy 0 resumed from \S+ \(version (\d+)\)", log)]
+        for rank in (0, 1)
+    }
+    assert resumed == {0: versions[:2], 1: versions[1:2]}, (resumed, versions)
+    assert versions[0] < versions[1] < versions[2]
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--num_learners", "0"], "--num_learners must be at least 1"),
+        (["--num_learners", "2", "--algo", "dqn"], "does not average its gradients over learner ranks"),
+        (["--num_learners", "2", "--mode", "serial"], "--mode serial runs every role in one process"),
+        (["--num_learners", "2", "--num_policies", "2"], "the ranks train one policy"),
+        (["--num_learners", "2", "--sampling_only", "true"], "trains nothing"),
+        (["--num_learners", "3", "--batch_size", "1024", "--rollout", "16", "--num_envs_per_worker", "16"], "multiple"),
+        (["--num_learners", "2", "--collective_timeout_sec", "0"], "--collective_timeout_sec must be > 0"),
+    ],
+)
+def test_what_several_learner_ranks_do_not_run_is_refused_in_one_line(tmp_path, flags, words):
+    result = run_train(["--env", "CartPole-v1", "--train_for_env_steps", "1000"] + flags, tmp_path, timeout=120)
+    assert words in one_line_error(result)
+    assert not os.path.exists(tmp_path / "default"), "a refused run wrote its experiment directory"
