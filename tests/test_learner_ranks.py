@@ -47,6 +47,26 @@ def test_normalizer_statistics_merged_over_ranks_are_those_of_the_whole_batch():
     torch.testing.assert_close(ranked.mean, before)
 
 
+def test_a_stop_within_a_long_round_is_agreed_every_few_steps_on_every_rank():
+    """Within a round the ranks ask each other whether the run stops every STOP_CHECK_STEPS minibatch steps (one
+    all-reduce each), so a long round ends early at a stop on every rank alike; a new round starts without it."""
+    from types import SimpleNamespace
+
+    from sf_engine.roles.learner_ranks import STOP_CHECK_STEPS, LearnerRanks
+    from sf_engine.runtime.ranks import Agreement
+
+    asked = []
+    ranks = LearnerRanks.__new__(LearnerRanks)  # its state without a group of processes
+    ranks.ctx = SimpleNamespace(stop_signalled=False)
+    ranks.group = SimpleNamespace(agree=lambda *args: asked.append(args) or Agreement(True, args[1], 0, 0.0))
+    ranks.round_steps, ranks.round_stop = 0, False
+    assert not any(ranks.stopping() for _ in range(2 * STOP_CHECK_STEPS)) and len(asked) == 2
+    ranks.ctx.stop_signalled = True
+    answers = [ranks.stopping() for _ in range(STOP_CHECK_STEPS)]
+    assert answers == [False] * (STOP_CHECK_STEPS - 1) + [True] and len(asked) == 3
+    assert ranks.stopping() and len(asked) == 3  # agreed: no more collectives in this round
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_two_learner_ranks_learn_cartpole_and_report_each_sample_once(tmp_path, shm_dir, mode):
@@ -123,6 +143,9 @@ def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
         (["--num_learners", "2", "--sampling_only", "true"], "trains nothing"),
         (["--num_learners", "3", "--batch_size", "1024", "--rollout", "16", "--num_envs_per_worker", "16"], "multiple"),
         (["--num_learners", "2", "--collective_timeout_sec", "0"], "--collective_timeout_sec must be > 0"),
+        (["--num_learners", "2", "--collective_timeout_sec", "60"], "must be below --stuck_timeout_sec (60)"),
+        (["--num_learners", "2", "--pool_every_versions", "10"], "the opponent pool is not built for ranks"),
+        (["--num_learners", "2", "--env", "TorchCartPole-v1"], "is a device env"),
     ],
 )
 def test_what_several_learner_ranks_do_not_run_is_refused_in_one_line(tmp_path, flags, words):

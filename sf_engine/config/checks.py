@@ -61,10 +61,17 @@ def _check_learner_ranks(cfg: Config) -> None:
         run.deterministic: "--deterministic true: the ranks take their slots as they come; drop one of them",
         cfg.policies.num_policies > 1: "--num_policies > 1: the ranks train one policy; use --num_learners 1",
         cfg.policies.pbt: "--pbt: the ranks train one policy; use --num_learners 1",
-        cfg.env.env_backend == "device": f"--env {cfg.env.env} is a device env, sampled by the learner's device",
+        cfg.policies.pool_every_versions > 0: "--pool_every_versions: the opponent pool is not built for ranks; "
+        "use --num_learners 1",
     }
     if True in refused:
         raise ConfigError(f"{flag}: {refused[True]}")
+    timeout, stuck = cfg.parallel.collective_timeout_sec, run.stuck_timeout_sec
+    if timeout >= stuck:
+        raise ConfigError(
+            f"{flag}: --collective_timeout_sec ({timeout:g}) must be below --stuck_timeout_sec ({stuck:g}): a rank "
+            f"waiting in a collective does not beat"
+        )
 
 
 def _check_counts(cfg: Config) -> None:
@@ -251,6 +258,11 @@ def _check_device_mode(cfg: Config) -> None:
         )
     if cfg.policies.num_policies > 1:
         raise ConfigError(f"--num_policies {cfg.policies.num_policies}: {device_env}, which trains one policy")
+    if cfg.parallel.num_learners > 1:
+        raise ConfigError(
+            f"--num_learners {cfg.parallel.num_learners}: {device_env}, sampled by its one learner's device: use "
+            f"--num_learners 1"
+        )
     if cfg.run.deterministic:
         raise ConfigError(f"--deterministic true: {device_env}, whose runs are not made repeatable yet: drop it")
     s = cfg.sampler

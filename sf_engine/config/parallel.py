@@ -22,10 +22,10 @@ class ParallelConfig:
         "state kept. 1: one learner.",
     )
     collective_timeout_sec: float = _f(
-        60.0,
+        30.0,
         "With --num_learners > 1, the longest a rank waits for the others in one collective (their joining at the "
         "start included): a rank that died or hangs ends the wait with one line naming the operation, and the "
-        "ranks are restarted.",
+        "ranks are restarted. Keep it below --stuck_timeout_sec: a rank waiting in a collective does not beat.",
     )
 
     def check(self) -> None:

@@ -100,7 +100,7 @@ class RunConfig:
     cpu_affinity: str = _f(
         "auto",
         "Pin processes to cores. 'learner': a learner that trains on the CPU gets "
-        "--learner_threads cores of its own and every other process the rest, so "
+        "--learner_threads cores of its own (each of --num_learners ranks) and every other process the rest, so "
         "sampling never preempts it; 'off': the OS places every process; 'auto': "
         "'learner' when training on the CPU with cores to spare, else 'off'.",
         choices=("auto", "learner", "off"),

@@ -73,16 +73,11 @@ class Learner:
         self.keeps = self.publishes and self.cfg.run.mode != "serial" and not self.cfg.run.sampling_only
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
         self.device = rank_device(self.cfg.run.device, self.rank) if share else torch.device("cpu")
+        if self.device.type == "cuda":  # this rank's GPU for whatever is made on "cuda" (its own, with ranks)
+            torch.cuda.set_device(self.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits
         self.ranks: LearnerRanks | None = None  # several ranks: this one's view of them
-        hooks = TrainingHooks(  # several ranks: the env steps and seconds they agreed on for the round
-            env_steps=lambda: self.env_steps if self.ranks is None else self.ranks.env_steps,
-            beat=ctx.beat,
-            # --deterministic: a round is trained whole wherever the stop finds it, its updates the same every run
-            stopping=lambda: ctx.stopping and not self.cfg.run.deterministic,
-            elapsed_sec=lambda: self.elapsed_sec if self.ranks is None else self.ranks.elapsed_sec,
-        )
-        self.hooks = hooks
+        self.hooks = hooks = self._hooks(ctx)
         algorithm = import_class(self.cfg.algorithm.learner)
         self.policies = [
             LearningPolicy(
@@ -111,6 +106,19 @@ class Learner:
         self.source: DataSource = self._replay_source() if replay else self._trajectory_source()
         if replay and plan.resume_from and not ctx.generation and self.cfg.replay.save_replay:
             self.source.load(self.checkpoint_dir)
+
+    def _hooks(self, ctx: RoleContext) -> TrainingHooks:
+        """What the algorithm asks of the learner; with several ranks, the env steps and seconds they agreed on for
+        the round and the stop they agree on within it."""
+        return TrainingHooks(
+            env_steps=lambda: self.env_steps if self.ranks is None else self.ranks.env_steps,
+            beat=ctx.beat,
+            # --deterministic: a round is trained whole wherever the stop finds it, its updates the same every run
+            stopping=lambda: (
+                (ctx.stopping and not self.cfg.run.deterministic) if self.ranks is None else self.ranks.stopping()
+            ),
+            elapsed_sec=lambda: self.elapsed_sec if self.ranks is None else self.ranks.elapsed_sec,
+        )
 
     @property
     def elapsed_sec(self) -> float:

@@ -21,6 +21,8 @@ from sf_engine.runtime.ranks import Agreement, RankGroup, checksum
 from sf_engine.runtime.role import RoleContext, RunStopped
 from sf_engine.runtime.shared_buffers import RENDEZVOUS_SUFFIX
 
+STOP_CHECK_STEPS = 16  # within a round, the ranks agree on the stop every this many minibatch steps
+
 
 class LearnerRanks:
     def __init__(self, learner, ctx: RoleContext):
@@ -42,6 +44,7 @@ class LearnerRanks:
         self.check_same_weights("at the start")
         self.ready = False  # this rank holds its share of the next batch
         self.agreed: Agreement | None = None  # what the ranks agreed on for the round
+        self.round_steps, self.round_stop = 0, False  # the round's minibatch steps so far; a stop agreed within it
         ctx.agreed_stop = False  # from now on the ranks stop together (agree_on_round)
 
     @property
@@ -66,7 +69,17 @@ class LearnerRanks:
         if not self.agreed.all_ready:
             return False
         self.ready = False
+        self.round_steps, self.round_stop = 0, False
         return True
+
+    def stopping(self) -> bool:
+        """The algorithm's `hooks.stopping`, asked once per minibatch step on every rank: whether the ranks agreed
+        to stop, looked for every STOP_CHECK_STEPS steps of a round (one all-reduce), so that a long round ends
+        early at a stop on every rank alike, as one learner's does."""
+        self.round_steps += 1
+        if not self.round_stop and self.round_steps % STOP_CHECK_STEPS == 0:
+            self.round_stop = self.group.agree(True, self.ctx.stop_signalled, 0, 0.0).stop
+        return self.round_stop
 
     def check_same_weights(self, when: str) -> None:
         """Every rank holds the same weights (a checksum of every policy's, compared): else the run stops, one line."""

@@ -171,7 +171,7 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
             cfg.run.device == "cpu"
             and cfg.run.mode != "serial"
             and not cfg.run.sampling_only
-            and usable_cores() > cfg.learner.learner_threads
+            and usable_cores() > cfg.learner.learner_threads * cfg.parallel.num_learners
         )
         cfg = dataclasses.replace(
             cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off")

@@ -107,8 +107,16 @@ class Supervisor:
         logging.error("%s %s%s", where, cause, f":\n{trace.rstrip()}" if trace else "")
         if role == "learner":  # with --num_learners, the other ranks too: one that died first shows why
             for rank, child in [(i, c) for (r, i), c in self.children.items() if r == "learner" and i != index]:
-                other = self._failure("learner", rank, child)
-                logging.error("learner rank %d of the same learner %s", rank, other or "was running")
+                other, other_trace = (
+                    self._failure("learner", rank, child),
+                    self.stats.faults.pop(("learner", rank), None),
+                )
+                logging.error(
+                    "learner rank %d of the same learner %s%s",
+                    rank,
+                    other or "was running",
+                    f":\n{other_trace.rstrip()}" if other_trace else "",
+                )
         self._kill(role, index)
         generation = self.children[(role, index)].generation + 1
         if role == "learner":  # with --num_learners, every rank: they start again together

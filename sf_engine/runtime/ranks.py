@@ -14,10 +14,16 @@ Runs in each learner process; the ranks meet through a rendezvous file (`file://
 from __future__ import annotations
 
 import datetime
+import inspect
+import os
 from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
+
+
+def _takes_device_id() -> bool:
+    return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
 def rank_device(device: str, rank: int) -> torch.device:
@@ -51,6 +57,7 @@ class RankGroup:
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a timeout raises in the collective, not later
         self._run(
             "joining the group",
             lambda: dist.init_process_group(
@@ -59,8 +66,8 @@ class RankGroup:
                 rank=rank,
                 world_size=world,
                 timeout=datetime.timedelta(seconds=timeout_sec),
-                # NCCL: the device of this rank, known at once (a lazy init would pick cuda:0 on every rank)
-                **({"device_id": device} if backend == "nccl" else {}),
+                # NCCL: the device of this rank, known at once (a lazy init would pick cuda:0 on every rank; torch 2.3+)
+                **({"device_id": device} if backend == "nccl" and _takes_device_id() else {}),
             ),
         )
 

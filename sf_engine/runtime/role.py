@@ -145,16 +145,18 @@ def make_reproducible(role: str, cfg) -> None:
     torch.manual_seed((cfg.env.seed * 1_000_003 + heartbeat_index(role) + 1) % 2**63)  # any integer --seed
 
 
-def pin_to_cores(role: str, cfg) -> None:
-    """--cpu_affinity learner: the learner runs on the last --learner_threads of the usable cores, every
-    other process on the rest, so that the sampler's processes never preempt the learner (and never
-    evict its working set from the core's caches) while it trains."""
+def pin_to_cores(role: str, cfg, index: int = 0) -> None:
+    """--cpu_affinity learner: the learner runs on the last --learner_threads of the usable cores (with
+    --num_learners, rank r on the r-th such group from the end), every other process on the rest, so that the
+    sampler's processes never preempt the learner (and never evict its working set from the core's caches)
+    while it trains."""
     if cfg.run.cpu_affinity != "learner":
         return
     cores = sorted(os.sched_getaffinity(0))
-    threads = cfg.learner.learner_threads
-    if len(cores) > threads:
-        os.sched_setaffinity(0, cores[-threads:] if role == "learner" else cores[:-threads])
+    threads, ranks = cfg.learner.learner_threads, cfg.parallel.num_learners
+    if len(cores) > threads * ranks:
+        own = cores[len(cores) - threads * (index + 1) : len(cores) - threads * index]
+        os.sched_setaffinity(0, own if role == "learner" else cores[: len(cores) - threads * ranks])
 
 
 def register_user_code(plan: RunPlan) -> None:
@@ -177,7 +179,7 @@ def run_role(role: str, index: int, generation: int, plan, queues) -> None:
     register_user_code(plan)
     set_torch_threads(role, plan.cfg)
     make_reproducible(role, plan.cfg)
-    pin_to_cores(role, plan.cfg)
+    pin_to_cores(role, plan.cfg, index)
     buffers = SharedBuffers.attach(plan.paths.shm_path, plan.layout)
     ctx = RoleContext(plan, role, index, buffers, queues, generation)
     ctx.beat()
