@@ -55,17 +55,20 @@ def _check_learner_ranks(cfg: Config) -> None:
             f"{flag}: --algo {cfg.learner.algo} does not average its gradients over learner ranks (data-parallel "
             f"learning is built for ppo); use --num_learners 1"
         )
-    refused = {
-        run.mode == "serial": "--mode serial runs every role in one process: use --mode async or sync",
-        run.sampling_only: "--sampling_only true trains nothing: drop --num_learners",
-        run.deterministic: "--deterministic true: the ranks take their slots as they come; drop one of them",
-        cfg.policies.num_policies > 1: "--num_policies > 1: the ranks train one policy; use --num_learners 1",
-        cfg.policies.pbt: "--pbt: the ranks train one policy; use --num_learners 1",
-        cfg.policies.pool_every_versions > 0: "--pool_every_versions: the opponent pool is not built for ranks; "
-        "use --num_learners 1",
-    }
-    if True in refused:
-        raise ConfigError(f"{flag}: {refused[True]}")
+    refused = [
+        (run.mode == "serial", "--mode serial runs every role in one process: use --mode async or sync"),
+        (run.sampling_only, "--sampling_only true trains nothing: drop --num_learners"),
+        (run.deterministic, "--deterministic true: the ranks take their slots as they come; drop one of them"),
+        (cfg.policies.num_policies > 1, "--num_policies > 1: the ranks train one policy; use --num_learners 1"),
+        (cfg.policies.pbt, "--pbt: the ranks train one policy; use --num_learners 1"),
+        (
+            cfg.policies.pool_every_versions > 0,
+            "--pool_every_versions: the opponent pool is not built for ranks; use --num_learners 1",
+        ),
+    ]
+    why = next((why for applies, why in refused if applies), None)
+    if why:
+        raise ConfigError(f"{flag}: {why}")
     timeout, stuck = cfg.parallel.collective_timeout_sec, run.stuck_timeout_sec
     if timeout >= stuck:
         raise ConfigError(

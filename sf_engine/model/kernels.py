@@ -270,5 +270,4 @@ def categorical_sample(logits: torch.Tensor):
     torch's generator's uniforms (torch.manual_seed governs it); None where `use_kernels(logits)` is not so."""
     if not use_kernels(logits):
         return None
-    actions, log_probs = KERNELS.categorical_sample(logits, torch.rand(logits.shape[0]))
-    return actions, log_probs
+    return tuple(KERNELS.categorical_sample(logits, torch.rand(logits.shape[0])))

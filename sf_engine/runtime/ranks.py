@@ -88,18 +88,21 @@ class RankGroup:
 
     def same_everywhere(self, value: int) -> bool:
         """Whether every rank passed the same integer (a checksum): one all-reduce of (value, -value) by maximum."""
-        both = torch.tensor([value, -value], dtype=torch.int64, device=self._collective_device())
-        self._run("a comparison of the ranks' weights", lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
-        return int(both[0]) == -int(both[1])
+        largest, negated = self._maximum([value, -value], "a comparison of the ranks' weights")
+        return largest == -negated
 
     def agree(self, ready: bool, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
         """One all-reduce by maximum: each rank says whether it holds its share of the next batch, whether it saw
         the run stop, and the env steps and seconds it read; every rank gets the same Agreement."""
         flags = [int(not ready), int(stopping), int(env_steps), int(elapsed_sec * 1e6)]
-        both = torch.tensor(flags, dtype=torch.int64, device=self._collective_device())
-        self._run("the ranks' agreement on the next round", lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
-        not_ready, stop, steps, micros = (int(x) for x in both.tolist())
+        not_ready, stop, steps, micros = self._maximum(flags, "the ranks' agreement on the next round")
         return Agreement(not not_ready, bool(stop), steps, micros / 1e6)
+
+    def _maximum(self, values: list[int], what: str) -> list[int]:
+        """Each of the integers `values` at its maximum over the ranks (one all-reduce; `what`: named in an error)."""
+        tensor = torch.tensor(values, dtype=torch.int64, device=self._collective_device())
+        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))
+        return [int(x) for x in tensor.tolist()]
 
     def gather(self, vector: torch.Tensor) -> torch.Tensor:
         """Every rank's `vector` (the same length on each), as rows [world, len] in rank order, on every rank."""

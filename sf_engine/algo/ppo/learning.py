@@ -144,12 +144,10 @@ class PPO(TrainingState):
             return TrainResult(0)
         if not index.numel():  # several ranks: this one's share holds no sample, and it still takes every step
             result = self._optimize(0, lambda picked: None)
+        elif self.model.recurrent:
+            result = self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
         else:
-            result = (
-                self._ppo_epochs_recurrent(self._own_sequences(self._sequences(batch, keep, advantages, returns)))
-                if self.model.recurrent
-                else self._ppo_epochs(samples)
-            )
+            result = self._ppo_epochs(samples)
         # after the epochs: the behaviour log-probs were computed with the statistics in force (not after a
         # skipped update: a non-finite value in the batch would poison them)
         if not result.skipped_updates:
