@@ -204,7 +204,7 @@ class Learner:
     def train_round(self) -> None:
         """Each policy trains on its batches of the source's round, then publishes its new version when an
         optimizer step was taken (weights with a non-finite value never are: the last published ones come
-        back); then the source frees what the round held."""
+        back); then the source frees what the round held (with several ranks, rank 0 frees every rank's)."""
         for learner in self.policies:
             self.timer.enter(LearnerStage.TRAIN)
             started = time.perf_counter()
@@ -229,7 +229,10 @@ class Learner:
             learner.count_bad_updates(total, published, self.lcfg.max_bad_updates, self.checkpoint_dir)
         self._report_books(self.source.books_due())  # a batch no policy trained on: its books still count
         self.population.step()  # a PBT round or a pool snapshot when one is due
-        self.source.release()
+        if self.ranks is None:
+            self.source.release()
+        else:
+            self.ranks.release_round()
         self._keep_when_due()
 
     def _report(self, learner: LearningPolicy, result: TrainResult, train_sec: float, figures) -> None:

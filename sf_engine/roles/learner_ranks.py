@@ -45,6 +45,7 @@ class LearnerRanks:
         self.ready = False  # this rank holds its share of the next batch
         self.agreed: Agreement | None = None  # what the ranks agreed on for the round
         self.round_steps, self.round_stop = 0, False  # the round's minibatch steps so far; a stop agreed within it
+        self.others_slots: list = []  # rank 0: the other ranks' slots of the round, gathered, which it puts back
         ctx.agreed_stop = False  # from now on the ranks stop together (agree_on_round)
 
     @property
@@ -91,13 +92,17 @@ class LearnerRanks:
 
     def gathered(self, total: TrainResult, figures: SourceFigures | None, train_sec: float) -> tuple:
         """(TrainResult, SourceFigures, seconds) of a policy's round on every rank as one, on every rank: counts
-        summed, losses averaged, the lags of all, the longest training time."""
+        summed, losses averaged, the lags of all, the longest training time. The ranks' slots of the round go with
+        them (release_round)."""
         figures = figures or SourceFigures()
         names = sorted(total.losses)  # the same on every rank: they took the same steps
         counts = [total.samples, figures.dropped_lag, figures.not_trainable, figures.skipped_non_finite, figures.acted]
         lags = [figures.lag_count, figures.lag_mean * figures.lag_count, figures.lag_min, figures.lag_max]
-        row = torch.tensor(counts + lags + [train_sec] + [total.losses[name] for name in names], dtype=torch.float64)
+        slots = list(self.learner.source.slots)  # an equal share on every rank
+        losses = [total.losses[name] for name in names]
+        row = torch.tensor(counts + lags + [train_sec] + losses + slots, dtype=torch.float64)
         rows = self.group.gather(row).cpu()
+        self.others_slots = [int(s) for s in rows[1:, len(row) - len(slots) :].reshape(-1).tolist()]
         sums = [int(x) for x in rows[:, : len(counts)].sum(0).tolist()]
         lag_rows = rows[:, len(counts) : len(counts) + len(lags)]
         lagged = lag_rows[lag_rows[:, 0] > 0]
@@ -113,9 +118,22 @@ class LearnerRanks:
         merged = dataclasses.replace(
             figures, dropped_lag=sums[1], not_trainable=sums[2], skipped_non_finite=sums[3], acted=sums[4], **lag
         )
-        losses = dict(zip(names, rows[:, len(counts) + len(lags) + 1 :].mean(0).tolist()))
+        start = len(counts) + len(lags) + 1
+        losses = dict(zip(names, rows[:, start : start + len(names)].mean(0).tolist()))
         train_sec = float(rows[:, len(counts) + len(lags)].max())
         return dataclasses.replace(total, samples=sums[0], losses=losses), merged, train_sec
+
+    def release_round(self) -> None:
+        """The round's slots back to the free pool, every rank's by rank 0, after its report: a rank that dies once
+        its figures were gathered (reported by rank 0 as trained) leaves no slot of the round for the supervisor to
+        book again as dropped."""
+        source = self.learner.source
+        if self.rank == 0:
+            self.learner.pool.recycle(self.others_slots)
+        else:
+            source.slots = []  # rank 0 puts them back with its own
+        self.others_slots = []
+        source.release()
 
     def close(self) -> None:
         self.group.close()
