@@ -5,6 +5,7 @@ with any number of ranks."""
 import os
 import re
 import signal
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from test_reliability import (  # noqa: F401  (no_leftover_runs: the autouse fix
 )
 
 from sf_engine.model.features import RunningMeanStd
+from sf_engine.runtime.shared_buffers import TRAINING_STATE_SUFFIX
 
 CARTPOLE = ["--env", "CartPole-v1", "--num_learners", "2", "--seed", "1"]
 
@@ -100,6 +102,9 @@ def test_a_killed_learner_rank_restarts_every_rank_from_the_kept_state(tmp_path,
     proc = start_train(args + ["--collective_timeout_sec", "30"], tmp_path, "kill")
     rows = wait_for_children(exp, 4)
     wait_for_steps(exp, 100_000)
+    deadline = time.monotonic() + 60  # the training state kept once (every second, after a round) before the kill
+    while not any(name.endswith(TRAINING_STATE_SUFFIX) for name in os.listdir(shm_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     os.kill(next(r["pid"] for r in rows if r["role"] == "learner" and r["index"] == 1), signal.SIGKILL)
     wait_for(exp, "learner_restarts", 1, timeout=90)
     out, _ = proc.communicate(timeout=300)
