@@ -187,11 +187,15 @@ def test_a_users_flag_reaches_the_learner_and_config_json_and_is_resumed(user_di
     assert seen.values == {0.25}
     saved = read_json(os.path.join(result.experiment_dir, "config.json"))
     assert saved["toy"] == {"toy_entropy_coeff": 0.25, "toy_baseline": True}
-    resumed = Seen()  # the same experiment, a longer budget, another value: resumed from its checkpoint
-    _train(user_dir, shm_dir, resumed, toy_entropy_coeff=0.5, train_for_env_steps=8000)
+    # the same experiment, a longer budget, another value: resumed from its checkpoint. The budget is checked
+    # every quarter second, so a fast first run may pass 4,000 by thousands: the new one starts past its end
+    longer = result.summary["env_steps"] + 4000
+    resumed = Seen()
+    _train(user_dir, shm_dir, resumed, toy_entropy_coeff=0.5, train_for_env_steps=longer)
     assert resumed.values == {0.5}
     log = open(os.path.join(result.experiment_dir, "train.log")).read()
-    assert "resuming with changed flags: --train_for_env_steps 4000 -> 8000, --toy_entropy_coeff 0.25 -> 0.5" in log
+    changed = f"--train_for_env_steps 4000 -> {longer}, --toy_entropy_coeff 0.25 -> 0.5"
+    assert f"resuming with changed flags: {changed}" in log
     out = subprocess.run(  # the saved config.json as --config of a new experiment, on the command line
         [sys.executable, os.path.join(REPO, "train.py"), "--config", os.path.join(result.experiment_dir, "config.json")]
         + [

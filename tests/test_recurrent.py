@@ -218,7 +218,8 @@ def test_recurrent_run_trains_resumes_and_replays(tmp_path, shm_dir):
     assert first.returncode == 0, first.stdout + first.stderr
     summary = read_json(tmp_path / "rnn" / "summary.json")
     assert summary["learner_version"] > 5 and summary["env_step_books"]["unaccounted"] == 0
-    second = run_train(args + ["--train_for_env_steps", "60000"], tmp_path)
+    # 20,000 env steps more: the budget is checked every quarter second, so the first run may pass 40,000
+    second = run_train(args + ["--train_for_env_steps", str(summary["env_steps"] + 20_000)], tmp_path)
     assert second.returncode == 0 and "resuming experiment rnn" in second.stdout
     replay = subprocess.run(
         [
