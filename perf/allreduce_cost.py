@@ -129,7 +129,7 @@ def main() -> None:
                 "bench": "allreduce_cost",
                 "env": cfg.env.env,
                 "algo": cfg.learner.algo,
-                "batch_per_rank": cfg.learner.train_batch,
+                "batch_per_rank": cfg.train_batch,
                 "steps": args.steps,
                 "one_rank_step_ms": one["step_ms"],
                 f"{args.ranks}_ranks_step_ms": many["step_ms"],

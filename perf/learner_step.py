@@ -122,14 +122,14 @@ def main() -> None:
             step()
         wall = time.perf_counter() - start
         stages = learner.timer.stage_sec
-        samples = args.steps * cfg.learner.train_batch
+        samples = args.steps * cfg.train_batch
         out = {
             "bench": "learner_step",
             "env": cfg.env.env,
             "device": cfg.run.device,
             "rnn": cfg.model.rnn,
             "threads": cfg.learner.learner_threads,
-            "batch": cfg.learner.train_batch,
+            "batch": cfg.train_batch,
             "minibatch": cfg.learner.batch_size,
             "epochs": cfg.learner.num_epochs,
             "steps": args.steps,

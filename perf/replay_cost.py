@@ -32,7 +32,7 @@ from sf_engine.config.cli import make_config  # noqa: E402
 from sf_engine.envs import flag_defaults, probe_env_spec  # noqa: E402
 from sf_engine.model.shape import resolve_model_config  # noqa: E402
 from sf_engine.replay.buffer import ReplayBuffer  # noqa: E402
-from sf_engine.replay.layout import REPLAY_FILLED, replay_layout  # noqa: E402
+from sf_engine.replay.layout import REPLAY_FILLED, replay_layout, replay_prefix  # noqa: E402
 from sf_engine.replay.sum_tree import SumTree  # noqa: E402
 from sf_engine.replay.transitions import NStepTransitions  # noqa: E402
 
@@ -46,7 +46,7 @@ def full_buffer(cfg, spec, prioritized: bool, capacity: int, tree: str | None = 
     rng = np.random.default_rng(0)
     arrays = {}
     for name, (shape, dtype) in replay_layout(cfg, spec).items():
-        short = name.removeprefix("replay.")
+        short = name.removeprefix(replay_prefix(0))
         arrays[short] = (rng.random(shape) * 255).astype(dtype) if dtype != "bool" else np.ones(shape, bool)
     arrays["steps"][:] = 1
     arrays["actions"][:] = rng.integers(0, spec.action.nvec[0], arrays["actions"].shape)

@@ -73,6 +73,20 @@ class A2C:
 
 
 SPEC = sf_engine.AlgorithmSpec(learner="toy_a2c:A2C", description="A2C, one step per batch", data=sf_engine.SLOTS)
+
+
+class RankedA2C(A2C):  # data-parallel: each gradient replaced by its mean over the learner ranks before the step
+    def join_ranks(self, group):
+        for param in self.model.parameters():
+            param.register_hook(group.average_)
+
+
+RANKED = sf_engine.AlgorithmSpec(
+    learner="toy_a2c:RankedA2C", description="A2C over learner ranks", data=sf_engine.SLOTS, data_parallel=True
+)
+NOT_RANKED = sf_engine.AlgorithmSpec(
+    learner="toy_a2c:A2C", description="A2C that says data_parallel", data=sf_engine.SLOTS, data_parallel=True
+)
 """
 
 
@@ -106,6 +120,27 @@ def test_a_users_algorithm_registered_from_their_module_trains(user_dir, shm_dir
     assert result.summary["episode_return_mean"] > 60, result.summary  # a random policy's is about 22
     policy = sf_engine.load_policy(result.experiment_dir)
     assert policy.act(__import__("numpy").zeros((2, 4), "float32")).shape == (2,)
+
+
+@pytest.mark.e2e
+def test_a_users_data_parallel_algorithm_trains_with_two_learner_ranks(user_dir, shm_dir, capsys):
+    """A user's algorithm whose spec says data_parallel and whose class has join_ranks(group) trains with two ranks:
+    their weights are compared after every round (a difference would stop the run); one without join_ranks is
+    refused in one line."""
+    flags = ["--env", "CartPole-v1", "--num_learners", "2", "--mode", "sync", "--train_for_env_steps", "30000"]
+    flags += ["--shm_dir", shm_dir, "--train_dir", str(user_dir / "runs"), "--experiment", "ranked"]
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO, "train.py"), "--algo", "toy_a2c:RANKED"] + flags,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(user_dir / "runs" / "ranked" / "summary.json")
+    assert summary["learner_version"] > 5 and summary["algo"] == "toy_a2c:RANKED", summary
+    assert "rank 1 of 2 on cpu" in (user_dir / "runs" / "ranked" / "train.log").read_text()
+    error = train_error(["--algo", "toy_a2c:NOT_RANKED"] + flags, user_dir / "runs", capsys)
+    assert "--num_learners 2: toy_a2c:A2C has no join_ranks(group)" in error, error
 
 
 @pytest.mark.e2e

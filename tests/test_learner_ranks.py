@@ -60,13 +60,37 @@ def test_a_stop_within_a_long_round_is_agreed_every_few_steps_on_every_rank():
     asked = []
     ranks = LearnerRanks.__new__(LearnerRanks)  # its state without a group of processes
     ranks.ctx = SimpleNamespace(stop_signalled=False)
-    ranks.group = SimpleNamespace(agree=lambda *args: asked.append(args) or Agreement(True, args[1], 0, 0.0))
+    ranks.group = SimpleNamespace(agree=lambda *args: asked.append(args) or Agreement(args[0], args[1], 0, 0.0))
     ranks.round_steps, ranks.round_stop = 0, False
     assert not any(ranks.stopping() for _ in range(2 * STOP_CHECK_STEPS)) and len(asked) == 2
     ranks.ctx.stop_signalled = True
     answers = [ranks.stopping() for _ in range(STOP_CHECK_STEPS)]
     assert answers == [False] * (STOP_CHECK_STEPS - 1) + [True] and len(asked) == 3
     assert ranks.stopping() and len(asked) == 3  # agreed: no more collectives in this round
+    # a replay round's time (a rank's chunk of updates over) ends it alike, the run going on
+    ranks.ctx.stop_signalled, ranks.round_steps, ranks.round_stop = False, 0, False
+    answers = [ranks.round_over(step >= 3) for step in range(STOP_CHECK_STEPS)]
+    assert answers == [False] * (STOP_CHECK_STEPS - 1) + [True] and asked[-1][:2] == (0, False)
+
+
+def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monkeypatch):
+    """auto: one rank per visible GPU on CUDA; 1 on the CPU, on one GPU, or where several ranks would be refused
+    (the refusal said in the note)."""
+    from sf_engine.config.cli import make_config, parse_flags
+    from sf_engine.run import plan
+
+    def resolved(gpus: int, *flags: str):
+        monkeypatch.setattr(plan, "cuda_device_count", lambda: gpus)
+        monkeypatch.setattr(plan, "_resolve_device", lambda device: "cuda" if gpus else "cpu")
+        cfg, notes = plan._resolve_learners(make_config(parse_flags(["--num_learners", "auto", *flags])))
+        return cfg.parallel.num_learners, notes[0]
+
+    assert resolved(4) == (4, "auto sizing: --num_learners auto = 4: a learner rank per GPU")
+    assert resolved(0) == (1, "auto sizing: --num_learners auto = 1: no GPU in use")
+    assert resolved(1) == (1, "auto sizing: --num_learners auto = 1: 1 GPU")
+    ranks, note = resolved(8, "--algo", "crossq", "--env", "Pendulum-v1")
+    assert ranks == 1 and "--num_learners 8: --algo crossq does not average its gradients" in note
+    assert plan._resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
 
 
 @pytest.mark.e2e
@@ -91,6 +115,81 @@ def test_two_learner_ranks_learn_cartpole_and_report_each_sample_once(tmp_path, 
     assert re.search(r"learner\[1\] INFO ready: rank 1 of 2 on cpu", log), log[-2000:]
     assert "rank 0 of 2 on cpu" in log
     assert os.listdir(shm_dir) == [], "the run's shared memory or the ranks' rendezvous file was left behind"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_two_dqn_ranks_each_fill_a_buffer_of_their_own_learn_and_book_every_step_once(tmp_path, shm_dir, mode):
+    """DQN with two ranks: each inserts its share of the slots into a buffer of its own (half --replay_size) and
+    samples minibatches of half --batch_size from it, the ranks keep the run's replay ratio together, CartPole's
+    return rises well above a random policy's (about 22) within 60,000 env steps (1 learner and 2 ranks reached 190
+    to 255 in sync mode), and rank 0 reports every rank's inserts once: the books balance."""
+    result = run_train(
+        CARTPOLE
+        + ["--algo", "dqn", "--mode", mode, "--experiment", "dqn", "--shm_dir", shm_dir]
+        + ["--train_for_env_steps", "60000", "--replay_size", "40000"],
+        tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(tmp_path / "dqn" / "summary.json")
+    assert summary["episode_return_mean"] >= 100, summary["episode_return_mean"]
+    books = books_balance(summary)
+    assert books["inserted_replay"] + books["not_trainable"] == summary["replay_inserted_env_steps"], books
+    assert abs(summary["replay_ratio"] - summary["replay_ratio_target"]) < 0.5, summary["replay_ratio"]
+    assert summary["replay_fill"] == 1.0  # 60,000 env steps through buffers of 20,000 each: both full
+    log = (tmp_path / "dqn" / "train.log").read_text()
+    assert re.search(r"learner\[1\] INFO ready: rank 1 of 2 on cpu", log), log[-2000:]
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "algo, env, flags",
+    [
+        ("sac", "Pendulum-v1", ["--hidden_size", "32"]),
+        ("td3", "Pendulum-v1", ["--hidden_size", "32"]),
+        ("qrdqn", "CartPole-v1", []),
+        ("r2d2", "CartPole-v1", []),
+    ],
+)
+def test_every_replay_algorithm_built_for_ranks_trains_with_two(tmp_path, shm_dir, algo, env, flags):
+    """Each trains with two ranks: updates taken on both (their weights compared after every round: a difference
+    would stop the run), none skipped, the books balanced."""
+    result = run_train(
+        ["--algo", algo, "--env", env, "--num_learners", "2", "--seed", "1", "--experiment", algo]
+        + ["--shm_dir", shm_dir, "--train_for_env_steps", "3000", "--learning_starts", "1000"]
+        + flags,
+        tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = read_json(tmp_path / algo / "summary.json")
+    assert summary["learner_version"] >= 3 and summary["updates_skipped_non_finite"] == 0, summary
+    books_balance(summary)
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.e2e
+def test_batch_per_learner_makes_the_training_batch_n_times_as_large(tmp_path):
+    """By default --batch_size x --num_batches_per_epoch is the run's training batch, split over the ranks; with
+    --batch_per_learner it is each rank's, so a round (one published version in sync mode) takes twice the env
+    steps."""
+    per_version = {}
+    for per_learner in ("false", "true"):
+        experiment = f"batch_{per_learner}"
+        result = run_train(
+            CARTPOLE
+            + ["--mode", "sync", "--experiment", experiment, "--batch_per_learner", per_learner]
+            + ["--num_workers", "1", "--num_envs_per_worker", "64", "--rollout", "16"]
+            + ["--batch_size", "512", "--num_batches_per_epoch", "2", "--train_for_env_steps", "40000"],
+            tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = read_json(tmp_path / experiment / "summary.json")
+        per_version[per_learner] = summary["env_steps"] / summary["learner_version"]
+        assert summary["learner_samples"] == summary["env_step_books"]["trained"]
+    assert 900 < per_version["false"] < 1200 and 1900 < per_version["true"] < 2300, per_version
 
 
 @pytest.mark.e2e
@@ -124,11 +223,14 @@ def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
     """Rank 0 writes the checkpoints as one learner does: a 2-rank run resumes with one learner and that one's
     checkpoint with two, each from the version the last one saved."""
     common = ["--env", "CartPole-v1", "--experiment", "resume", "--seed", "2"]
-    versions = []
-    for ranks, steps in [(2, 100_000), (1, 200_000), (2, 300_000)]:
+    versions, steps = [], 100_000
+    for ranks in (2, 1, 2):
         result = run_train(common + ["--num_learners", str(ranks), "--train_for_env_steps", str(steps)], tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
-        versions.append(read_json(tmp_path / "resume" / "summary.json")["learner_version"])
+        summary = read_json(tmp_path / "resume" / "summary.json")
+        versions.append(summary["learner_version"])
+        # 100,000 env steps more each time: the budget is checked every quarter second, so a run passes its own
+        steps = summary["env_steps"] + 100_000
     log = (tmp_path / "resume" / "train.log").read_text()
     resumed = {
         rank: [int(v) for v in re.findall(rf"learner\[{rank}\] INFO policy 0 resumed from \S+ \(version (\d+)\)", log)]
@@ -142,7 +244,9 @@ def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
     "flags, words",
     [
         (["--num_learners", "0"], "--num_learners must be at least 1"),
-        (["--num_learners", "2", "--algo", "dqn"], "does not average its gradients over learner ranks"),
+        (["--num_learners", "2", "--algo", "pqn"], "does not average its gradients over learner ranks"),
+        (["--num_learners", "2", "--algo", "dqn", "--save_replay", "true"], "each rank's replay buffer is its own"),
+        (["--num_learners", "4", "--algo", "dqn", "--replay_size", "300"], "one trajectory slot for each of"),
         (["--num_learners", "2", "--mode", "serial"], "--mode serial runs every role in one process"),
         (["--num_learners", "2", "--num_policies", "2"], "the ranks train one policy"),
         (["--num_learners", "2", "--sampling_only", "true"], "trains nothing"),

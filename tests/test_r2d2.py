@@ -19,7 +19,7 @@ from sf_engine.config.value import ReplayConfig
 from sf_engine.envs import ActionSpec, EnvSpec
 from sf_engine.model.q_network import inverse_value_rescale, value_rescale
 from sf_engine.replay.buffer import ReplayBuffer
-from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
+from sf_engine.replay.layout import replay_layout, replay_prefix
 from sf_engine.replay.sequences import Sequences, SequenceShape, sequences_trainable
 from sf_engine.replay.transform import SlotSteps, transform_class
 from sf_engine.run.plan import build_plan
@@ -91,7 +91,7 @@ def sequence_buffer(prioritized: bool) -> ReplayBuffer:
     )
     spec = EnvSpec(obs=(("obs", (2,), "float32"),), action=ActionSpec("discrete", nvec=(3,)))
     arrays = {
-        name.removeprefix(REPLAY_PREFIX): np.zeros(shape, dtype)
+        name.removeprefix(replay_prefix(0)): np.zeros(shape, dtype)
         for name, (shape, dtype) in replay_layout(cfg, spec, H).items()
     }
     return ReplayBuffer(arrays, Sequences(0.9, SHAPE), prioritized, 0.6, seed=0)

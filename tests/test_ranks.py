@@ -112,9 +112,10 @@ def _agree_and_gather(rank: int, init: str, results) -> None:
     try:
         group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
         agreed = [
-            group.agree(ready=True, stopping=False, env_steps=1000 + rank, elapsed_sec=1.5),
-            group.agree(ready=rank == 0, stopping=False, env_steps=7, elapsed_sec=0.25 * rank),
-            group.agree(ready=True, stopping=rank == 1, env_steps=0, elapsed_sec=0.0),
+            group.agree(batches=1, stopping=False, env_steps=1000 + rank, elapsed_sec=1.5),
+            group.agree(batches=int(rank == 0), stopping=False, env_steps=7, elapsed_sec=0.25 * rank),
+            group.agree(batches=1, stopping=rank == 1, env_steps=0, elapsed_sec=0.0),
+            group.agree(batches=5 - 2 * rank, stopping=False, env_steps=0, elapsed_sec=0.0),
         ]
         rows = group.gather(torch.tensor([float(rank), 10.0 + rank, -1.0], dtype=torch.float64))
         results.put((rank, agreed, rows))
@@ -124,16 +125,18 @@ def _agree_and_gather(rank: int, init: str, results) -> None:
 
 
 def test_the_ranks_agree_on_each_round_and_gather_their_figures_in_rank_order(tmp_path):
-    """Every rank gets the same agreement: a round only when all hold their share, the stop when any saw it, the
-    furthest env steps and seconds; the gather gives every rank's row, in rank order, on every rank."""
+    """Every rank gets the same agreement: a round only when all hold their share (of as many batches as the rank
+    with the fewest has), the stop when any saw it, the furthest env steps and seconds; the gather gives every
+    rank's row, in rank order, on every rank."""
     out = _run_ranks(_agree_and_gather, tmp_path)
     for rank in (0, 1):
         assert not isinstance(out[rank][0], str), out[rank][0]
     assert out[0][0] == out[1][0]
-    first, not_all_ready, one_stops = out[0][0]
+    first, not_all_ready, one_stops, fewest = out[0][0]
     assert (first.all_ready, first.stop, first.env_steps, first.elapsed_sec) == (True, False, 1001, 1.5)
     assert (not_all_ready.all_ready, not_all_ready.stop, not_all_ready.elapsed_sec) == (False, False, 0.25)
     assert one_stops.stop and one_stops.all_ready
+    assert fewest.batches == 3
     expected = torch.tensor([[0.0, 10.0, -1.0], [1.0, 11.0, -1.0]], dtype=torch.float64)
     assert torch.equal(out[0][1], expected) and torch.equal(out[1][1], expected)
 

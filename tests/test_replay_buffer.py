@@ -19,9 +19,9 @@ from sf_engine.replay.layout import (
     REPLAY_FILLED,
     REPLAY_INSERTED,
     REPLAY_NEXT,
-    REPLAY_PREFIX,
     REPLAY_SAMPLED,
     replay_layout,
+    replay_prefix,
 )
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.transform import SlotSteps
@@ -64,7 +64,7 @@ def replay_arrays(columns: int, prioritized: bool = False) -> dict:
         replay=ReplayConfig(replay_size=columns * T, prioritized=prioritized),
     )
     layout = replay_layout(cfg, SPEC)
-    return {name.removeprefix(REPLAY_PREFIX): np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()}
+    return {name.removeprefix(replay_prefix(0)): np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()}
 
 
 def make_buffer(arrays: dict, seed: int = 0) -> ReplayBuffer:

@@ -25,7 +25,7 @@ def period(cfg) -> int:
     """Env steps per member between rounds, on average over the members (--pbt_period_env_steps, 'auto'
     resolved): a member whose episodes last longer holds its rows longer and steps more."""
     value = cfg.policies.pbt_period_env_steps
-    return 20 * cfg.learner.train_batch if value == "auto" else int(value)
+    return 20 * cfg.train_batch if value == "auto" else int(value)
 
 
 def _draw(limits: Range, rng: np.random.Generator) -> float:

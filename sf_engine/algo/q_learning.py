@@ -49,7 +49,7 @@ class QLearning(TrainingState):
         are finite. Returns the [K + 1] stats and the norm on the CPU, or None (step skipped)."""
         self.optimizer.zero_grad()
         stats = gradients()
-        grad_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+        grad_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm, stats.detach())
         figures = torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
         if not all_finite(figures):
             return None

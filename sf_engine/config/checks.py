@@ -8,7 +8,7 @@ import dataclasses
 import math
 import re
 
-from sf_engine.config.algorithms import algorithm_spec, check_algorithm_flags
+from sf_engine.config.algorithms import algorithm_spec, built_in_algorithms, check_algorithm_flags, import_class
 from sf_engine.config.groups import ROLLOUT_DEFAULT, Config, ConfigError
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -33,14 +33,14 @@ def check_flags(cfg: Config) -> None:
     algorithm_spec(cfg.learner.algo)  # an --algo that names none
     _check_counts(cfg)
     _check_sampler_nodes(cfg)
-    _check_learner_ranks(cfg)
+    check_learner_ranks(cfg)
     _check_learner_values(cfg)
     _check_rollout(cfg)
     _check_run(cfg)
     _check_value_based(cfg)
 
 
-def _check_learner_ranks(cfg: Config) -> None:
+def check_learner_ranks(cfg: Config) -> None:
     """--num_learners: its value, and what several ranks of one policy's learner do not run (the alternative named)."""
     try:
         cfg.parallel.check()
@@ -51,9 +51,16 @@ def _check_learner_ranks(cfg: Config) -> None:
         return
     flag = f"--num_learners {ranks}"
     if not cfg.algorithm.data_parallel:
+        built = ", ".join(sorted(name for name, spec in built_in_algorithms().items() if spec.data_parallel))
         raise ConfigError(
             f"{flag}: --algo {cfg.learner.algo} does not average its gradients over learner ranks (data-parallel "
-            f"learning is built for ppo); use --num_learners 1"
+            f"learning is built for {built}); use --num_learners 1"
+        )
+    learner = cfg.algorithm.learner
+    if not hasattr(import_class(learner), "join_ranks"):
+        raise ConfigError(
+            f"{flag}: {learner} has no join_ranks(group), where a data-parallel algorithm averages its gradients over "
+            f"the ranks (docs/api.md); use --num_learners 1"
         )
     refused = [
         (run.mode == "serial", "--mode serial runs every role in one process: use --mode async or sync"),
@@ -61,6 +68,10 @@ def _check_learner_ranks(cfg: Config) -> None:
         (run.deterministic, "--deterministic true: the ranks take their slots as they come; drop one of them"),
         (cfg.policies.num_policies > 1, "--num_policies > 1: the ranks train one policy; use --num_learners 1"),
         (cfg.policies.pbt, "--pbt: the ranks train one policy; use --num_learners 1"),
+        (
+            cfg.uses_replay and cfg.replay.save_replay,
+            "--save_replay: each rank's replay buffer is its own and is not saved; drop --save_replay",
+        ),
         (
             cfg.policies.pool_every_versions > 0,
             "--pool_every_versions: the opponent pool is not built for ranks; use --num_learners 1",
@@ -140,7 +151,7 @@ def _check_learner_values(cfg: Config) -> None:
 def _check_rollout(cfg: Config) -> None:
     """The rollout and BPTT lengths against the training batch (with a replay buffer, any batch)."""
     s, lrn = cfg.sampler, cfg.learner
-    train_batch = lrn.train_batch
+    train_batch = cfg.train_batch
     if s.rollout != "auto":
         if s.rollout < 2:
             raise ConfigError(f"--rollout must be at least 2 (got {s.rollout}): use e.g. --rollout 32")
@@ -209,8 +220,8 @@ def _check_run(cfg: Config) -> None:
 
 def check_resolved(cfg: Config) -> None:
     """Combinations of resolved values (no 'auto' left) that cannot run: a one-line ConfigError."""
-    s, lrn = cfg.sampler, cfg.learner
-    train_batch = lrn.train_batch
+    s = cfg.sampler
+    train_batch = cfg.train_batch
     if s.num_envs_per_worker % s.worker_num_splits:
         raise ConfigError(
             f"--num_envs_per_worker ({s.num_envs_per_worker}) must be a multiple of "
@@ -222,18 +233,19 @@ def check_resolved(cfg: Config) -> None:
             f"slot, --rollout x envs per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): "
             f"change --batch_size or --num_envs_per_worker"
         )
-    if cfg.uses_replay and cfg.replay.replay_size < cfg.samples_per_slot:
+    ranks = cfg.parallel.num_learners
+    if cfg.uses_replay and cfg.replay.replay_size < cfg.samples_per_slot * ranks:
+        each = f" for each of --num_learners {ranks}" if ranks > 1 else ""
         raise ConfigError(
-            f"--replay_size ({cfg.replay.replay_size}) must hold at least one trajectory slot, --rollout x envs per "
-            f"split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
+            f"--replay_size ({cfg.replay.replay_size}) must hold at least one trajectory slot{each}, --rollout x envs "
+            f"per split ({s.rollout} x {s.envs_per_split} = {cfg.samples_per_slot}): raise --replay_size"
         )
     _check_device_mode(cfg)
-    ranks = cfg.parallel.num_learners
-    if ranks > 1 and (cfg.slots_per_batch % ranks or lrn.batch_size % ranks):
+    if ranks > 1 and (cfg.slots_per_batch % ranks or cfg.minibatch % ranks):
         raise ConfigError(
             f"--num_learners {ranks}: each rank trains on an equal share of every batch, so the batch's trajectory "
-            f"slots ({cfg.slots_per_batch}) and --batch_size ({lrn.batch_size}) must be multiples of it: change "
-            f"--batch_size or --num_learners"
+            f"slots ({cfg.slots_per_batch}) and --batch_size ({cfg.minibatch}) must be multiples of it: change "
+            f"--batch_size{' or --num_workers' if cfg.uses_replay else ''} or --num_learners"
         )
     if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
         raise ConfigError(
@@ -272,7 +284,7 @@ def _check_device_mode(cfg: Config) -> None:
     if cfg.run.mode == "sync" and cfg.slots_per_batch % s.total_splits:  # a sampler fills all its slots at once
         raise ConfigError(
             f"--mode sync with {device_env} trains on whole rollouts: --batch_size x --num_batches_per_epoch "
-            f"({cfg.learner.train_batch}) must be a multiple of --num_workers x "
+            f"({cfg.train_batch}) must be a multiple of --num_workers x "
             f"--num_envs_per_worker x --rollout ({s.total_splits * cfg.samples_per_slot})"
         )
 
@@ -284,6 +296,6 @@ def _check_value_based(cfg: Config) -> None:
         raise ConfigError(f"--target_tau must be within (0, 1] (got {q.target_tau}): 1 copies the online network")
     if q.apex_alpha < 0:
         raise ConfigError(f"--apex_alpha must be >= 0 (got {q.apex_alpha}); 0: every env row at the base epsilon")
-    if cfg.uses_replay and cfg.learner.batch_size > r.replay_size:
-        raise ConfigError(f"--batch_size ({cfg.learner.batch_size}) must not exceed --replay_size ({r.replay_size})")
+    if cfg.uses_replay and cfg.minibatch > r.replay_size:
+        raise ConfigError(f"--batch_size ({cfg.minibatch}) must not exceed --replay_size ({r.replay_size})")
     check_algorithm_flags(cfg)

@@ -180,11 +180,6 @@ class LearnerConfig:
         type=int_or_auto,
     )
 
-    @property
-    def train_batch(self) -> int:
-        """Samples the learner trains on at a time (a training batch): batch_size x num_batches_per_epoch."""
-        return self.batch_size * self.num_batches_per_epoch
-
 
 # the groups of every run; an algorithm's own group (its spec's `config`: SAC's, TD3's, a user's) is a run's only
 # where that algorithm learns (Config.algo_group, read as cfg.<its name>)
@@ -276,10 +271,23 @@ class _ConfigMethods:
     @property
     def slots_per_batch(self) -> int:
         """Slots the learner takes at a time: a training batch's, or with a replay buffer one round of every
-        split in sync mode (the learner inserts them, trains, then frees them) and one at a time otherwise."""
+        split in sync mode (the learner inserts them, trains, then frees them) and one at a time otherwise (one for
+        each of --num_learners ranks: every rank takes its share)."""
         if self.uses_replay:
-            return self.sampler.total_splits if self.run.mode == "sync" else 1
-        return self.learner.train_batch // self.samples_per_slot
+            return self.sampler.total_splits if self.run.mode == "sync" else self.parallel.num_learners
+        return self.train_batch // self.samples_per_slot
+
+    @property
+    def minibatch(self) -> int:
+        """Samples of one optimizer step over every learner rank: --batch_size, or with --batch_per_learner each
+        rank's (--num_learners times as many)."""
+        p = self.parallel
+        return self.learner.batch_size * (p.num_learners if p.batch_per_learner else 1)
+
+    @property
+    def train_batch(self) -> int:
+        """Samples the learner (every rank together) trains on at a time: minibatch x --num_batches_per_epoch."""
+        return self.minibatch * self.learner.num_batches_per_epoch
 
     @property
     def num_slots(self) -> int:

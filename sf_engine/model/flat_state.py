@@ -96,9 +96,14 @@ class FlatAdam:
             self.average(self.grad)
             self._averaged = True
 
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+    def clip_grad_norm(self, max_norm: float, loss: torch.Tensor | None = None) -> torch.Tensor:
         """Scale the gradient (with several learner ranks, its mean over them) to norm <= max_norm
-        (torch.nn.utils.clip_grad_norm_'s rule; 0: no clipping); returns the norm before."""
+        (torch.nn.utils.clip_grad_norm_'s rule; 0: no clipping); returns the norm before. `loss`: the loss (or loss
+        statistics) of this gradient: with several ranks, where one is not finite the gradient is made NaN before
+        the mean, so that every rank's norm is not finite and every rank skips the step (one rank skipping alone
+        would part their weights)."""
+        if loss is not None and self.average is not None and not bool(torch.isfinite(loss).all()):
+            self.grad.fill_(float("nan"))
         self._average()
         norm = torch.linalg.vector_norm(self.grad)
         if max_norm > 0:

@@ -138,10 +138,10 @@ class Learner:
         )
 
     def _replay_source(self) -> ReplaySource:
-        """The replay buffer over its arrays in the run's shared memory (in device mode its observations on the GPU),
-        cut by the algorithm's replay transform; its sampling stream apart from the envs' and the networks', new
-        for each learner after a death."""
-        slot_obs, arrays = slot_obs_arrays(self.ctx), self.buffers.replay
+        """The replay buffer over its arrays in the run's shared memory (this rank's, with several; in device mode its
+        observations on the GPU), cut by the algorithm's replay transform; its sampling stream apart from the envs'
+        and the networks', each rank's its own, new for each learner after a death."""
+        slot_obs, arrays = slot_obs_arrays(self.ctx), self.buffers.replay[self.rank]
         device_obs = self.queues.device_obs
         if device_obs is not None:
             arrays = arrays | {f"obs.{key}": device_obs.replay for key in slot_obs}
@@ -156,9 +156,11 @@ class Learner:
             self.device,
             self.timer,
             self.hooks,
-            seed=self.cfg.env.seed + REPLAY_SEED_OFFSET + self.ctx.generation,
+            seed=self.cfg.env.seed + REPLAY_SEED_OFFSET + self.ctx.generation * self.num_ranks + self.rank,
             discrete=self.ctx.plan.spec.action.kind == "discrete",
             observe=getattr(algorithm, "observe", None),
+            rank=self.rank,
+            ends_round=None if self.ranks is None else self.ranks.round_over,
         )
 
     # policy 0's model and version: a single-policy run's own
@@ -190,6 +192,8 @@ class Learner:
         if self.ranks is not None:
             if self.ranks.agree_on_round(timeout_sec):
                 self.train_round()
+            elif self.rank == 0 and not self.ranks.ready:  # rank 0 books what every rank took in
+                self._report_books(self.source.books_due())
         elif self.source.take(timeout_sec):
             self.train_round()
         else:
@@ -319,7 +323,7 @@ class Learner:
         trained first, as it would be in any run of the same seed."""
         if self.cfg.run.deterministic and self.cfg.run.mode == "sync":
             self._train_what_is_left()
-        if self.ranks is None:  # several ranks: a share held at the stop is in flight, its books not due
+        if self.rank == 0:  # every rank's books (with several, a share of slots held at the stop is in flight)
             self._report_books(self.source.books_due(finishing=True))
         if not self.cfg.run.sampling_only and self.rank == 0:
             self.save()

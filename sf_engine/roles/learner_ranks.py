@@ -58,17 +58,19 @@ class LearnerRanks:
 
     def agree_on_round(self, timeout_sec: float) -> bool:
         """This rank takes its share of a batch (and holds it until the others have theirs), then the ranks agree:
-        True when every rank holds its share (a round to train now); the stop when any saw it (`ctx.stopping` then
-        says so on every rank, after the same round)."""
+        True when every rank holds its share (a round to train now, of as many batches as every rank's source can
+        hand out); the stop when any saw it (`ctx.stopping` then says so on every rank, after the same round)."""
         learner = self.learner
         if not self.ready:
             self.ready = learner.source.take(timeout_sec)
-        self.agreed = self.group.agree(self.ready, self.ctx.stop_signalled, learner.env_steps, learner.elapsed_sec)
+        batches = learner.source.ready_batches() if self.ready else 0
+        self.agreed = self.group.agree(batches, self.ctx.stop_signalled, learner.env_steps, learner.elapsed_sec)
         if self.agreed.stop:
             self.ctx.agreed_stop = True
             return False
         if not self.agreed.all_ready:
             return False
+        learner.source.limit_round(self.agreed.batches)
         self.ready = False
         self.round_steps, self.round_stop = 0, False
         return True
@@ -77,9 +79,15 @@ class LearnerRanks:
         """The algorithm's `hooks.stopping`, asked once per minibatch step on every rank: whether the ranks agreed
         to stop, looked for every STOP_CHECK_STEPS steps of a round (one all-reduce), so that a long round ends
         early at a stop on every rank alike, as one learner's does."""
+        return self.round_over(False)
+
+    def round_over(self, over: bool) -> bool:
+        """Whether the round ends: the ranks agree every STOP_CHECK_STEPS minibatch steps on whether any rank saw the
+        stop or passed its round's time (`over`: a replay source's chunk of updates between two publications)."""
         self.round_steps += 1
         if not self.round_stop and self.round_steps % STOP_CHECK_STEPS == 0:
-            self.round_stop = self.group.agree(True, self.ctx.stop_signalled, 0, 0.0).stop
+            agreed = self.group.agree(int(not over), self.ctx.stop_signalled, 0, 0.0)
+            self.round_stop = agreed.stop or not agreed.all_ready
         return self.round_stop
 
     def check_same_weights(self, when: str) -> None:
@@ -98,11 +106,17 @@ class LearnerRanks:
         names = sorted(total.losses)  # the same on every rank: they took the same steps
         counts = [total.samples, figures.dropped_lag, figures.not_trainable, figures.skipped_non_finite, figures.acted]
         lags = [figures.lag_count, figures.lag_mean * figures.lag_count, figures.lag_min, figures.lag_max]
-        slots = list(self.learner.source.slots)  # an equal share on every rank
+        replay = figures.replay  # every rank has a buffer of its own, or none has
+        buffer = [] if replay is None else [replay.inserted, replay.sampled, replay.stored, replay.capacity]
+        slots = list(self.learner.source.slots)  # an equal share on every rank (a replay source frees its own)
         losses = [total.losses[name] for name in names]
-        row = torch.tensor(counts + lags + [train_sec] + losses + slots, dtype=torch.float64)
+        row = torch.tensor(counts + lags + [train_sec] + losses + buffer + slots, dtype=torch.float64)
         rows = self.group.gather(row).cpu()
         self.others_slots = [int(s) for s in rows[1:, len(row) - len(slots) :].reshape(-1).tolist()]
+        if replay is not None:  # the buffers' books summed: the ranks' ratios are the same
+            start = len(row) - len(slots) - len(buffer)
+            inserted, sampled, stored, capacity = (int(x) for x in rows[:, start : start + len(buffer)].sum(0).tolist())
+            replay = dataclasses.replace(replay, inserted=inserted, sampled=sampled, stored=stored, capacity=capacity)
         sums = [int(x) for x in rows[:, : len(counts)].sum(0).tolist()]
         lag_rows = rows[:, len(counts) : len(counts) + len(lags)]
         lagged = lag_rows[lag_rows[:, 0] > 0]
@@ -116,8 +130,16 @@ class LearnerRanks:
                 lag_max=float(lagged[:, 3].max()),
             )
         merged = dataclasses.replace(
-            figures, dropped_lag=sums[1], not_trainable=sums[2], skipped_non_finite=sums[3], acted=sums[4], **lag
+            figures,
+            dropped_lag=sums[1],
+            not_trainable=sums[2],
+            skipped_non_finite=sums[3],
+            acted=sums[4],
+            replay=replay,
+            **lag,
         )
+        if replay is not None and lag:
+            replay = dataclasses.replace(replay, age_mean=lag["lag_mean"], age_max=lag["lag_max"])
         start = len(counts) + len(lags) + 1
         losses = dict(zip(names, rows[:, start : start + len(names)].mean(0).tolist()))
         train_sec = float(rows[:, len(counts) + len(lags)].max())

@@ -36,8 +36,41 @@ from sf_engine.stats.stages import LearnerStage, StageTimer
 CHUNK_SEC = 0.05  # the longest run of updates between two publications of the weights
 REPORT_SEC = 1.0  # before learning starts: how often the buffer's figures are reported
 REPLAY_FILE = "replay.npz"  # --save_replay: the buffer beside the checkpoints
-# the books of the steps inserted and not reported yet, then the number of the last report (SharedBuffers.replay_books)
-TRAINABLE, NOT_TRAINABLE, SKIPPED, REPORTED = range(4)
+TRAINABLE, NOT_TRAINABLE, SKIPPED = range(3)  # the books of the env steps inserted
+
+
+class InsertBooks:
+    """The env steps each learner rank inserted into its buffer and those reported in a Training message, over
+    SharedBuffers.replay_books [inserted: ranks x 3 | reported: ranks x 3 | number of the last report]. Each rank
+    writes its own inserted row; rank 0 alone reports every rank's books (a snapshot of the rows, minus what was
+    reported), then writes what it reported and counts the report in one write. A learner killed between a report and
+    that write leaves both as they were, and its successor sends those books again, with what was inserted since,
+    under the same number: RunStats counts the difference (sf_engine.stats.books.ReplayReports)."""
+
+    def __init__(self, array, rank: int, ranks: int):
+        self.array, self.rank, self.ranks = array, rank, ranks
+        self.inserted = array[: 3 * ranks].reshape(ranks, 3)
+        self.snapshot = self.inserted.copy()
+
+    def add(self, trainable: int, not_trainable: int, skipped: int) -> None:
+        self.inserted[self.rank] += (trainable, not_trainable, skipped)
+
+    def unreported(self) -> np.ndarray:
+        """[3] every rank's env steps inserted and not reported (rank 0; the others report none: zeros)."""
+        if self.rank:
+            return np.zeros(3, np.int64)
+        self.snapshot = self.inserted.copy()
+        return (self.snapshot - self.array[3 * self.ranks : 6 * self.ranks].reshape(self.ranks, 3)).sum(0)
+
+    @property
+    def number(self) -> int:
+        """The number of the last report."""
+        return int(self.array[-1])
+
+    def reported(self, number: int) -> None:
+        """The books of the last `unreported` went out in report `number` (rank 0)."""
+        if self.rank == 0:
+            self.array[3 * self.ranks :] = np.append(self.snapshot.reshape(-1), number)
 
 
 class ReplaySource:
@@ -55,30 +88,43 @@ class ReplaySource:
         seed: int,
         discrete: bool,
         observe: Callable | None = None,
+        rank: int = 0,
+        ends_round: Callable[[bool], bool] | None = None,
     ):
         """`pool`: the run's SlotPool; `buffers`: its SharedBuffers (the slots, the books of what went into the
         buffer); `slot_obs`: key -> the slots' observations; `arrays`: name -> the replay buffer's arrays (in device
         mode its observations on the GPU); `transform`: the algorithm's; `timer`: the learner's stage timer;
         `hooks`: the learner's (a stopping run, the env steps and seconds of the budget); `seed`: the buffer's
-        sampling stream; `discrete`: the env's actions are one Discrete; `observe`: the algorithm's, or None."""
+        sampling stream; `discrete`: the env's actions are one Discrete; `observe`: the algorithm's, or None.
+        With --num_learners N: `rank`, whose buffer `arrays` is, filled with its 1/N share of the slots, trained in
+        minibatches of --batch_size / N, learning once it holds --learning_starts / N env steps (so that the ranks
+        together keep the run's ratio); `ends_round(over)`, asked at every minibatch with whether this rank's
+        CHUNK_SEC is over, says whether the round ends (the ranks agree). Without: the chunk's end or a stop."""
         self.cfg, self.rcfg = cfg, cfg.replay
         self.pool, self.buffers, self.slot_obs, self.device = pool, buffers, slot_obs, device
         self.timer, self.hooks, self.discrete, self.observe = timer, hooks, discrete, observe
-        r = self.rcfg
+        r, ranks = self.rcfg, cfg.parallel.num_learners
         self.transform = transform
         self.buffer = ReplayBuffer(arrays, transform, r.prioritized, r.per_alpha, seed=seed)
+        self.batch_size, self.slots_per_batch = cfg.minibatch // ranks, cfg.slots_per_batch // ranks
         self.limiter = RateLimiter(
-            self.buffer.counters, r.replay_ratio, r.learning_starts, cfg.learner.batch_size * transform.steps_per_sample
+            self.buffer.counters,
+            r.replay_ratio,
+            r.learning_starts // ranks,
+            self.batch_size * transform.steps_per_sample,
         )
+        self.ends_round = ends_round or (lambda over: over or hooks.stopping())
+        self.round_limit = math.inf  # with ranks, the minibatches of the round they agreed on (`ready_batches`)
         self.sync = cfg.run.mode == "sync"
         self.pending: list = []  # full slots taken, not all of --slots_per_batch yet
         self.held: list = []  # sync mode: the round's slots, inserted, freed after its training
+        self.slots: list = []  # the round's slots for rank 0 to put back with several ranks: none (freed here)
         self.sample = None  # the minibatch handed out last, and the policy lag of those trained this round
         self.ages: list = []
         self.learner_waited_sec = 0.0  # waiting for full slots while the ratio allowed no training
-        # env steps inserted and not yet reported (TRAINABLE, NOT_TRAINABLE, SKIPPED), in the shared memory: a
-        # learner killed between an insert and its report leaves them to the one restarted after it
-        self.unreported = buffers.replay_books
+        # env steps inserted and not yet reported, in the shared memory: a learner killed between an insert and its
+        # report leaves them to the one restarted after it
+        self.books = InsertBooks(buffers.replay_books, rank, ranks)
         self.last_report = time.monotonic()
 
     def take(self, timeout_sec: float) -> bool:
@@ -89,12 +135,12 @@ class ReplaySource:
             self.pool.recycle(self.held)
             self.held = []
         started = time.monotonic()
-        needed = self.cfg.slots_per_batch - len(self.pending)
+        needed = self.slots_per_batch - len(self.pending)
         self.timer.start()
         self.pending += self.pool.take_full(needed, timeout_sec)
         self.timer.lap(LearnerStage.WAIT_DATA)
         self.learner_waited_sec += time.monotonic() - started  # for full slots, with the ratio allowing no training
-        if len(self.pending) < self.cfg.slots_per_batch:
+        if len(self.pending) < self.slots_per_batch:
             return False
         slots, self.pending = in_fill_order(self.buffers, self.pending, self.cfg.run.deterministic), []
         self.hold(slots)
@@ -112,15 +158,26 @@ class ReplaySource:
         else:
             self.pool.recycle(slots)
 
+    def ready_batches(self) -> int:
+        """The minibatches the ratio allows now."""
+        return max(0, int(self.limiter.allowance() // self.limiter.batch_size)) if self.limiter.started else 0
+
+    def limit_round(self, batches: int) -> None:
+        self.round_limit = batches
+
     def batches(self, policy) -> Iterator:
-        """Minibatches while the ratio allows one, for at most CHUNK_SEC."""
+        """Minibatches while the ratio allows one (at most `round_limit`), for at most CHUNK_SEC."""
         self.ages = []
         beta = self._beta() if self.rcfg.prioritized else 1.0
         # --deterministic: the round ends where the ratio does, not where the clock does (the same publications)
         deadline = math.inf if self.cfg.run.deterministic else time.perf_counter() + CHUNK_SEC
+        steps = 0
         # the learner's hooks: a stopping run ends the round, except under --deterministic (trained whole)
-        while self.limiter.can_train() and time.perf_counter() < deadline and not self.hooks.stopping():
-            self.sample = self.buffer.sample(self.cfg.learner.batch_size, beta)
+        while steps < self.round_limit and self.limiter.can_train():
+            if self.ends_round(time.perf_counter() >= deadline):
+                return
+            steps += 1
+            self.sample = self.buffer.sample(self.batch_size, beta)
             yield self.transform.batch(self.sample, self._tensor, self.discrete)
 
     def trained(self, policy, batch, result: TrainResult) -> None:
@@ -139,13 +196,14 @@ class ReplaySource:
     def books_due(self, finishing: bool = False) -> SourceFigures | None:
         """While the buffer fills up (no training yet), every REPORT_SEC; at the stop, what is booked."""
         filling = not self.limiter.started and time.monotonic() - self.last_report > REPORT_SEC
-        return self._books({}) if filling or (finishing and self.unreported[:REPORTED].any()) else None
+        if not (filling or finishing):
+            return None
+        figures = self._books({})
+        return figures if filling or figures.inserted or figures.not_trainable or figures.skipped_non_finite else None
 
     def reported(self, figures: SourceFigures) -> None:
-        """The books cleared and the report counted in one write: a death before it leaves both as they were, and the
-        next learner sends these books again, under the same number (RunStats counts the difference)."""
-        booked = (figures.inserted, figures.not_trainable, figures.skipped_non_finite)
-        self.unreported[:] = np.append(self.unreported[:REPORTED] - np.asarray(booked), figures.report_number)
+        """The books of `figures` reported (InsertBooks.reported)."""
+        self.books.reported(figures.report_number)
         self.last_report = time.monotonic()
 
     def release(self) -> None:
@@ -174,7 +232,7 @@ class ReplaySource:
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
         self.limiter.inserted_steps(valid.size)
-        self.unreported[:REPORTED] += (trainable, valid.size - trainable - skipped, skipped)
+        self.books.add(trainable, valid.size - trainable - skipped, skipped)
 
     def _tensor(self, array):
         """An array of a sample on the learner's device (the observations of a buffer on the device are there)."""
@@ -186,9 +244,9 @@ class ReplaySource:
         return self.rcfg.per_beta + (1.0 - self.rcfg.per_beta) * used
 
     def _books(self, lags: dict) -> SourceFigures:
-        """The books of the steps inserted and not reported yet, the next report's number and the buffer's status;
-        `lags`: the lag figures of the samples trained this round (lag_figures)."""
-        books, number = self.unreported[:REPORTED].copy(), int(self.unreported[REPORTED]) + 1
+        """The books of the steps inserted and not reported yet (every rank's, by rank 0), the next report's number
+        and the buffer's status; `lags`: the lag figures of the samples trained this round (lag_figures)."""
+        books, number = self.books.unreported(), self.books.number + 1
         return SourceFigures(
             not_trainable=int(books[NOT_TRAINABLE]),
             skipped_non_finite=int(books[SKIPPED]),

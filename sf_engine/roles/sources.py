@@ -72,6 +72,13 @@ class DataSource(Protocol):
     def hold(self, slots: list) -> None:
         """Full slots already taken (a sampler node's, a test's) as the next round's data."""
 
+    def ready_batches(self) -> int:
+        """After a `take` that said True: the batches it can hand out now (with several learner ranks, each round
+        trains as many as the rank with the fewest has)."""
+
+    def limit_round(self, batches: int) -> None:
+        """The next round hands out at most `batches` batches."""
+
     def batches(self, policy) -> Iterator:
         """The batches `policy` trains on in this round, in the form its algorithm's `train` takes."""
 
@@ -150,6 +157,12 @@ class TrajectorySource:
         self.books = self._not_trainable(self.batch)  # booked once per batch, with its first report
         self.timer.lap(LearnerStage.BATCH_ASSEMBLY)
 
+    def ready_batches(self) -> int:
+        return int(self.batch is not None)
+
+    def limit_round(self, batches: int) -> None:
+        pass  # one batch a round
+
     def batches(self, policy) -> Iterator[TrajectoryBatch]:
         """The batch once, with `keep` marking the samples `policy` acted, valid and within the lag bound (none
         where it acted no sample of a several-policy batch: nothing to train, no new version)."""
@@ -181,8 +194,11 @@ class TrajectorySource:
         )
 
     def books_due(self, finishing: bool = False) -> SourceFigures | None:
-        """The books of a batch no policy trained on."""
-        return SourceFigures(not_trainable=self.books[0], skipped_non_finite=self.books[1]) if any(self.books) else None
+        """The books of a batch no policy trained on; none of a learner rank's share held at the stop (its slots are
+        in flight: the run's books count them)."""
+        if not any(self.books) or (finishing and self.slots):
+            return None
+        return SourceFigures(not_trainable=self.books[0], skipped_non_finite=self.books[1])
 
     def reported(self, figures: SourceFigures) -> None:
         self.books = (0, 0)

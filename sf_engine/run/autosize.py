@@ -139,7 +139,7 @@ def _device_sizes(cfg, s, envs_per_worker_hint: int, shorten: bool) -> tuple:
         return _fixed_sizes(s, envs_per_worker_hint, why)
     s = dataclasses.replace(s, rollout=ROLLOUT_SHORT) if shorten else s
     workers = 1 if s.num_workers == "auto" else s.num_workers
-    train_batch = cfg.learner.train_batch
+    train_batch = cfg.train_batch
     slots = workers * s.worker_num_splits if cfg.run.mode == "sync" else 1
     envs = max(1, train_batch // (s.rollout * slots)) * s.worker_num_splits
     chosen = dataclasses.replace(s, num_workers=workers, num_envs_per_worker=envs)
@@ -178,7 +178,7 @@ def _measured_sizes(cfg, spec, s, envs_per_worker_hint: int, shorten: bool) -> t
         )
     ]
     num_workers, num_envs = s.num_workers, s.num_envs_per_worker
-    train_batch = cfg.learner.train_batch
+    train_batch = cfg.train_batch
     if shorten and choose_rollout(costs, train_batch) != s.rollout:
         s = dataclasses.replace(s, rollout=choose_rollout(costs, train_batch))
         lines.append(_rollout_line(s.rollout, costs, train_batch))

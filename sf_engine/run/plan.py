@@ -23,7 +23,7 @@ import psutil
 from sf_engine.algo.acting import check_acting_network
 from sf_engine.algo.pbt import period as pbt_period
 from sf_engine.config.algorithms import algorithm_registration, check_env_for_algorithm
-from sf_engine.config.checks import check_flags, check_resolved
+from sf_engine.config.checks import check_flags, check_learner_ranks, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
@@ -94,12 +94,13 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     given = parse_flags(argv) if given is None else given
     saved = saved_config(given) if saved is None else saved
     cfg, spec = _configured(given, saved)
+    cfg, learner_notes = _resolve_learners(cfg)
     _check_before_resolving(cfg, spec)
     # a user's module built once, before auto sizing builds the model
     user_notes = check_model(cfg, spec) + check_encoder(cfg, spec)
     check_acting_network(dataclasses.replace(cfg, model=resolve_model_config(cfg.model, spec)), spec)
     cfg, notes = _resolve(cfg, spec)
-    notes = env_notes(cfg.env.env, spec) + user_notes + notes
+    notes = env_notes(cfg.env.env, spec) + user_notes + learner_notes + notes
     _check_resolved(cfg, spec)
     envs = registered_envs()
     if cfg.run.mode != "serial":
@@ -145,6 +146,26 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     if first.model.model:  # a user's whole network: the built-in networks' encoder and core are not its defaults
         defaults = {name: value for name, value in defaults.items() if name not in BUILT_IN_NETWORK_FLAGS}
     return make_config(given, defaults, saved), spec
+
+
+def _resolve_learners(cfg: Config) -> tuple[Config, list]:
+    """--num_learners auto: a learner rank per visible GPU where the run is on CUDA and can have several ranks (the
+    checks of several ranks pass), else 1; returns (config, the line saying why)."""
+    if cfg.parallel.num_learners != "auto":
+        return cfg, []
+
+    def with_ranks(ranks: int) -> Config:
+        return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, num_learners=ranks))
+
+    gpus = cuda_device_count() if _resolve_device(cfg.run.device) == "cuda" else 0
+    why = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs" if gpus else "no GPU in use"
+    if gpus > 1:
+        try:
+            check_learner_ranks(with_ranks(gpus))
+            return with_ranks(gpus), [f"auto sizing: --num_learners auto = {gpus}: a learner rank per GPU"]
+        except ConfigError as exc:
+            why = str(exc)
+    return with_ranks(1), [f"auto sizing: --num_learners auto = 1: {why}"]
 
 
 def _check_before_resolving(cfg: Config, spec: EnvSpec) -> None:

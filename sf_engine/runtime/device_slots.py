@@ -41,7 +41,7 @@ def make_device_obs(plan) -> DeviceObs | None:
     import torch
     import torch.multiprocessing  # noqa: F401  its reductions send a CUDA tensor to a child as a CUDA IPC handle
 
-    from sf_engine.replay.layout import REPLAY_PREFIX
+    from sf_engine.replay.layout import replay_prefix
     from sf_engine.runtime.transfer import torch_dtype
 
     def zeros(name: str):
@@ -49,7 +49,7 @@ def make_device_obs(plan) -> DeviceObs | None:
         return torch.zeros(shape, dtype=torch_dtype(dtype), device=plan.cfg.run.device)
 
     name = f"obs.{plan.spec.obs[0][0]}"
-    return DeviceObs(zeros(name), zeros(REPLAY_PREFIX + name) if plan.cfg.uses_replay else None)
+    return DeviceObs(zeros(name), zeros(replay_prefix(0) + name) if plan.cfg.uses_replay else None)
 
 
 def slot_obs_arrays(ctx) -> dict:

@@ -37,14 +37,18 @@ class CollectiveError(RuntimeError):
 
 
 class Agreement(NamedTuple):
-    """What the ranks agreed on before a round (RankGroup.agree): whether every rank has its share of a batch, whether
-    any saw the run stop, and the run's env steps and seconds as the furthest rank read them (the round's schedules:
-    every rank the same values)."""
+    """What the ranks agreed on before a round (RankGroup.agree): the batches every rank can train now (the fewest
+    of any rank's; 0: a rank has nothing yet), whether any saw the run stop, and the run's env steps and seconds as
+    the furthest rank read them (the round's schedules: every rank the same values)."""
 
-    all_ready: bool
+    batches: int
     stop: bool
     env_steps: int
     elapsed_sec: float
+
+    @property
+    def all_ready(self) -> bool:
+        return self.batches > 0
 
 
 class RankGroup:
@@ -91,12 +95,12 @@ class RankGroup:
         largest, negated = self._maximum([value, -value], "a comparison of the ranks' weights")
         return largest == -negated
 
-    def agree(self, ready: bool, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
-        """One all-reduce by maximum: each rank says whether it holds its share of the next batch, whether it saw
+    def agree(self, batches: int, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
+        """One all-reduce by maximum: each rank says how many batches it can train now (0: none yet), whether it saw
         the run stop, and the env steps and seconds it read; every rank gets the same Agreement."""
-        flags = [int(not ready), int(stopping), int(env_steps), int(elapsed_sec * 1e6)]
-        not_ready, stop, steps, micros = self._maximum(flags, "the ranks' agreement on the next round")
-        return Agreement(not not_ready, bool(stop), steps, micros / 1e6)
+        values = [-int(batches), int(stopping), int(env_steps), int(elapsed_sec * 1e6)]
+        fewest, stop, steps, micros = self._maximum(values, "the ranks' agreement on the next round")
+        return Agreement(-fewest, bool(stop), steps, micros / 1e6)
 
     def _maximum(self, values: list[int], what: str) -> list[int]:
         """Each of the integers `values` at its maximum over the ranks (one all-reduce; `what`: named in an error)."""

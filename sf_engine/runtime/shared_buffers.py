@@ -34,10 +34,11 @@ last_published [P, F] float32, each policy's weights as published last (F = the 
 so that they outlive a learner that dies (see weights.py).
 With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
 reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
-With a replay buffer (--algo dqn): its arrays, named replay.* (sf_engine.replay.layout), in `replay`; and
-replay_books [4] int64, the env steps inserted and not yet reported in a Training message (trainable, not
-trainable, skipped for a non-finite value) and the number of the last report, so that a restarted learner reports
-what a dead one inserted, once.
+With a replay buffer (--algo dqn): its arrays, named replay.<rank>.* (sf_engine.replay.layout; one buffer per
+learner rank), in `replay` (one dict per rank); and replay_books [6 x ranks + 1] int64, the env steps each rank
+inserted (trainable, not trainable, skipped for a non-finite value), those of each reported in a Training message,
+and the number of the last report, so that a restarted learner reports what a dead one inserted, once
+(sf_engine.roles.replay_source.InsertBooks).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import numpy as np
 
 from sf_engine.algo.batch import ALWAYS, BOOTSTRAP, RECURRENT, SEVERAL_POLICIES, SLOT_FIELDS, TURN_BASED
 from sf_engine.envs.spec import EnvSpec
-from sf_engine.replay.layout import REPLAY_PREFIX, replay_layout
+from sf_engine.replay.layout import replay_array, replay_layout
 
 _ALIGN = 64
 HEARTBEAT_ROLES = 4  # learner, policy worker, evaluator, receiver; then the rollout workers (wiring.heartbeat_index)
@@ -94,7 +95,8 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
     if cfg.uses_replay:  # the replay buffer (sf_engine.replay.layout), and the books of what went into it
-        layout |= replay_layout(cfg, spec, state) | {"replay_books": ((4,), "int64")}
+        books = 6 * cfg.parallel.num_learners + 1
+        layout |= replay_layout(cfg, spec, state) | {"replay_books": ((books,), "int64")}
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
         "param_seq": ((policies,), "int64"),
@@ -171,12 +173,15 @@ class SharedBuffers:
         self.remote_books = None  # runs with sampler nodes only
         self.replay_books = None  # runs with a replay buffer only
         self._last_published = None  # mapped on first use (last_published)
-        self.replay = {}  # the replay buffer's arrays by name without REPLAY_PREFIX ('obs.<key>', 'returns', ...)
+        # each learner rank's replay buffer: its arrays by name within it ('obs.<key>', 'returns', ...)
+        self.replay: list[dict] = []
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
-            if name.startswith(REPLAY_PREFIX):
-                self.replay[name.removeprefix(REPLAY_PREFIX)] = array
+            if replay_array(name) is not None:
+                rank, own = replay_array(name)
+                self.replay += [{} for _ in range(rank + 1 - len(self.replay))]
+                self.replay[rank][own] = array
             elif name.startswith("obs."):
                 self.obs[name[4:]] = array
             else:

@@ -45,9 +45,9 @@ class PolicyBooks:
 
 class ReplayReports:
     """A replay learner reports the env steps it inserted since its last report (kept in shared memory,
-    SharedBuffers.replay_books) under a report number, then clears them and counts the number up in one write. A
-    learner killed between the two leaves them there, and its successor sends them again, with what it inserted
-    since, under the same number: only the difference is new."""
+    SharedBuffers.replay_books; every learner rank's, by rank 0) under a report number, then marks them reported
+    and counts the number up in one write. A learner killed between the two leaves them there, and its successor
+    sends them again, with what was inserted since, under the same number: only the difference is new."""
 
     def __init__(self):
         self.number, self.counted = 0, (0, 0, 0)

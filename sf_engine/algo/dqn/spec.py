@@ -24,6 +24,7 @@ SPEC = AlgorithmSpec(
     description="the DQN family on a shared-memory replay buffer: double Q, dueling heads, n-step returns, "
     "prioritized replay, Ape-X exploration; see the replay and q groups",
     data=TRANSITIONS,
+    data_parallel=True,
     actions=("discrete",),
     multi_agent=False,
     several_policies=False,

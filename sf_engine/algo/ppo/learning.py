@@ -345,9 +345,7 @@ class PPO(TrainingState):
                 if stats is None:
                     self.optimizer.zero_grad()
                     stats = torch.zeros(len(LOSS_STATS) - 1, device=self.device)
-                elif ranked and not all_finite(stats.detach()):
-                    self.optimizer.grad.fill_(float("nan"))
-                grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm)
+                grad_norm = self.optimizer.clip_grad_norm(lcfg.max_grad_norm, stats.detach())
                 figures = torch.cat([stats.detach(), grad_norm.detach().reshape(1)]).cpu()
                 if not all_finite(figures):  # a NaN or inf in the loss or any gradient
                     skipped += 1

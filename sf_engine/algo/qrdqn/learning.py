@@ -131,7 +131,7 @@ class QRDQN(TrainingState):
         loss = (batch.weights * per_sample).mean()
         self.optimizer.zero_grad()
         loss.backward()
-        grad_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+        grad_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm, loss.detach())
         td_abs = (targets.mean(dim=1) - quantiles.detach().mean(dim=1)).abs()
         figures = torch.stack([loss.detach(), quantiles.detach().mean(), td_abs.mean(), grad_norm.reshape(())]).cpu()
         if not torch.isfinite(figures).all():

@@ -37,6 +37,7 @@ SPEC = AlgorithmSpec(
     description="QR-DQN (Dabney et al. 2018): the distribution of each action's return as quantiles, trained by "
     "quantile regression on the replay buffer, acting epsilon-greedy on their mean; see the qrdqn group",
     data=TRANSITIONS,
+    data_parallel=True,
     actions=("discrete",),
     multi_agent=False,
     several_policies=False,

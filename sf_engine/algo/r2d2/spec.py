@@ -17,6 +17,7 @@ SPEC = AlgorithmSpec(
     description="R2D2: the DQN family with a recurrent core (--rnn) on replayed sequences after a burn-in, value "
     "rescaling",
     data=SEQUENCES,
+    data_parallel=True,
     actions=("discrete",),
     multi_agent=False,
     several_policies=False,

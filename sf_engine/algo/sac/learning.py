@@ -110,14 +110,14 @@ class SAC(TrainingState):
             x, actor.distribution.unscale(batch.actions), next_x, batch.returns, batch.discounts, batch.weights, alpha
         )
         critic_loss.backward()
-        critic_norm = self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+        critic_norm = self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm, critic_loss.detach())
 
         self.optimizer.zero_grad()
         self.critic.requires_grad_(False)  # the actor's loss goes through the critics, their weights held
         actor_loss, log_probs = self.actor_loss(x, alpha)
         actor_loss.backward()
         self.critic.requires_grad_(True)
-        actor_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm)
+        actor_norm = self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm, actor_loss.detach())
 
         td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs do not)
         stats = torch.stack(

@@ -67,6 +67,7 @@ SPEC = AlgorithmSpec(
     description="soft actor-critic for Box action spaces on the replay buffer: a squashed Gaussian actor, twin "
     "critics, the entropy temperature tuned; see the sac group",
     data=TRANSITIONS,
+    data_parallel=True,
     actions=("continuous",),
     images=False,
     embeddings=False,

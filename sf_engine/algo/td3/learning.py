@@ -81,7 +81,7 @@ class TD3(TrainingState):
             x, actor.distribution.unscale(batch.actions), next_x, batch.returns, batch.discounts, batch.weights
         )
         critic_loss.backward()
-        norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
+        norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm, critic_loss.detach())]
 
         delayed = self.num_updates % self.tcfg.policy_delay == 0  # the actor and the targets move this step
         if delayed:
@@ -90,7 +90,7 @@ class TD3(TrainingState):
             actor_loss = self.actor_loss(x)
             actor_loss.backward()
             self.critic.requires_grad_(True)
-            norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm))
+            norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm, actor_loss.detach()))
             self.last_actor_loss = actor_loss.detach().clone()  # kept for the updates between (a compiled one's is not)
 
         td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs do not)

@@ -41,6 +41,7 @@ SPEC = AlgorithmSpec(
     description="TD3 (Fujimoto et al. 2018) for continuous actions on the replay buffer: twin critics, target "
     "policy smoothing, delayed actor updates, Gaussian exploration",
     data=TRANSITIONS,
+    data_parallel=True,
     actions=("continuous",),
     images=False,
     embeddings=False,
