@@ -4,7 +4,7 @@ the return curve read from the status lines every half second (the mean of the l
 at which the target was first reached, the throughput. One JSON line last. Three set-ups (--algo):
   ppo  CartPole-v1, 1 worker x 256 envs, rollout 16 (slots of 2,048 samples, 2 a batch): a mean return of 475
   dqn  CartPole-v1 at DQN's defaults for it (each rank a buffer of half --replay_size, minibatches of half
-       --batch_size): a mean return of 475
+       --batch_size): a greedy evaluation (every 2 s) of 475, where the run stops (epsilon-greedy episodes trail it)
   sac  Pendulum-v1 at SAC's defaults for it: a greedy evaluation (every 5 s) of -250, where the run stops (the
        mean of 100 episodes of 200 steps trails the policy by thousands of env steps)
 
@@ -30,7 +30,7 @@ STATUS = re.compile(r"env steps ([\d,]+) \|.*\| return (-?[\d.]+) \(last")
 POINTS = 5  # the curves are compared at this many env steps, evenly spaced over the budget
 SETUPS = {  # --algo: (env, the target return, the flags of its runs, whether the target is a greedy evaluation's)
     "ppo": ("CartPole-v1", 475.0, ["--num_workers", "1", "--num_envs_per_worker", "256", "--rollout", "16"], False),
-    "dqn": ("CartPole-v1", 475.0, ["--algo", "dqn"], False),
+    "dqn": ("CartPole-v1", 475.0, ["--algo", "dqn", "--eval_every_sec", "2", "--stop_at_eval_return", "475"], True),
     "sac": ("Pendulum-v1", -250.0, ["--algo", "sac", "--eval_every_sec", "5", "--stop_at_eval_return", "-250"], True),
 }
 

@@ -9,7 +9,7 @@ import pytest
 
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.groups import DEFAULT_ENV_STEPS, DEFAULT_SECONDS
-from sf_engine.run.runner import _stop_reason
+from sf_engine.run.runner import MONITOR_EVERY_SEC, MONITOR_NEAR_BUDGET_SEC, _stop_reason, _until_next_look
 from sf_engine.stats.report import status_line
 from sf_engine.stats.run_stats import RunStats
 
@@ -67,6 +67,17 @@ def test_each_stop_names_its_budget_and_the_flag_that_raises_it():
     assert _stop_reason(time_cfg, _stats(10**12), time.monotonic()) is None  # no env-step budget: steps go on
     reason = _stop_reason(time_cfg, _stats(0), time.monotonic() - 121)
     assert reason == "time budget reached (120 s; --train_for_seconds raises it)"
+
+
+def test_the_runner_looks_sooner_where_the_env_step_budget_is_near():
+    """A quarter second between looks, but where the budget comes sooner at the last look's rate, about then (at
+    least a hundredth of a second): a fast run passes its budget by a few hundredths of a second's sampling."""
+    one_second_ago = time.monotonic() - 1.0
+    assert _until_next_look(None, 500_000, (one_second_ago, 0)) == MONITOR_EVERY_SEC  # no env-step budget
+    assert _until_next_look(10**9, 500_000, (one_second_ago, 0)) == MONITOR_EVERY_SEC  # far off
+    assert _until_next_look(600_000, 500_000, (one_second_ago, 500_000)) == MONITOR_EVERY_SEC  # no steps: no rate
+    assert abs(_until_next_look(550_000, 500_000, (one_second_ago, 0)) - 0.1) < 0.01  # 50,000 at 500,000/s
+    assert _until_next_look(500_100, 500_000, (one_second_ago, 0)) == MONITOR_NEAR_BUDGET_SEC
 
 
 def test_learning_rate_decays_over_the_budgets_that_apply():

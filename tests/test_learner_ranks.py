@@ -77,12 +77,12 @@ def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monk
     """auto: one rank per visible GPU on CUDA; 1 on the CPU, on one GPU, or where several ranks would be refused
     (the refusal said in the note)."""
     from sf_engine.config.cli import make_config, parse_flags
-    from sf_engine.run import plan
+    from sf_engine.run import per_gpu
 
     def resolved(gpus: int, *flags: str):
-        monkeypatch.setattr(plan, "cuda_device_count", lambda: gpus)
-        monkeypatch.setattr(plan, "_resolve_device", lambda device: "cuda" if gpus else "cpu")
-        cfg, notes = plan._resolve_learners(make_config(parse_flags(["--num_learners", "auto", *flags])))
+        monkeypatch.setattr(per_gpu, "cuda_device_count", lambda: gpus)
+        monkeypatch.setattr(per_gpu, "resolve_device", lambda device: "cuda" if gpus else "cpu")
+        cfg, notes = per_gpu.resolve_learners(make_config(parse_flags(["--num_learners", "auto", *flags])))
         return cfg.parallel.num_learners, notes[0]
 
     assert resolved(4) == (4, "auto sizing: --num_learners auto = 4: a learner rank per GPU")
@@ -90,7 +90,7 @@ def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monk
     assert resolved(1) == (1, "auto sizing: --num_learners auto = 1: 1 GPU")
     ranks, note = resolved(8, "--algo", "crossq", "--env", "Pendulum-v1")
     assert ranks == 1 and "--num_learners 8: --algo crossq does not average its gradients" in note
-    assert plan._resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
+    assert per_gpu.resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
 
 
 @pytest.mark.e2e

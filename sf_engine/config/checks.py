@@ -40,6 +40,25 @@ def check_flags(cfg: Config) -> None:
     _check_value_based(cfg)
 
 
+def _check_policy_workers(cfg: Config) -> None:
+    """--num_policy_workers N > 1 (resolved): what several policy workers do not run, the alternative named."""
+    workers, run = cfg.parallel.num_policy_workers, cfg.run
+    if workers == 1:
+        return
+    refused = [
+        (run.mode == "serial", "--mode serial runs every role in one process: use --mode async or sync"),
+        (cfg.env.env_backend == "device", "a device env is sampled by device samplers, without policy workers"),
+        (run.deterministic, "--deterministic true: one policy worker takes every split's request in order"),
+        (
+            workers > cfg.sampler.num_workers,
+            f"each serves at least one of the --num_workers {cfg.sampler.num_workers} rollout workers",
+        ),
+    ]
+    why = next((why for applies, why in refused if applies), None)
+    if why:
+        raise ConfigError(f"--num_policy_workers {workers}: {why}; use --num_policy_workers 1")
+
+
 def check_learner_ranks(cfg: Config) -> None:
     """--num_learners: its value, and what several ranks of one policy's learner do not run (the alternative named)."""
     try:
@@ -247,6 +266,7 @@ def check_resolved(cfg: Config) -> None:
             f"slots ({cfg.slots_per_batch}) and --batch_size ({cfg.minibatch}) must be multiples of it: change "
             f"--batch_size{' or --num_workers' if cfg.uses_replay else ''} or --num_learners"
         )
+    _check_policy_workers(cfg)
     if cfg.run.deterministic and cfg.run.mode == "sync" and cfg.slots_per_batch != s.total_splits:
         raise ConfigError(
             f"--deterministic true in --mode sync trains on one round of every env group: --batch_size x "

@@ -34,6 +34,14 @@ class ParallelConfig:
         "--learning_rate yourself if you want the linear scaling rule). false: --batch_size is the run's minibatch, "
         "each rank takes 1/N of it, and the run learns as with one learner.",
     )
+    num_policy_workers: int | str = _f(
+        "auto",
+        "Policy-worker processes, each batching the forward passes of its share of the rollout workers (worker w "
+        "is served by policy worker w mod N); with --device cuda policy worker k acts on GPU k, so that inference "
+        "scales with the GPUs. 'auto': one per visible GPU with --device cuda (at most one per rollout worker), "
+        "else 1.",
+        type=int_or_auto,
+    )
     collective_timeout_sec: float = _f(
         30.0,
         "With --num_learners > 1, the longest a rank waits for the others in one collective (their joining at the "
@@ -45,5 +53,7 @@ class ParallelConfig:
         """Bad values: ValueError with one line naming the flag and the fix."""
         if self.num_learners != "auto" and self.num_learners < 1:
             raise ValueError(f"--num_learners must be at least 1 (got {self.num_learners})")
+        if self.num_policy_workers != "auto" and self.num_policy_workers < 1:
+            raise ValueError(f"--num_policy_workers must be at least 1 (got {self.num_policy_workers})")
         if not self.collective_timeout_sec > 0:
             raise ValueError(f"--collective_timeout_sec must be > 0 seconds (got {self.collective_timeout_sec})")

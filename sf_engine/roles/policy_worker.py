@@ -23,8 +23,9 @@ from sf_engine.model.acting import ActContext
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.graphed import BucketedForward, bucket_sizes
 from sf_engine.runtime.ipc import get_many
+from sf_engine.runtime.ranks import rank_device
 from sf_engine.runtime.transfer import PinnedRows, to_device, torch_dtype
-from sf_engine.runtime.wiring import InferenceRequest
+from sf_engine.runtime.wiring import InferenceRequest, policy_worker_of
 from sf_engine.stats.messages import Inference
 from sf_engine.stats.stages import InferenceStage, StageTimer
 
@@ -35,7 +36,7 @@ class PolicyWorker:
     def __init__(self, ctx):
         cfg = ctx.cfg
         self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
-        self.device = torch.device(cfg.run.device)
+        self.device = rank_device(cfg.run.device, ctx.index)  # --num_policy_workers: worker k on GPU k
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
         self.num_acting = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
@@ -82,7 +83,10 @@ class PolicyWorker:
         return self.models[0]
 
     def describe(self) -> str:
-        return f"{self.num_acting} model(s) built on {self.device}"
+        cfg = self.ctx.cfg
+        served = [w for w in range(cfg.sampler.num_workers) if policy_worker_of(w, cfg) == self.ctx.index]
+        share = "" if cfg.parallel.num_policy_workers == 1 else f", serving rollout worker(s) {served}"
+        return f"{self.num_acting} model(s) built on {self.device}{share}"
 
     def step(self, timeout_sec: float) -> None:
         """One batched forward over all waiting requests (blocks at most `timeout_sec` for one)."""
@@ -92,7 +96,7 @@ class PolicyWorker:
         self.timer.lap(InferenceStage.WAIT_REQUESTS)
         if not connected:
             return
-        requests = get_many(self.queues.policy_requests, timeout_sec)
+        requests = get_many(self.queues.policy_requests[self.ctx.index], timeout_sec)
         if self.round is not None:
             requests = self._whole_round(requests)
         self.timer.lap(InferenceStage.WAIT_REQUESTS)
@@ -213,7 +217,7 @@ class PolicyWorker:
 
     def send_stats(self) -> None:
         self.ctx.send(
-            Inference(self.timer.report("policy_worker"), self.num_forwards, self.num_samples, dict(self.policy_sec))
+            Inference(self.timer.report(self.ctx.name), self.num_forwards, self.num_samples, dict(self.policy_sec))
         )
         self.num_forwards = self.num_samples = 0
         self.policy_sec.clear()

@@ -23,6 +23,7 @@ import numpy as np
 from sf_engine.envs import make_batch_env
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.slot_pool import SlotPool, deterministic_rounds
+from sf_engine.runtime.wiring import policy_worker_of
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import StageTimer, WorkerStage
 
@@ -37,6 +38,7 @@ class RolloutWorker:
         self.ctx, self.idx, self.generation = ctx, ctx.index, ctx.generation
         self.buffers, self.queues, self.pool = ctx.buffers, ctx.queues, SlotPool(ctx.buffers, ctx.queues)
         self.replies = self.queues.actions_ready[self.idx]
+        self.requests = self.queues.policy_requests[policy_worker_of(self.idx, ctx.cfg)]  # its policy worker's
         s = cfg.sampler
         self.rollout, self.num_splits, self.envs_per_split = s.rollout, s.worker_num_splits, s.envs_per_split
         self.envs = self._make_envs(cfg, ctx.plan.spec)
@@ -191,7 +193,7 @@ class RolloutWorker:
         token = self.generation * self.num_splits + split
         # an InferenceRequest's fields as a plain tuple: the NamedTuple itself costs 2.7 us more a request
         # through the queue (it pickles its class), on the sampler's hottest path
-        self.queues.policy_requests.put((self.idx, token, self.slot[split], self.row[split]))
+        self.requests.put((self.idx, token, self.slot[split], self.row[split]))
 
     def _advance(self, split: int) -> None:
         """Step split's envs with the actions the policy worker wrote, record the transition."""

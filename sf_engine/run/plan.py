@@ -23,7 +23,7 @@ import psutil
 from sf_engine.algo.acting import check_acting_network
 from sf_engine.algo.pbt import period as pbt_period
 from sf_engine.config.algorithms import algorithm_registration, check_env_for_algorithm
-from sf_engine.config.checks import check_flags, check_learner_ranks, check_resolved
+from sf_engine.config.checks import check_flags, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
@@ -36,6 +36,7 @@ from sf_engine.model.user_model import BUILT_IN_NETWORK_FLAGS, check_model
 from sf_engine.replay.transform import transform_class
 from sf_engine.run.autosize import PROCESS_MEMORY_BYTES, count, resolve_sampler, usable_cores
 from sf_engine.run.experiment import leftover_segment
+from sf_engine.run.per_gpu import check_gpus, resolve_learners, resolve_policy_workers
 from sf_engine.runtime.checkpoint import (
     checkpoint_dir,
     env_steps_of,
@@ -43,7 +44,7 @@ from sf_engine.runtime.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
 )
-from sf_engine.runtime.device import cpp_compiler, cpu_has_native_bf16, cuda_device_count, resolve_device
+from sf_engine.runtime.device import cpp_compiler, cpu_has_native_bf16, resolve_device
 from sf_engine.runtime.run_plan import Paths, RunPlan
 from sf_engine.runtime.shared_buffers import buffer_layout, required_bytes, shm_path
 from sf_engine.stats.tracking import check_tracking
@@ -73,12 +74,7 @@ def _check_resolved(cfg: Config, spec: EnvSpec) -> None:
             "--bf16: this CPU has no native bfloat16 (avx512_bf16 or AMX), so bf16 would be emulated "
             "and slower: drop --bf16"
         )
-    ranks = cfg.parallel.num_learners
-    if ranks > 1 and cfg.run.device == "cuda" and ranks > cuda_device_count():
-        raise ConfigError(
-            f"--num_learners {ranks} with --device cuda: one GPU per learner rank, and {cuda_device_count()} are "
-            f"visible: lower --num_learners"
-        )
+    check_gpus(cfg)
     if cfg.run.compile and cpp_compiler() is None:
         raise ConfigError(
             "--compile: torch.compile needs a C++ compiler ($CXX, else g++) and none is on PATH: install g++ (or set "
@@ -94,7 +90,7 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     given = parse_flags(argv) if given is None else given
     saved = saved_config(given) if saved is None else saved
     cfg, spec = _configured(given, saved)
-    cfg, learner_notes = _resolve_learners(cfg)
+    cfg, learner_notes = resolve_learners(cfg)
     _check_before_resolving(cfg, spec)
     # a user's module built once, before auto sizing builds the model
     user_notes = check_model(cfg, spec) + check_encoder(cfg, spec)
@@ -148,26 +144,6 @@ def _configured(given: dict, saved: dict) -> tuple[Config, EnvSpec]:
     return make_config(given, defaults, saved), spec
 
 
-def _resolve_learners(cfg: Config) -> tuple[Config, list]:
-    """--num_learners auto: a learner rank per visible GPU where the run is on CUDA and can have several ranks (the
-    checks of several ranks pass), else 1; returns (config, the line saying why)."""
-    if cfg.parallel.num_learners != "auto":
-        return cfg, []
-
-    def with_ranks(ranks: int) -> Config:
-        return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, num_learners=ranks))
-
-    gpus = cuda_device_count() if _resolve_device(cfg.run.device) == "cuda" else 0
-    why = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs" if gpus else "no GPU in use"
-    if gpus > 1:
-        try:
-            check_learner_ranks(with_ranks(gpus))
-            return with_ranks(gpus), [f"auto sizing: --num_learners auto = {gpus}: a learner rank per GPU"]
-        except ConfigError as exc:
-            why = str(exc)
-    return with_ranks(1), [f"auto sizing: --num_learners auto = 1: {why}"]
-
-
 def _check_before_resolving(cfg: Config, spec: EnvSpec) -> None:
     """The flags, the env against the algorithm and the policies, the tracking: one ConfigError line each."""
     check_flags(cfg)
@@ -198,6 +174,9 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
             cfg, run=dataclasses.replace(cfg.run, cpu_affinity="learner" if learner_cores else "off")
         )
     sampler, lines = resolve_sampler(cfg, spec, family(spec.family).envs_per_worker)
+    cfg = dataclasses.replace(cfg, sampler=sampler)
+    cfg, worker_lines = resolve_policy_workers(cfg)
+    lines += worker_lines
     recurrence = sampler.rollout if cfg.learner.recurrence == "auto" else cfg.learner.recurrence
     cfg = dataclasses.replace(
         cfg,
@@ -210,7 +189,7 @@ def _resolve(cfg: Config, spec: EnvSpec) -> tuple[Config, list]:
             f"warning: --learner_threads {cfg.learner.learner_threads} exceeds the {usable_cores()} usable "
             f"cores: threads will contend; use --learner_threads {usable_cores()}"
         )
-    return dataclasses.replace(cfg, sampler=sampler), notes
+    return cfg, notes
 
 
 def _resolve_device(device: str) -> str:

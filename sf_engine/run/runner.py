@@ -36,13 +36,14 @@ from sf_engine.runtime.role import RunStopped
 from sf_engine.runtime.run_plan import RunPlan
 from sf_engine.runtime.shared_buffers import SharedBuffers
 from sf_engine.runtime.slot_pool import SlotPool, env_step_stop
-from sf_engine.runtime.wiring import make_queues
+from sf_engine.runtime.wiring import run_queues
 from sf_engine.stats.report import Reporter
 from sf_engine.stats.run_stats import RunStats
 from sf_engine.stats.stages import LearnerStage, LiveStage
 from sf_engine.stats.tracking import WandbRun
 
 MONITOR_EVERY_SEC = 0.25
+MONITOR_NEAR_BUDGET_SEC = 0.01  # the shortest wait between two looks, where the env-step budget is near
 
 
 def start_forkserver(env: str, env_backend: str):
@@ -76,6 +77,17 @@ def _raise_terminated(signum, frame):
 
 def env_step_budget_reached(budget: int) -> str:
     return f"env-step budget reached ({budget:,} env steps; --train_for_env_steps raises it)"
+
+
+def _until_next_look(stop_at: int | None, env_steps: int, last_look: tuple) -> float:
+    """Seconds the runner waits before it looks at the run again: MONITOR_EVERY_SEC, or less where the env-step
+    budget `stop_at` comes sooner at the rate since the last look ((time, env steps)), so that a fast run passes its
+    budget by a few hundredths of a second's sampling, not by a quarter second's."""
+    since = time.monotonic() - last_look[0]
+    rate = (env_steps - last_look[1]) / since if since > 0 else 0.0
+    if stop_at is None or rate <= 0:
+        return MONITOR_EVERY_SEC
+    return min(MONITOR_EVERY_SEC, max(MONITOR_NEAR_BUDGET_SEC, (stop_at - env_steps) / rate))
 
 
 def _stop_reason(cfg, stats: RunStats, start_time: float):
@@ -132,9 +144,7 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
         try:
             # the write end stays open in this process while it lives: children see EOF once it is gone
             lifeline = (None, None) if serial else make_lifeline(mp_context)
-            queues = make_queues(
-                cfg.sampler.num_workers, None if serial else mp_context, lifeline[0], cfg.policies.num_acting
-            )
+            queues = run_queues(cfg, None if serial else mp_context, lifeline[0])
             queues.device_obs = make_device_obs(plan)
             SlotPool(buffers, queues).fill()
             stats = RunStats(
@@ -193,9 +203,11 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
         else:
             roles = Supervisor(plan, experiment, mp_context, buffers, queues, stats)
         roles.start()
+        stop_at, last_look = env_step_stop(cfg, stats.env_steps_base), (time.monotonic(), stats.env_steps)
         while reason is None:
             if cfg.run.mode != "serial":
-                time.sleep(MONITOR_EVERY_SEC)
+                time.sleep(_until_next_look(stop_at, stats.env_steps, last_look))
+                last_look = (time.monotonic(), stats.env_steps)
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()

@@ -22,7 +22,14 @@ from sf_engine.runtime.role import RUN_STOPPED_EXIT, run_role
 from sf_engine.runtime.shared_buffers import LEARNING, RENDEZVOUS_SUFFIX, WRITING
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
-from sf_engine.runtime.wiring import LAST_STOP_PHASE, ROLES, heartbeat_index, new_policy_requests, roles_of
+from sf_engine.runtime.wiring import (
+    LAST_STOP_PHASE,
+    ROLES,
+    heartbeat_index,
+    new_policy_requests,
+    policy_worker_of,
+    roles_of,
+)
 
 STOP_TIMEOUT_SEC = 9.0  # every child stops within this (the learner saves first), or is killed
 LEARNER_STOP_SEC = 4.0  # of which the learner's last checkpoint, once the sampling stopped, has at least this
@@ -71,7 +78,7 @@ class Supervisor:
                 return  # a recovery may replace other children too: look again at the new set next time
 
     def _spawn(self, role: str, index: int = 0, generation: int = 0) -> None:
-        self.buffers.heartbeat[heartbeat_index(role, index)] = 0.0  # not beaten yet
+        self.buffers.heartbeat[heartbeat_index(role, index, self.cfg.parallel.num_learners)] = 0.0  # not beaten yet
         process = self.mp_context.Process(
             target=run_role,
             args=(role, index, generation, self.plan, queues_for(role, self.queues)),
@@ -86,7 +93,8 @@ class Supervisor:
         code = child.process.exitcode
         if code is not None:
             return f"died ({_describe_exit(code)})"
-        now, beat = time.monotonic(), float(self.buffers.heartbeat[heartbeat_index(role, index)])
+        entry = heartbeat_index(role, index, self.cfg.parallel.num_learners)
+        now, beat = time.monotonic(), float(self.buffers.heartbeat[entry])
         timeout = self.cfg.run.stuck_timeout_sec
         if beat > 0 and now - beat > timeout:
             return f"stuck (no heartbeat for {now - beat:.0f} s > --stuck_timeout_sec {timeout:g})"
@@ -208,18 +216,22 @@ class Supervisor:
                 index,
                 self.stats.worker_restarts,
             )
-        else:  # policy worker: its pending requests are gone, so every rollout worker starts over too
-            workers = [w for r, w in self.children if r == "rollout_worker"]
+        else:  # policy worker: its pending requests are gone, so the rollout workers it served start over too
+            workers = [w for r, w in self.children if r == "rollout_worker" and policy_worker_of(w, self.cfg) == index]
             for w in workers:
                 self._kill("rollout_worker", w)
             # the dead policy worker may have broken its queue (see ipc): the new processes get a new one
-            self.queues = dataclasses.replace(self.queues, policy_requests=new_policy_requests())
+            requests = list(self.queues.policy_requests)
+            requests[index] = new_policy_requests()
+            self.queues = dataclasses.replace(self.queues, policy_requests=requests)
             for policy in range(self.cfg.policies.num_acting):
                 SharedWeights(self.buffers, self.queues.weights, policy).want("policy_worker")
             self._spawn(role, index)
             self._restart_workers(workers)
             self.stats.policy_worker_restarts += 1
-            logging.warning("restarted the policy worker (weights from the shared copy) and the rollout workers")
+            logging.warning(
+                "restarted policy worker %d (weights from the shared copy) and the rollout workers it serves", index
+            )
 
     def _count_restart(self, what: str) -> None:
         now = time.monotonic()

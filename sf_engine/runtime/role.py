@@ -73,12 +73,14 @@ class RoleContext:
 
     @property
     def name(self) -> str:
-        """'learner', 'policy_worker', 'rollout_worker_3', 'device_sampler_0', ..."""
-        return f"{self.role}_{self.index}" if self.role in ("rollout_worker", "device_sampler") else self.role
+        """'learner', 'policy_worker', 'policy_worker_1', 'rollout_worker_3', 'device_sampler_0', ..."""
+        several = self.role in ("rollout_worker", "device_sampler") or (self.role == "policy_worker" and self.index)
+        return f"{self.role}_{self.index}" if several else self.role
 
     def beat(self) -> None:
         """A sign of life (the supervisor restarts a process whose heartbeat stops)."""
-        self.buffers.heartbeat[heartbeat_index(self.role, self.index)] = time.monotonic()
+        entry = heartbeat_index(self.role, self.index, self.cfg.parallel.num_learners)
+        self.buffers.heartbeat[entry] = time.monotonic()
 
     @property
     def stopping(self) -> bool:

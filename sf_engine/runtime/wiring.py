@@ -2,7 +2,9 @@
 read (and grep) who talks to whom. Queues carry small messages only, never trajectory data.
 
   queue              sender                  receiver                 carries
-  policy_requests    rollout workers         policy worker            InferenceRequest (worker, token, slot, row)
+  policy_requests[k] rollout workers w       policy worker k          InferenceRequest (worker, token, slot, row)
+                     (w % policy workers
+                     == k)
   actions_ready[w]   policy worker           rollout worker w         tokens: actions written (a ReplyPipe)
   full_slots         rollout workers,        learner                  index of a filled trajectory slot
                      receiver, device
@@ -68,11 +70,13 @@ def role_class(role: str):
     return import_class(ROLES[role].cls)
 
 
-def heartbeat_index(role: str, index: int = 0) -> int:
+def heartbeat_index(role: str, index: int = 0, num_learners: int = 1) -> int:
     """Entry of `role` (rollout worker `index`) in the shared heartbeat array; learner rank r > 0 (--num_learners):
-    the r-th entry from its end."""
+    the r-th entry from its end; policy worker k > 0 (--num_policy_workers) the k-th before the learner ranks'."""
     if role == "learner" and index:
         return -index
+    if role == "policy_worker" and index:
+        return -(num_learners - 1) - index
     slot = ROLES[role].heartbeat
     return HEARTBEAT_WORKERS + index if slot is None else slot
 
@@ -85,7 +89,7 @@ def roles_of(cfg) -> list:
     if cfg.env.env_backend == "device":
         roles = learners + [("device_sampler", w) for w in range(workers)]
     else:
-        roles = learners + ([("policy_worker", 0)] if workers else [])
+        roles = learners + [("policy_worker", k) for k in range(cfg.parallel.num_policy_workers if workers else 0)]
         roles += [("rollout_worker", w) for w in range(workers)]
     roles += [("receiver", 0)] if cfg.remote.num_remote_samplers else []
     return roles + ([("evaluator", 0)] if cfg.run.eval_every_sec > 0 else [])
@@ -111,7 +115,7 @@ class InferenceRequest(NamedTuple):
 
 @dataclass
 class Queues:
-    policy_requests: Queue
+    policy_requests: list  # [k]: policy worker k's (Queue)
     actions_ready: list
     full_slots: Queue
     free_slots: Queue
@@ -121,14 +125,16 @@ class Queues:
     device_obs: object = None  # device mode on a GPU: the observations in its memory (runtime.device_slots.DeviceObs)
 
 
-def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1) -> Queues:
+def make_queues(
+    num_workers: int, mp_context=None, lifeline=None, num_policies: int = 1, num_policy_workers: int = 1
+) -> Queues:
     """`mp_context` None means serial mode (no child processes)."""
 
     def weight_channel():
         return LocalChannel() if mp_context is None else mp_context.Queue()
 
     return Queues(
-        policy_requests=new_policy_requests(),
+        policy_requests=[new_policy_requests() for _ in range(num_policy_workers)],
         actions_ready=[ReplyPipe(mp_context) for _ in range(num_workers)],
         full_slots=Queue(_QUEUE_BYTES),
         free_slots=Queue(_QUEUE_BYTES),
@@ -136,6 +142,18 @@ def make_queues(num_workers: int, mp_context=None, lifeline=None, num_policies: 
         weights={(reader, policy): weight_channel() for reader in WEIGHT_READERS for policy in range(num_policies)},
         lifeline=lifeline,
     )
+
+
+def run_queues(cfg, mp_context=None, lifeline=None) -> Queues:
+    """The queues of a run of `cfg` (make_queues with its sizes)."""
+    return make_queues(
+        cfg.sampler.num_workers, mp_context, lifeline, cfg.policies.num_acting, cfg.parallel.num_policy_workers
+    )
+
+
+def policy_worker_of(worker: int, cfg) -> int:
+    """The policy worker that serves rollout worker `worker`."""
+    return worker % cfg.parallel.num_policy_workers
 
 
 def new_policy_requests() -> Queue:

@@ -27,8 +27,9 @@ NODE_SHM_TAG = "sampler_node"  # the actors' shared-memory files: sf_engine_samp
 def node_plan(plan, index: int, reconstructed: bool = False):
     """The plan of sampler actor `index` of the run `plan`: the run's env, model and slot shape, with
     --remote_num_workers rollout workers, no sampler nodes of its own, no evaluator, no core pinning,
-    acting on the CPU (Ray gives a sampler actor no GPU) and env seeds of its own (others again after a
-    restart by Ray), and no replay buffer (a node only samples: the replay is the learner's, on the head node).
+    acting on the CPU in one policy worker (Ray gives a sampler actor no GPU) and env seeds of its own (others again
+    after a restart by Ray), and no replay buffer (a node only samples: the replay is the learner's, on the head
+    node).
     Built on the node, inside the actor."""
     from sf_engine.model.shape import state_size
     from sf_engine.replay.layout import REPLAY_PREFIX
@@ -41,6 +42,7 @@ def node_plan(plan, index: int, reconstructed: bool = False):
         env=dataclasses.replace(cfg.env, seed=seed),
         sampler=dataclasses.replace(cfg.sampler, num_workers=cfg.remote.remote_num_workers),
         remote=dataclasses.replace(cfg.remote, ray_address=None, num_remote_samplers=0),
+        parallel=dataclasses.replace(cfg.parallel, num_policy_workers=1),
         run=dataclasses.replace(cfg.run, cpu_affinity="off", eval_every_sec=0.0, device="cpu"),
     )
     layout = buffer_layout(node_cfg, plan.spec, state_size(node_cfg.model))
