@@ -219,6 +219,31 @@ def test_a_killed_learner_rank_restarts_every_rank_from_the_kept_state(tmp_path,
 
 
 @pytest.mark.e2e
+def test_a_killed_dqn_rank_restarts_every_rank_with_their_buffers_and_every_insert_booked_once(tmp_path, shm_dir):
+    """SIGKILL of rank 1 of a DQN run: the ranks start again from the kept state with the buffers they had filled
+    (in the run's shared memory), and rank 0's reports count every rank's inserts once across the restart: the books
+    balance."""
+    exp = str(tmp_path / "kill")
+    args = CARTPOLE + ["--algo", "dqn", "--shm_dir", shm_dir, "--train_for_env_steps", "120000"]
+    proc = start_train(args + ["--train_for_seconds", "200"], tmp_path, "kill")
+    rows = wait_for_children(exp, 4)
+    wait_for_steps(exp, 20_000)
+    deadline = time.monotonic() + 60  # the training state kept once before the kill
+    while not any(name.endswith(TRAINING_STATE_SUFFIX) for name in os.listdir(shm_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.kill(next(r["pid"] for r in rows if r["role"] == "learner" and r["index"] == 1), signal.SIGKILL)
+    wait_for(exp, "learner_restarts", 1, timeout=90)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    summary = read_json(os.path.join(exp, "summary.json"))
+    assert summary["learner_restarts"] == 1 and summary["env_steps"] >= 120_000
+    books = books_balance(summary)
+    assert books["inserted_replay"] + books["not_trainable"] == summary["replay_inserted_env_steps"], books
+    assert "with the training state of version" in open(os.path.join(exp, "train.log")).read()
+    assert os.listdir(shm_dir) == []
+
+
+@pytest.mark.e2e
 def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
     """Rank 0 writes the checkpoints as one learner does: a 2-rank run resumes with one learner and that one's
     checkpoint with two, each from the version the last one saved."""

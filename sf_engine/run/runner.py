@@ -206,8 +206,9 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
         stop_at, last_look = env_step_stop(cfg, stats.env_steps_base), (time.monotonic(), stats.env_steps)
         while reason is None:
             if cfg.run.mode != "serial":
-                time.sleep(_until_next_look(stop_at, stats.env_steps, last_look))
-                last_look = (time.monotonic(), stats.env_steps)
+                wait = _until_next_look(stop_at, stats.env_steps, last_look)
+                last_look = (time.monotonic(), stats.env_steps)  # the next rate: over this wait and this look
+                time.sleep(wait)
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
