@@ -47,19 +47,29 @@ class PQN(QLearning):
         return self._epochs(obs, actions, targets)
 
     def _epochs(self, obs: dict, actions: torch.Tensor, targets: torch.Tensor) -> TrainResult:
+        """With several learner ranks (the optimizer averages over them) every rank takes part in each of the
+        --num_batches_per_epoch steps, whatever its share holds (none: a zero gradient), so the ranks take the same
+        steps."""
         samples = len(targets)
         totals, updates, skipped = torch.zeros(len(LOSS_STATS) + 1), 0, 0
-        minibatches = max(1, min(self.lcfg.num_batches_per_epoch, samples // 2))
+        ranked = self.optimizer.average is not None
+        minibatches = (
+            self.lcfg.num_batches_per_epoch if ranked else max(1, min(self.lcfg.num_batches_per_epoch, samples // 2))
+        )
         for _ in range(self.lcfg.num_epochs):
             for rows in torch.randperm(samples, device=self.device).tensor_split(minibatches):
-                if self.hooks.stopping() or not len(rows):
+                if self.hooks.stopping() or not (len(rows) or ranked):
                     continue
                 self.hooks.beat()
                 figures = self.optimizer_step(
-                    lambda: self._gradients(
-                        {k: v.index_select(0, rows) for k, v in obs.items()},
-                        actions.index_select(0, rows),
-                        targets.index_select(0, rows),
+                    lambda: (
+                        self._gradients(
+                            {k: v.index_select(0, rows) for k, v in obs.items()},
+                            actions.index_select(0, rows),
+                            targets.index_select(0, rows),
+                        )
+                        if len(rows)
+                        else torch.zeros(len(LOSS_STATS), device=self.device)
                     )
                 )
                 if figures is None:

@@ -9,6 +9,7 @@ SPEC = AlgorithmSpec(
     learner="sf_engine.algo.pqn.learning:PQN",
     description="PQN: Q(lambda) targets on each batch of trajectory slots, layer norm, no replay and no target network",
     data=SLOTS,
+    data_parallel=True,
     actions=("discrete",),
     multi_agent=False,
     several_policies=False,
