@@ -37,6 +37,8 @@ class PolicyWorker:
         cfg = ctx.cfg
         self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
         self.device = rank_device(cfg.run.device, ctx.index)  # --num_policy_workers: worker k on GPU k
+        if self.device.type == "cuda":  # its GPU for whatever is made on "cuda" (CUDA graphs' capture included)
+            torch.cuda.set_device(self.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits
         self.rollout = cfg.sampler.rollout
         self.num_acting = cfg.policies.num_acting  # the trained policies, then the opponent pool's snapshots
