@@ -91,6 +91,10 @@ def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monk
     assert resolved(1) == (1, "auto sizing: --num_learners auto = 1: 1 GPU")
     ranks, note = resolved(8, "--algo", "crossq", "--env", "Pendulum-v1")
     assert ranks == 1 and "--num_learners 8: --algo crossq does not average its gradients" in note
+    assert resolved(4, "--env", "TorchCartPole-v1") == (
+        1,
+        "auto sizing: --num_learners auto = 1: a device env is sampled on its one learner's device",
+    )
     assert per_gpu.resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
 
 
@@ -148,7 +152,7 @@ def test_two_dqn_ranks_each_fill_a_buffer_of_their_own_learn_and_book_every_step
 @pytest.mark.parametrize(
     "algo, env, flags",
     [
-        ("sac", "Pendulum-v1", ["--hidden_size", "32"] + REPLAY_SHORT),
+        ("sac", "Pendulum-v1", ["--hidden_size", "32", "--normalize_input", "true"] + REPLAY_SHORT),
         ("td3", "Pendulum-v1", ["--hidden_size", "32"] + REPLAY_SHORT),
         ("qrdqn", "CartPole-v1", REPLAY_SHORT),
         ("r2d2", "CartPole-v1", REPLAY_SHORT),

@@ -47,6 +47,8 @@ def test_two_policy_workers_each_serve_their_rollout_workers_and_the_run_learns(
     assert result.returncode == 0, result.stderr[-3000:]
     summary = read_json(tmp_path / "two" / "summary.json")
     assert summary["episode_return_mean"] > 100, summary["episode_return_mean"]  # a random policy's is about 22
+    for worker in ("policy_worker", "policy_worker_1"):  # each served requests: forward passes of its own
+        assert summary["stage_seconds"][worker]["forward"] > 0, summary["stage_seconds"]
     books_balance(summary)
     log = (tmp_path / "two" / "train.log").read_text()
     assert re.search(r"policy_worker\[0\] INFO ready: .* serving rollout worker\(s\) \[0\]", log), log[-2000:]

@@ -141,6 +141,30 @@ def test_the_ranks_agree_on_each_round_and_gather_their_figures_in_rank_order(tm
     assert torch.equal(out[0][1], expected) and torch.equal(out[1][1], expected)
 
 
+def _one_loss_not_finite(rank: int, init: str, results) -> None:
+    try:
+        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
+        model, flat = _network()
+        optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
+        optimizer.average = group.average_
+        x, y = _batch(0)
+        optimizer.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()  # a finite gradient on both ranks; rank 1's loss statistic says it is not finite
+        norm = optimizer.clip_grad_norm(10.0, loss.detach() * (float("nan") if rank == 1 else 1.0))
+        results.put((rank, bool(torch.isfinite(norm)), bool(torch.isfinite(optimizer.grad).all())))
+        group.close()
+    except BaseException:
+        results.put((rank, traceback.format_exc(), None))
+
+
+def test_one_ranks_non_finite_loss_makes_every_rank_skip_the_step(tmp_path):
+    """clip_grad_norm given the loss: where one rank's is not finite its gradient goes into the mean as NaN, so the
+    norm every rank reads is not finite and every rank skips the step (one skipping alone would part the weights)."""
+    out = _run_ranks(_one_loss_not_finite, tmp_path)
+    assert out[0] == [False, False] and out[1] == [False, False], out
+
+
 def _one_rank_never_comes(rank: int, init: str, results) -> None:
     try:
         group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=3)

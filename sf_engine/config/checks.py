@@ -66,7 +66,7 @@ def check_learner_ranks(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     ranks, run = cfg.parallel.num_learners, cfg.run
-    if ranks == 1:
+    if ranks in (1, "auto"):  # auto: resolved where the GPUs are known (run.per_gpu), its ranks checked there
         return
     flag = f"--num_learners {ranks}"
     if not cfg.algorithm.data_parallel:

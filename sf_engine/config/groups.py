@@ -280,9 +280,10 @@ class _ConfigMethods:
     @property
     def minibatch(self) -> int:
         """Samples of one optimizer step over every learner rank: --batch_size, or with --batch_per_learner each
-        rank's (--num_learners times as many)."""
+        rank's (--num_learners times as many; --num_learners auto, until resolved: as one)."""
         p = self.parallel
-        return self.learner.batch_size * (p.num_learners if p.batch_per_learner else 1)
+        ranks = p.num_learners if p.batch_per_learner and p.num_learners != "auto" else 1
+        return self.learner.batch_size * ranks
 
     @property
     def train_batch(self) -> int:

@@ -24,6 +24,11 @@ from sf_engine.model.kernels import Tanh, mlp
 _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 
 
+def rows_of(x: torch.Tensor) -> torch.Tensor:
+    """x [N, *shape] as [N, prod(shape)], also with no rows (a learner rank's empty share)."""
+    return x.reshape(len(x), math.prod(x.shape[1:]))
+
+
 class RunningMeanStd(nn.Module):
     """Running mean/variance (Chan et al. parallel merge). Buffers, so they travel with the weights."""
 
@@ -215,7 +220,7 @@ class Encoder(nn.Module):
             if key in self.image_keys:  # [B, H, W, C] uint8: a quarter of the rows, in [0, 1]
                 normalizer.update(obs[key][::4].float().div_(255.0))
             else:
-                normalizer.update(obs[key].reshape(obs[key].shape[0], -1))
+                normalizer.update(rows_of(obs[key]))
 
     def user_inputs(self, obs: dict):
         """What a user's module receives: per entry a contiguous float32 tensor [B, *shape], shaped as the env

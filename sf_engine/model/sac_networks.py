@@ -23,7 +23,7 @@ from sf_engine.envs.spec import ACTION_MASK_KEY
 from sf_engine.model.acting import ActContext, ActOutput
 from sf_engine.model.cnn import init_layer
 from sf_engine.model.encoders import is_builtin
-from sf_engine.model.features import Encoder, RunningMeanStd
+from sf_engine.model.features import Encoder, RunningMeanStd, rows_of
 from sf_engine.model.kernels import mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # the actor's log-std is clamped here (Stable-Baselines3's bounds)
@@ -135,7 +135,7 @@ class SACActor(nn.Module):
 
     def _flat(self, obs: dict) -> torch.Tensor:
         """[B, in_size] float32: the vector keys flattened side by side."""
-        parts = [obs[key].reshape(obs[key].shape[0], -1).float() for key in self.keys]
+        parts = [rows_of(obs[key]).float() for key in self.keys]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def inputs(self, obs: dict) -> torch.Tensor:

@@ -106,17 +106,11 @@ class LearnerRanks:
         names = sorted(total.losses)  # the same on every rank: they took the same steps
         counts = [total.samples, figures.dropped_lag, figures.not_trainable, figures.skipped_non_finite, figures.acted]
         lags = [figures.lag_count, figures.lag_mean * figures.lag_count, figures.lag_min, figures.lag_max]
-        replay = figures.replay  # every rank has a buffer of its own, or none has
-        buffer = [] if replay is None else [replay.inserted, replay.sampled, replay.stored, replay.capacity]
         slots = list(self.learner.source.slots)  # an equal share on every rank (a replay source frees its own)
         losses = [total.losses[name] for name in names]
-        row = torch.tensor(counts + lags + [train_sec] + losses + buffer + slots, dtype=torch.float64)
+        row = torch.tensor(counts + lags + [train_sec] + losses + slots, dtype=torch.float64)
         rows = self.group.gather(row).cpu()
         self.others_slots = [int(s) for s in rows[1:, len(row) - len(slots) :].reshape(-1).tolist()]
-        if replay is not None:  # the buffers' books summed: the ranks' ratios are the same
-            start = len(row) - len(slots) - len(buffer)
-            inserted, sampled, stored, capacity = (int(x) for x in rows[:, start : start + len(buffer)].sum(0).tolist())
-            replay = dataclasses.replace(replay, inserted=inserted, sampled=sampled, stored=stored, capacity=capacity)
         sums = [int(x) for x in rows[:, : len(counts)].sum(0).tolist()]
         lag_rows = rows[:, len(counts) : len(counts) + len(lags)]
         lagged = lag_rows[lag_rows[:, 0] > 0]
@@ -129,6 +123,9 @@ class LearnerRanks:
                 lag_min=float(lagged[:, 2].min()),
                 lag_max=float(lagged[:, 3].max()),
             )
+        replay = figures.replay  # rank 0's: every rank's buffer (ReplaySource), the ages of every rank's samples
+        if replay is not None and lag:
+            replay = dataclasses.replace(replay, age_mean=lag["lag_mean"], age_max=lag["lag_max"])
         merged = dataclasses.replace(
             figures,
             dropped_lag=sums[1],
@@ -138,8 +135,6 @@ class LearnerRanks:
             replay=replay,
             **lag,
         )
-        if replay is not None and lag:
-            replay = dataclasses.replace(replay, age_mean=lag["lag_mean"], age_max=lag["lag_max"])
         start = len(counts) + len(lags) + 1
         losses = dict(zip(names, rows[:, start : start + len(names)].mean(0).tolist()))
         train_sec = float(rows[:, len(counts) + len(lags)].max())

@@ -25,6 +25,7 @@ import torch
 
 from sf_engine.algo.base import TrainingHooks, TrainResult
 from sf_engine.replay.buffer import ReplayBuffer
+from sf_engine.replay.layout import REPLAY_FILLED, REPLAY_INSERTED, REPLAY_SAMPLED
 from sf_engine.replay.rate_limiter import RateLimiter
 from sf_engine.replay.transform import ReplayTransform, SlotSteps
 from sf_engine.roles.sources import SourceFigures, in_fill_order, lag_figures
@@ -114,6 +115,8 @@ class ReplaySource:
             self.batch_size * transform.steps_per_sample,
         )
         self.ends_round = ends_round or (lambda over: over or hooks.stopping())
+        self.ranks, self.rank = ranks, rank
+        self.observed: list = []  # with several ranks: the observations inserted since the last round (limit_round)
         self.round_limit = math.inf  # with ranks, the minibatches of the round they agreed on (`ready_batches`)
         self.sync = cfg.run.mode == "sync"
         self.pending: list = []  # full slots taken, not all of --slots_per_batch yet
@@ -163,7 +166,13 @@ class ReplaySource:
         return max(0, int(self.limiter.allowance() // self.limiter.batch_size)) if self.limiter.started else 0
 
     def limit_round(self, batches: int) -> None:
+        """With several ranks, on every rank alike before each round: its minibatches, and the observations inserted
+        since the last round handed to the algorithm's `observe` at once (its normalizer merges every rank's, a
+        collective: inserts come on each rank in its own time)."""
         self.round_limit = batches
+        if self.observe is not None:
+            self.observe(_joined(self.observed, self.slot_obs))
+            self.observed = []
 
     def batches(self, policy) -> Iterator:
         """Minibatches while the ratio allows one (at most `round_limit`), for at most CHUNK_SEC."""
@@ -227,7 +236,11 @@ class ReplaySource:
             )
         )
         if self.observe is not None:  # each trainable step's observation once, as inserted
-            self.observe({key: _rows(array[slot][:-1], valid) for key, array in self.slot_obs.items()})
+            rows = {key: _rows(array[slot][:-1], valid) for key, array in self.slot_obs.items()}
+            if self.ranks > 1:
+                self.observed.append(rows)
+            else:
+                self.observe(rows)
         b.take_rows([slot])  # inserted: out of the books of steps not trained yet
         skipped = int(non_finite.sum())
         trainable = int(valid.sum())
@@ -247,6 +260,8 @@ class ReplaySource:
         """The books of the steps inserted and not reported yet (every rank's, by rank 0), the next report's number
         and the buffer's status; `lags`: the lag figures of the samples trained this round (lag_figures)."""
         books, number = self.books.unreported(), self.books.number + 1
+        # rank 0: every rank's buffer, read from the shared memory (the ranks' ratios are the same)
+        counters = [arrays["counters"] for arrays in self.buffers.replay] if self.rank == 0 else [self.buffer.counters]
         return SourceFigures(
             not_trainable=int(books[NOT_TRAINABLE]),
             skipped_non_finite=int(books[SKIPPED]),
@@ -254,10 +269,10 @@ class ReplaySource:
             inserted=int(books[TRAINABLE]),
             report_number=number,
             replay=ReplayStatus(
-                inserted=self.limiter.inserted,
-                sampled=self.limiter.sampled,
-                stored=self.buffer.size,
-                capacity=self.buffer.capacity,
+                inserted=sum(int(c[REPLAY_INSERTED]) for c in counters),
+                sampled=sum(int(c[REPLAY_SAMPLED]) for c in counters),
+                stored=sum(int(c[REPLAY_FILLED]) for c in counters) * self.buffer.rollout,
+                capacity=self.buffer.capacity * len(counters),
                 replay_ratio=self.limiter.replay_ratio(),
                 replay_ratio_target=self.rcfg.replay_ratio,
                 learning_starts=self.rcfg.learning_starts,
@@ -294,6 +309,14 @@ class ReplaySource:
             self.limiter.rebase()
         except Exception as exc:  # a torn or foreign file: start empty rather than fail the run
             logging.warning("replay buffer %s not loaded (%s): it refills from the envs", path, exc)
+
+
+def _joined(observed: list, slot_obs: dict) -> dict:
+    """key -> the rows of every dict of `observed` (rows [n, *shape] of the slots' observations) in one array; none:
+    zero rows."""
+    if not observed:
+        return {key: array[0, 0, :0] for key, array in slot_obs.items()}
+    return {key: np.concatenate([rows[key] for rows in observed]) for key in slot_obs}
 
 
 def _rows(array, mask: np.ndarray):

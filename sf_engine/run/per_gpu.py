@@ -7,6 +7,7 @@ import dataclasses
 
 from sf_engine.config.checks import check_learner_ranks
 from sf_engine.config.groups import Config, ConfigError
+from sf_engine.envs.registry import resolve_backend
 from sf_engine.runtime.device import cuda_device_count, resolve_device
 
 
@@ -25,7 +26,9 @@ def resolve_learners(cfg: Config) -> tuple[Config, list]:
         raise ConfigError(str(exc)) from None
     gpus = cuda_device_count() if device == "cuda" else 0
     why = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs" if gpus else "no GPU in use"
-    if gpus > 1:
+    if gpus > 1 and resolve_backend(cfg.env.env, cfg.env.env_backend) == "device":
+        why = "a device env is sampled on its one learner's device"
+    elif gpus > 1:
         try:
             check_learner_ranks(with_ranks(gpus))
             return with_ranks(gpus), [f"auto sizing: --num_learners auto = {gpus}: a learner rank per GPU"]

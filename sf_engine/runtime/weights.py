@@ -104,11 +104,14 @@ class SharedWeights:
         return None if rows is None else (seq // 2, rows[self.policy].copy())
 
     def serve_requests(self) -> None:
-        """Send the shared vector again to every reader the supervisor restarted."""
+        """Send the shared vector again to every reader the supervisor restarted (once per process restarted: several
+        policy workers share their role's channel)."""
         for i, reader in enumerate(WEIGHT_READERS):
-            if self.wanted[i]:
-                self.wanted[i] = 0
-                self.channels[(reader, self.policy)].put((self.held_generation, self.shared))
+            wanted = int(self.wanted[i])
+            if wanted:
+                self.wanted[i] -= wanted
+                for _ in range(wanted):
+                    self.channels[(reader, self.policy)].put((self.held_generation, self.shared))
 
     # --- the supervisor ------------------------------------------------------------------------
     def retire(self) -> None:
@@ -118,7 +121,7 @@ class SharedWeights:
 
     def want(self, reader: str) -> None:
         """A restarted `reader` needs the shared vector again (the learner sends it at its next step)."""
-        self.wanted[WEIGHT_READERS.index(reader)] = 1
+        self.wanted[WEIGHT_READERS.index(reader)] += 1
 
     # --- the readers ---------------------------------------------------------------------------
     def connect(self, reader: str, timeout_sec: float) -> bool:
