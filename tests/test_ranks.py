@@ -41,12 +41,18 @@ def _gradient_and_step(model, optimizer, x, y) -> torch.Tensor:
     return gradient
 
 
+def _joined(rank: int, init: str) -> tuple:
+    """(group, model, flat weights, optimizer averaging over the group) of rank `rank` of two."""
+    group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
+    model, flat = _network()
+    optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
+    optimizer.average = group.average_
+    return group, model, flat, optimizer
+
+
 def _train_rank(rank: int, init: str, results) -> None:
     try:
-        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
-        model, flat = _network()
-        optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
-        optimizer.average = group.average_
+        group, model, flat, optimizer = _joined(rank, init)
         sums, gradients = [], []
         for step in range(STEPS):
             x, y = _batch(step)
@@ -143,10 +149,7 @@ def test_the_ranks_agree_on_each_round_and_gather_their_figures_in_rank_order(tm
 
 def _one_loss_not_finite(rank: int, init: str, results) -> None:
     try:
-        group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
-        model, flat = _network()
-        optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
-        optimizer.average = group.average_
+        group, model, flat, optimizer = _joined(rank, init)
         x, y = _batch(0)
         optimizer.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
