@@ -25,8 +25,9 @@ _ACTIVATIONS = {"tanh": Tanh, "relu": nn.ReLU}
 
 
 def rows_of(x: torch.Tensor) -> torch.Tensor:
-    """x [N, *shape] as [N, prod(shape)], also with no rows (a learner rank's empty share)."""
-    return x.reshape(len(x), math.prod(x.shape[1:]))
+    """x [N, *shape] as [N, prod(shape)], also with no rows (a learner rank's empty share); N stays a traced size
+    (export)."""
+    return x.flatten(1) if x.dim() > 1 else x.unsqueeze(1)
 
 
 class RunningMeanStd(nn.Module):
