@@ -41,9 +41,13 @@ class RateLimiter:
         """Samples the ratio allows to train now (negative: trained ahead)."""
         return self.ratio * (self.inserted - self.learning_starts) - self.sampled
 
+    def batches(self) -> int:
+        """The whole batches the ratio allows to train now."""
+        return max(0, int(self.allowance() // self.batch_size)) if self.started else 0
+
     def can_train(self) -> bool:
         """A whole batch may be trained now."""
-        return self.started and self.allowance() >= self.batch_size
+        return self.batches() > 0
 
     def inserted_steps(self, env_steps: int) -> None:
         self.counters[REPLAY_INSERTED] += env_steps

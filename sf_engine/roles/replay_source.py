@@ -163,7 +163,7 @@ class ReplaySource:
 
     def ready_batches(self) -> int:
         """The minibatches the ratio allows now."""
-        return max(0, int(self.limiter.allowance() // self.limiter.batch_size)) if self.limiter.started else 0
+        return self.limiter.batches()
 
     def limit_round(self, batches: int) -> None:
         """With several ranks, on every rank alike before each round: its minibatches, and the observations inserted
