@@ -15,27 +15,31 @@ Beside the slots, with several policies (P = trained policies + pool snapshots):
 objectives (return, or the env's true_objective), written by that worker only (PBT reads them); with a
 recurrent core (H = the model's state_size): rnn_current [W, splits, E, H] float32, the hidden state
 after each env's latest action, carried by the policy worker from one request to the next.
-Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry num_workers + i: the
-env steps sampler node i reported, written by the receiver), param_seq [P] int64 (P = --num_policies: seqlock of each
-policy's shared weights, see weights.py), stop [1] int64, heartbeat [4 + num_workers + num_learners - 1 +
-num_policy_workers - 1] float64 (time.monotonic() of each process's latest loop, see wiring.heartbeat_index),
-slot_owner [S] int64 (the rollout worker filling a slot, WRITING for the receiver, NO_OWNER when none; see slot_pool),
-slot_filler [S] int64 (worker x splits + split: the split that filled a slot last, written as it hands the slot over;
---deterministic orders a round's slots by it), slot_rows [S] int64 (env-step rows written into a slot and not trained
-yet), params_wanted [P, readers] int64 (set by the supervisor when a restarted reader needs a policy's shared weights
-again), weights_generation [P] int64 (bumped each time a learner makes a policy's shared vector, or by the supervisor
-when the learner died: a reader holding an older one takes the new one), published_copy [P] int64 (the version + 1
-whose weights the file below holds, 0: none), run_started [1] float64 (time.monotonic() when this run started: the
-same clock in every process), learner_stage [2] float64 (the learner's stage now, as its position in LearnerStage or
--1, and since when: see stats.stages.StageTimer). Beside the file, `<file>.weights` (created empty with it, sized by
-the learner, which knows the model): last_published [P, F] float32, each policy's weights as published last (F = the
-model's flat state size), so that they outlive a learner that dies (see weights.py). With --num_remote_samplers R > 0:
-remote_books [R, 3] int64, per sampler node the env steps it reported stepped, those placed in local slots, and those
-dropped with a lost node (the receiver's). With a replay buffer (--algo dqn): its arrays, named replay.<rank>.*
-(sf_engine.replay.layout; one buffer per learner rank), in `replay` (one dict per rank); and replay_books [6 x ranks +
-1] int64, the env steps each rank inserted (trainable, not trainable, skipped for a non-finite value), those of each
-reported in a Training message, and the number of the last report, so that a restarted learner reports what a dead one
-inserted, once (sf_engine.roles.replay_source.InsertBooks)."""
+Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
+num_workers + i: the env steps sampler node i reported, written by the receiver),
+param_seq [P] int64 (P = --num_policies: seqlock of each policy's shared weights, see weights.py),
+stop [1] int64, heartbeat [4 + num_workers + num_learners - 1 + num_policy_workers - 1] float64 (time.monotonic() of
+each process's latest loop, see wiring.heartbeat_index), slot_owner [S] int64 (the rollout worker filling a slot,
+WRITING for the receiver, NO_OWNER when none; see slot_pool), slot_filler [S] int64 (worker x splits + split: the
+split that filled a slot last, written as it hands the slot over; --deterministic orders a round's slots by it),
+slot_rows [S] int64 (env-step rows written into a slot and not trained yet), params_wanted [P, readers] int64 (set
+by the supervisor when a restarted reader needs a policy's shared weights again), weights_generation [P] int64
+(bumped each time a learner makes a policy's shared vector, or by the supervisor when the learner died: a reader
+holding an older one takes the new one),
+published_copy [P] int64 (the version + 1 whose weights the file below holds, 0: none), run_started [1]
+float64 (time.monotonic() when this run started: the same clock in every process), learner_stage [2] float64
+(the learner's stage now, as its position in LearnerStage or -1, and since when: see stats.stages.StageTimer).
+Beside the file, `<file>.weights` (created empty with it, sized by the learner, which knows the model):
+last_published [P, F] float32, each policy's weights as published last (F = the model's flat state size),
+so that they outlive a learner that dies (see weights.py).
+With --num_remote_samplers R > 0: remote_books [R, 3] int64, per sampler node the env steps it
+reported stepped, those placed in local slots, and those dropped with a lost node (the receiver's).
+With a replay buffer (--algo dqn): its arrays, named replay.<rank>.* (sf_engine.replay.layout; one buffer per
+learner rank), in `replay` (one dict per rank); and replay_books [6 x ranks + 1] int64, the env steps each rank
+inserted (trainable, not trainable, skipped for a non-finite value), those of each reported in a Training message,
+and the number of the last report, so that a restarted learner reports what a dead one inserted, once
+(sf_engine.roles.replay_source.InsertBooks).
+"""
 
 from __future__ import annotations
 
@@ -92,7 +96,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
     if cfg.uses_replay:  # the replay buffer (sf_engine.replay.layout), and the books of what went into it
-        books = 6 * cfg.parallel.num_learners + 1
+        books = 6 * p.num_learners + 1
         layout |= replay_layout(cfg, spec, state) | {"replay_books": ((books,), "int64")}
     return layout | {
         "env_steps": ((workers + remote,), "int64"),
@@ -175,8 +179,8 @@ class SharedBuffers:
         for name, (shape, dtype) in layout.items():
             count = int(np.prod(shape))
             array = np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
-            if replay_array(name) is not None:
-                rank, own = replay_array(name)
+            if (replay := replay_array(name)) is not None:
+                rank, own = replay
                 self.replay += [{} for _ in range(rank + 1 - len(self.replay))]
                 self.replay[rank][own] = array
             elif name.startswith("obs."):
