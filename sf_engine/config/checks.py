@@ -40,6 +40,13 @@ def check_flags(cfg: Config) -> None:
     _check_value_based(cfg)
 
 
+def _refuse_first(flag: str, refused: list, fix: str = "") -> None:
+    """The first of `refused`, (applies, why) pairs, that applies: a ConfigError of one line, '<flag>: <why><fix>'."""
+    why = next((why for applies, why in refused if applies), None)
+    if why:
+        raise ConfigError(f"{flag}: {why}{fix}")
+
+
 def _check_policy_workers(cfg: Config) -> None:
     """--num_policy_workers N > 1 (resolved): what several policy workers do not run, the alternative named."""
     workers, run = cfg.parallel.num_policy_workers, cfg.run
@@ -54,9 +61,7 @@ def _check_policy_workers(cfg: Config) -> None:
             f"each serves at least one of the --num_workers {cfg.sampler.num_workers} rollout workers",
         ),
     ]
-    why = next((why for applies, why in refused if applies), None)
-    if why:
-        raise ConfigError(f"--num_policy_workers {workers}: {why}; use --num_policy_workers 1")
+    _refuse_first(f"--num_policy_workers {workers}", refused, "; use --num_policy_workers 1")
 
 
 def check_learner_ranks(cfg: Config) -> None:
@@ -96,9 +101,7 @@ def check_learner_ranks(cfg: Config) -> None:
             "--pool_every_versions: the opponent pool is not built for ranks; use --num_learners 1",
         ),
     ]
-    why = next((why for applies, why in refused if applies), None)
-    if why:
-        raise ConfigError(f"{flag}: {why}")
+    _refuse_first(flag, refused)
     timeout, stuck = cfg.parallel.collective_timeout_sec, run.stuck_timeout_sec
     if timeout >= stuck:
         raise ConfigError(
