@@ -70,10 +70,10 @@ def check_learner_ranks(cfg: Config) -> None:
         cfg.parallel.check()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    ranks, run = cfg.parallel.num_learners, cfg.run
-    if ranks in (1, "auto"):  # auto: resolved where the GPUs are known (run.per_gpu), its ranks checked there
+    ranks, run, groups = cfg.parallel.num_learners, cfg.run, cfg.parallel.dist_world
+    if ranks == "auto" or ranks * groups == 1:  # auto: resolved where the GPUs are known (run.per_gpu), checked there
         return
-    flag = f"--num_learners {ranks}"
+    flag = f"--num_learners {ranks}" if ranks > 1 else f"--dist_world {groups}"
     if not cfg.algorithm.data_parallel:
         built = ", ".join(sorted(name for name, spec in built_in_algorithms().items() if spec.data_parallel))
         raise ConfigError(

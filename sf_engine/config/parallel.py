@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sf_engine.config.algorithms import built_in_algorithms
@@ -49,11 +50,117 @@ class ParallelConfig:
         "ranks are restarted. Keep it below --stuck_timeout_sec: a rank waiting in a collective does not beat.",
     )
 
+    dist_init: str = _f(
+        "",
+        "Learners on several machines: where the learner ranks of every node group meet. A node group is one "
+        "train.py on its machine (its samplers, policy workers, its --num_learners ranks and its own experiment "
+        "directory); the ranks of all of them (--dist_world x --num_learners, node group g's local rank r being "
+        "rank g x --num_learners + r) average their gradients, so every machine's ranks hold the same weights. "
+        "'tcp://HOST:PORT': node group 0's train.py serves the rendezvous at that address (HOST: its address as the "
+        "others reach it); 'env://': torchrun's (MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE of a torchrun "
+        "--nproc_per_node 1; the default under torchrun). Each node group's batch is a run's batch, so an optimizer "
+        "step averages --dist_world times the samples; the env-step budget counts the env steps of all of them, and "
+        "a stop of one (its time budget, Ctrl-C) stops them all. Empty: one machine.",
+    )
+    dist_rank: int = _f(0, "With --dist_init tcp://...: this node group's index, 0 to --dist_world - 1 (0 serves it).")
+    dist_world: int = _f(1, "With --dist_init tcp://...: the number of node groups (machines) whose learners train.")
+
+    @property
+    def learner_world(self) -> int:
+        """The learner ranks of every node group (resolved --num_learners x --dist_world; 1: one learner alone)."""
+        return self.num_learners * self.dist_world
+
     def check(self) -> None:
         """Bad values: ValueError with one line naming the flag and the fix."""
         if self.num_learners != "auto" and self.num_learners < 1:
             raise ValueError(f"--num_learners must be at least 1 (got {self.num_learners})")
         if self.num_policy_workers != "auto" and self.num_policy_workers < 1:
             raise ValueError(f"--num_policy_workers must be at least 1 (got {self.num_policy_workers})")
+        if self.dist_world < 1 or not 0 <= self.dist_rank < self.dist_world:
+            raise ValueError(
+                f"--dist_rank must be one of 0 to --dist_world - 1 and --dist_world at least 1 (got --dist_rank "
+                f"{self.dist_rank}, --dist_world {self.dist_world})"
+            )
+        if self.dist_init != "env://":
+            node_groups(self, {})  # the form of a tcp:// address
+        if self.dist_world > 1 and not self.dist_init:
+            raise ValueError(
+                f"--dist_world {self.dist_world}: the node groups meet at --dist_init tcp://HOST:PORT (node group "
+                f"0's address); give it, or run under torchrun"
+            )
         if not self.collective_timeout_sec > 0:
             raise ValueError(f"--collective_timeout_sec must be > 0 seconds (got {self.collective_timeout_sec})")
+
+
+NODE_SEED_STRIDE = 1_000_033  # node group g's envs and replay sampling: --seed + g x this, apart from the others'
+
+
+def node_seed(parallel: ParallelConfig, seed: int) -> int:
+    """The seed of this node group's envs and replay sampling (node group 0's is --seed: one machine's runs as
+    before), so that no two node groups step the same episodes."""
+    return seed + parallel.dist_rank * NODE_SEED_STRIDE
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of 'tcp://HOST:PORT', else None."""
+    host, colon, port = address.removeprefix("tcp://").rpartition(":")
+    if not address.startswith("tcp://") or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """Where the learner ranks of several node groups meet (ParallelConfig.node_groups): the rendezvous's address,
+    this node group's index and their number, whether this node group's main process serves the rendezvous (node
+    group 0, unless torchrun's agent does), and a prefix of its keys apart from any earlier run's."""
+
+    host: str
+    port: int
+    node: int
+    nodes: int
+    serves: bool
+    prefix: str = "sf_engine"
+
+
+def under_torchrun(parallel: ParallelConfig, environ) -> ParallelConfig:
+    """`parallel` with torchrun's node groups (--dist_init env://, --dist_rank and --dist_world from its environment
+    `environ`) where train.py runs under torchrun and --dist_init does not say otherwise. ValueError of one line."""
+    groups = node_groups(parallel, environ)
+    if groups is None or parallel.dist_init.startswith("tcp://"):
+        return parallel
+    return dataclasses.replace(parallel, dist_init="env://", dist_rank=groups.node, dist_world=groups.nodes)
+
+
+def node_groups(parallel: ParallelConfig, environ) -> NodeGroups | None:
+    """The node groups of `parallel`'s --dist_init (torchrun's environment `environ` for env://, the default under
+    torchrun), or None on one machine. ValueError of one line where torchrun's environment does not fit."""
+    init = parallel.dist_init or ("env://" if "TORCHELASTIC_RUN_ID" in environ else "")
+    if not init:
+        return None
+    if init != "env://":
+        if _host_port(init) is None:
+            raise ValueError(f"--dist_init must be tcp://HOST:PORT or env:// (got {init!r})")
+        host, port = _host_port(init)
+        return NodeGroups(host, port, parallel.dist_rank, parallel.dist_world, serves=parallel.dist_rank == 0)
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE") if name not in environ]
+    if missing:
+        raise ValueError(
+            f"--dist_init env://: {', '.join(missing)} not set (torchrun sets them): run train.py under torchrun, "
+            f"or give --dist_init tcp://HOST:PORT --dist_rank R --dist_world N"
+        )
+    if environ.get("LOCAL_WORLD_SIZE", "1") != "1":
+        raise ValueError(
+            f"torchrun --nproc_per_node {environ['LOCAL_WORLD_SIZE']}: each node's one train.py starts its "
+            f"--num_learners learner ranks itself; run torchrun --nproc_per_node 1"
+        )
+    node, agent = int(environ["RANK"]), environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    attempt = f"sf_engine/{environ.get('TORCHELASTIC_RUN_ID', '')}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return NodeGroups(
+        environ["MASTER_ADDR"],
+        int(environ["MASTER_PORT"]),
+        node,
+        int(environ["WORLD_SIZE"]),
+        node == 0 and not agent,
+        attempt,
+    )

@@ -24,6 +24,7 @@ import torch
 
 from sf_engine.algo.base import TrainingHooks, TrainResult, all_finite
 from sf_engine.config.algorithms import import_class
+from sf_engine.config.parallel import node_seed
 from sf_engine.replay.transform import replay_transform
 from sf_engine.roles.learner_ranks import LearnerRanks
 from sf_engine.roles.learner_recovery import recover, resume_from
@@ -92,7 +93,7 @@ class Learner:
         self.recovered = recover(self) if ctx.generation else None
         if plan.resume_from and not ctx.generation:
             resume_from(self, plan.resume_from)
-        if share and self.num_ranks > 1:
+        if share and self.cfg.parallel.learner_world > 1:
             self.ranks = LearnerRanks(self, ctx)
         if self.publishes:
             for learner in self.policies:
@@ -156,7 +157,10 @@ class Learner:
             self.device,
             self.timer,
             self.hooks,
-            seed=self.cfg.env.seed + REPLAY_SEED_OFFSET + self.ctx.generation * self.num_ranks + self.rank,
+            seed=node_seed(self.cfg.parallel, self.cfg.env.seed)
+            + REPLAY_SEED_OFFSET
+            + self.ctx.generation * self.num_ranks
+            + self.rank,
             discrete=self.ctx.plan.spec.action.kind == "discrete",
             observe=getattr(algorithm, "observe", None),
             rank=self.rank,
@@ -171,9 +175,12 @@ class Learner:
 
     def describe(self) -> str:
         versions = ", ".join(str(learner.version) for learner in self.policies)
+        nodes = self.ranks.group.nodes if self.ranks is not None else 1
+        group = self.ranks.group if self.ranks is not None else None
+        groups = f" (rank {group.rank} of {group.world} of {nodes} node groups)" if nodes > 1 else ""
         if not self.publishes:
-            return f"rank {self.rank} of {self.num_ranks} on {self.device}, version(s) {versions}"
-        ranks = f", rank 0 of {self.num_ranks} on {self.device}" if self.ranks is not None else ""
+            return f"rank {self.rank} of {self.num_ranks} on {self.device}{groups}, version(s) {versions}"
+        ranks = f", rank 0 of {self.num_ranks} on {self.device}{groups}" if self.ranks is not None else ""
         return f"version(s) {versions} published, weights shared on {self.policies[0].weights.shared.device}{ranks}"
 
     @property
@@ -277,7 +284,7 @@ class Learner:
             self._report(self.policies[0], TrainResult(0), 0.0, figures)
 
     def _keep_when_due(self) -> None:
-        """The whole training state (_training_state) into the file beside the run's shared memory, at most every
+        """The whole training state (training_state) into the file beside the run's shared memory, at most every
         KEEP_EVERY_SEC, written atomically (a reader finds the one before or this one); not while a policy's last
         updates were not finite (as checkpoints)."""
         if not self.keeps or time.monotonic() - self.last_keep_time < KEEP_EVERY_SEC or self._unsafe():
@@ -285,7 +292,7 @@ class Learner:
         self.last_keep_time = self.timer.start()
         self.timer.enter(LearnerStage.CHECKPOINT)
         try:
-            save_state_atomic(self.kept_path, self._training_state() | {"kept_at": time.time()}, durable=False)
+            save_state_atomic(self.kept_path, self.training_state() | {"kept_at": time.time()}, durable=False)
         except OSError as exc:  # a full --shm_dir: the run goes on, its checkpoints still written
             self.keeps = False
             logging.warning(
@@ -296,7 +303,7 @@ class Learner:
             )
         self.timer.lap(LearnerStage.CHECKPOINT)
 
-    def _training_state(self) -> dict:
+    def training_state(self) -> dict:
         """What the learner needs to go on: each policy's algorithm state (its spec's `state()`: weights, every
         optimizer's moments, targets, ...) with its version, and PBT's and the opponent pool's state."""
         state = population_state(
@@ -357,7 +364,7 @@ class Learner:
             )
             return None
         env_steps = self.env_steps  # one reading for the file's contents and its name
-        state = self._training_state() | {"env_steps": env_steps, "config": self.cfg.to_dict()}
+        state = self.training_state() | {"env_steps": env_steps, "config": self.cfg.to_dict()}
         version = state["version"]
         try:
             path = save_checkpoint(self.checkpoint_dir, state, version, env_steps, self.cfg.run.keep_checkpoints)

@@ -1,4 +1,5 @@
-"""The ranks of one policy's learner (--num_learners > 1), as the learner of one rank sees them.
+"""The ranks of one policy's learner (--num_learners > 1, or node groups on several machines: --dist_init), as the
+learner of one rank sees them.
 
 Each rank is a learner process (sf_engine.roles.learner, its role's index its rank) on its own device, joined to the
 others by torch.distributed (sf_engine.runtime.ranks.RankGroup). Each takes its own share of every batch's trajectory
@@ -6,47 +7,88 @@ slots; before each round the ranks agree (one all-reduce) on whether every one h
 (all of them leave their loops after the same round) and on the env steps and seconds of the round's schedules. The
 algorithm averages its gradients and merges its normalizers' statistics over them (its TrainingState.join_ranks), so
 every rank holds the same weights, compared after every round; rank 0 alone publishes them, keeps the training state,
-writes the checkpoints and reports the round's figures of all the ranks, gathered.
+writes the checkpoints and reports the round's figures of all the ranks, gathered. With node groups, each node group's
+rank 0 does so for its node group (its policy workers, its experiment directory, its own figures); the ranks of all
+node groups start from global rank 0's state and agree on the env steps of all of them and on one stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
 from sf_engine.algo.base import TrainResult
+from sf_engine.config.parallel import node_groups
+from sf_engine.roles.learner_recovery import adopt
 from sf_engine.roles.sources import SourceFigures
+from sf_engine.runtime.checkpoint import state_bytes, state_of_bytes
 from sf_engine.runtime.ranks import Agreement, RankGroup, checksum
+from sf_engine.runtime.rendezvous import Rendezvous
 from sf_engine.runtime.role import RoleContext, RunStopped
-from sf_engine.runtime.shared_buffers import RENDEZVOUS_SUFFIX
+from sf_engine.runtime.shared_buffers import GROUP_BUDGET, OTHER_GROUP_STOPPED, RENDEZVOUS_SUFFIX
 
 STOP_CHECK_STEPS = 16  # within a round, the ranks agree on the stop every this many minibatch steps
 
 
 class LearnerRanks:
     def __init__(self, learner, ctx: RoleContext):
-        """Join the other ranks (a rendezvous file beside the run's shared memory, removed before each start of
-        them); each policy's algorithm then averages its gradients and merges its normalizers' statistics over the
-        ranks. They built the same state (the same seed, checkpoint or kept state): compared at once."""
+        """Join the other ranks (on one machine, a rendezvous file beside the run's shared memory, removed before
+        each start of them; with node groups, the ranks of every node group in the rendezvous's next generation);
+        each policy's algorithm then averages its gradients and merges its normalizers' statistics over the ranks.
+        On one machine they built the same state (the same seed, checkpoint or kept state); with node groups each
+        takes rank 0's (a node group has its own checkpoints and kept state): compared at once."""
         self.learner, self.ctx = learner, ctx
-        self.rank, self.world = learner.rank, learner.num_ranks
-        self.group = RankGroup(
-            self.rank,
-            self.world,
-            f"file://{learner.buffers.path}{RENDEZVOUS_SUFFIX}",
-            learner.device,
-            learner.cfg.parallel.collective_timeout_sec,
-        )
+        self.rank, self.world = learner.rank, learner.num_ranks  # on this node group
+        groups = node_groups(learner.cfg.parallel, os.environ)
+        self.node, nodes = (groups.node, groups.nodes) if groups is not None else (0, 1)
+        self.group = self._join(groups, learner.device, learner.cfg.parallel.collective_timeout_sec)
         for policy in learner.policies:
             policy.algorithm.join_ranks(self.group)
+        if nodes > 1:
+            self._take_first_ranks_state()
+        for policy in learner.policies:
             policy.counted_weights = policy.params.detach().clone()
         self.check_same_weights("at the start")
+        # --train_for_env_steps with node groups: the ranks stop at the budget of every node group's env steps
+        self.group_budget = learner.cfg.run.train_for_env_steps if nodes > 1 else None
         self.ready = False  # this rank holds its share of the next batch
         self.agreed: Agreement | None = None  # what the ranks agreed on for the round
         self.round_steps, self.round_stop = 0, False  # the round's minibatch steps so far; a stop agreed within it
         self.others_slots: list = []  # rank 0: the other ranks' slots of the round, gathered, which it puts back
         ctx.agreed_stop = False  # from now on the ranks stop together (agree_on_round)
+
+    def _join(self, groups, device: torch.device, timeout_sec: float) -> RankGroup:
+        """This rank in the group of all ranks: rank node x ranks + local rank of node groups x ranks."""
+        buffers = self.learner.buffers
+        if groups is None:
+            meet = f"file://{buffers.path}{RENDEZVOUS_SUFFIX}"
+            return RankGroup(self.rank, self.world, meet, device, timeout_sec)
+        cfg = self.learner.cfg
+        rank, world = groups.node * self.world + self.rank, groups.nodes * self.world
+        shape = (
+            f"{world} ranks of --algo {cfg.learner.algo}, each {cfg.slots_per_batch // self.world} slots of "
+            f"{cfg.sampler.rollout} x {cfg.sampler.envs_per_split} a batch, minibatches of "
+            f"{cfg.minibatch // self.world}"
+        )
+        rendezvous = Rendezvous(groups, rank, world, timeout_sec, self.ctx.beat, shape)
+        if self.ctx.generation and buffers.node_groups[0]:  # a rank of this node group died in that generation
+            rendezvous.leave(int(buffers.node_groups[0]) - 1)
+
+        def arrived(generation: int) -> None:  # for this node group's next ranks to leave after a fault
+            buffers.node_groups[0] = generation + 1
+
+        generation, store = rendezvous.join(arrived)
+        return RankGroup(rank, world, store, device, timeout_sec, groups.nodes, lambda: rendezvous.leave(generation))
+
+    def _take_first_ranks_state(self) -> None:
+        """Every rank goes on from rank 0's training state (of node group 0: its checkpoint, kept state or start)."""
+        learner = self.learner
+        first = self.group.rank == 0
+        body = self.group.broadcast_bytes(state_bytes(learner.training_state()) if first else None)
+        if not first:
+            adopt(learner, state_of_bytes(body, learner.device, "learner rank 0's state"), "learner rank 0's state")
 
     @property
     def env_steps(self) -> int:
@@ -65,7 +107,10 @@ class LearnerRanks:
             self.ready = learner.source.take(timeout_sec)
         batches = learner.source.ready_batches() if self.ready else 0
         self.agreed = self.group.agree(batches, self.ctx.stop_signalled, learner.env_steps, learner.elapsed_sec)
-        if self.agreed.stop:
+        budget_spent = self.group_budget is not None and self.agreed.env_steps >= self.group_budget
+        if self.agreed.stop or budget_spent:
+            if self.group_budget is not None and self.rank == 0 and not self.ctx.stop_signalled:
+                learner.buffers.node_groups[1] = GROUP_BUDGET if budget_spent else OTHER_GROUP_STOPPED
             self.ctx.agreed_stop = True
             return False
         if not self.agreed.all_ready:
@@ -99,9 +144,9 @@ class LearnerRanks:
             )
 
     def gathered(self, total: TrainResult, figures: SourceFigures | None, train_sec: float) -> tuple:
-        """(TrainResult, SourceFigures, seconds) of a policy's round on every rank as one, on every rank: counts
-        summed, losses averaged, the lags of all, the longest training time. The ranks' slots of the round go with
-        them (release_round)."""
+        """(TrainResult, SourceFigures, seconds) of a policy's round on every rank of this node group as one (each
+        node group reports its own run), on every rank: counts summed, losses averaged, the lags of all, the
+        longest training time. The ranks' slots of the round go with them (release_round)."""
         figures = figures or SourceFigures()
         names = sorted(total.losses)  # the same on every rank: they took the same steps
         counts = [total.samples, figures.dropped_lag, figures.not_trainable, figures.skipped_non_finite, figures.acted]
@@ -109,7 +154,7 @@ class LearnerRanks:
         slots = list(self.learner.source.slots)  # an equal share on every rank (a replay source frees its own)
         losses = [total.losses[name] for name in names]
         row = torch.tensor(counts + lags + [train_sec] + losses + slots, dtype=torch.float64)
-        rows = self.group.gather(row).cpu()
+        rows = self.group.gather(row).cpu()[self.node * self.world : (self.node + 1) * self.world]  # this node group
         self.others_slots = [int(s) for s in rows[1:, len(row) - len(slots) :].reshape(-1).tolist()]
         sums = [int(x) for x in rows[:, : len(counts)].sum(0).tolist()]
         lag_rows = rows[:, len(counts) : len(counts) + len(lags)]

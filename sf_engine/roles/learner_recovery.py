@@ -15,11 +15,15 @@ from sf_engine.runtime.checkpoint import CheckpointError, latest_valid_checkpoin
 def resume_from(learner, path: str) -> None:
     """`learner` (a Learner) goes on from the checkpoint at `path`, of one policy or of several
     (sf_engine.runtime.checkpoint.policy_states)."""
-    state = load_checkpoint(path, learner.device)
+    adopt(learner, load_checkpoint(path, learner.device), path)
+
+
+def adopt(learner, state: dict, source: str) -> None:
+    """`learner` goes on from a checkpoint's `state` (read from `source`: a path, or learner rank 0's)."""
     for policy, policy_state in zip(learner.policies, policy_states(state)):
-        policy.algorithm.load(policy_state, path)
+        policy.algorithm.load(policy_state, source)
         policy.version = policy.min_version = int(policy_state["version"])
-        logging.info("policy %d resumed from %s (version %d)", policy.policy, path, policy.version)
+        logging.info("policy %d resumed from %s (version %d)", policy.policy, source, policy.version)
     learner.population.load(state)
 
 

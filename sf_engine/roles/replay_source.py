@@ -237,7 +237,7 @@ class ReplaySource:
         )
         if self.observe is not None:  # each trainable step's observation once, as inserted
             rows = {key: _rows(array[slot][:-1], valid) for key, array in self.slot_obs.items()}
-            if self.ranks > 1:
+            if self.cfg.parallel.learner_world > 1:
                 self.observed.append(rows)
             else:
                 self.observe(rows)

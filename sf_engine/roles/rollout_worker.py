@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from sf_engine.config.parallel import node_seed
 from sf_engine.envs import make_batch_env
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.slot_pool import SlotPool, deterministic_rounds
@@ -79,7 +80,7 @@ class RolloutWorker:
         two envs share a seed, and a restarted worker's (next generation) get new ones."""
         s = cfg.sampler
         first_seed = (
-            cfg.env.seed * 1_000_003
+            node_seed(cfg.parallel, cfg.env.seed) * 1_000_003
             + self.idx * s.num_envs_per_worker
             + self.generation * s.num_workers * s.num_envs_per_worker
         )
@@ -103,7 +104,8 @@ class RolloutWorker:
         self.row_policy = np.zeros((self.num_splits, self.envs_per_split), np.int16)
         mapping = pcfg.agent_mapping(spec.agents) if self.num_policies > 1 else None
         self.fixed_policy = None if mapping is None else np.resize(np.asarray(mapping, np.int16), self.envs_per_split)
-        self.rng = np.random.default_rng([cfg.env.seed % 2**63, self.idx, self.generation])  # any integer --seed
+        seed = node_seed(cfg.parallel, cfg.env.seed) % 2**63  # any integer --seed
+        self.rng = np.random.default_rng([seed, self.idx, self.generation])
 
     def describe(self) -> str:
         return f"{len(self.envs) * self.envs_per_split} envs reset (generation {self.generation})"

@@ -27,6 +27,7 @@ from sf_engine.config.checks import check_flags, check_resolved
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.file import read_config_file
 from sf_engine.config.groups import Config, ConfigError
+from sf_engine.config.parallel import under_torchrun
 from sf_engine.envs import EnvSpec, family, flag_defaults, probe_env_spec
 from sf_engine.envs.probe import env_notes
 from sf_engine.envs.registry import registered_envs, resolve_backend
@@ -90,6 +91,10 @@ def build_plan(argv=None, given: dict | None = None, saved: dict | None = None) 
     given = parse_flags(argv) if given is None else given
     saved = saved_config(given) if saved is None else saved
     cfg, spec = _configured(given, saved)
+    try:
+        cfg = dataclasses.replace(cfg, parallel=under_torchrun(cfg.parallel, os.environ))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     cfg, learner_notes = resolve_learners(cfg)
     _check_before_resolving(cfg, spec)
     # a user's module built once, before auto sizing builds the model

@@ -24,6 +24,7 @@ from sf_engine.config.algorithms import built_in_algorithms
 from sf_engine.config.checks import check_flags
 from sf_engine.config.cli import command_line_of, make_config, parse_flags
 from sf_engine.config.groups import ConfigError
+from sf_engine.config.parallel import node_groups
 from sf_engine.envs import EnvError
 from sf_engine.envs.registry import may_use_envpool
 from sf_engine.run.experiment import Experiment, check_not_running
@@ -34,7 +35,7 @@ from sf_engine.runtime.device_slots import make_device_obs
 from sf_engine.runtime.ipc import drain_into, make_lifeline
 from sf_engine.runtime.role import RunStopped
 from sf_engine.runtime.run_plan import RunPlan
-from sf_engine.runtime.shared_buffers import SharedBuffers
+from sf_engine.runtime.shared_buffers import GROUP_BUDGET, GROUP_RUNNING, OTHER_GROUP_STOPPED, SharedBuffers
 from sf_engine.runtime.slot_pool import SlotPool, env_step_stop
 from sf_engine.runtime.wiring import run_queues
 from sf_engine.stats.report import Reporter
@@ -90,9 +91,17 @@ def _until_next_look(stop_at: int | None, env_steps: int, last_look: tuple) -> f
     return min(MONITOR_EVERY_SEC, max(MONITOR_NEAR_BUDGET_SEC, (stop_at - env_steps) / rate))
 
 
-def _stop_reason(cfg, stats: RunStats, start_time: float):
-    """Why the run stops now (a budget that applies is reached, or the return target), or None."""
+def _stop_reason(cfg, stats: RunStats, start_time: float, groups_stop: int = GROUP_RUNNING):
+    """Why the run stops now (a budget that applies is reached, or the return target; with node groups, their
+    learners' stop: `groups_stop`), or None."""
     steps, seconds = cfg.run.train_for_env_steps, cfg.run.train_for_seconds
+    if groups_stop == GROUP_BUDGET:
+        return (
+            f"env-step budget of the node groups reached ({steps:,} env steps of all of them; --train_for_env_steps "
+            f"raises it)"
+        )
+    if groups_stop == OTHER_GROUP_STOPPED:
+        return "another node group stopped (--dist_init): the learner ranks of all of them stopped together"
     if steps is not None and stats.env_steps >= env_step_stop(cfg, stats.env_steps_base):
         return env_step_budget_reached(steps)
     if seconds is not None and time.monotonic() - start_time >= seconds:
@@ -132,11 +141,12 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
         mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
     experiment = Experiment(plan)
     experiment.lock()
-    tracker, summary, exit_code, reporter = None, None, 1, None
+    tracker, summary, exit_code, reporter, rendezvous = None, None, 1, None, None
     # once the stop begins, Ctrl-C cannot cut it short (_train); `exits_after` (train.py): nor the exit that follows
     previous_sigint = signal.SIG_IGN if exits_after else signal.getsignal(signal.SIGINT)
     try:
         tracker = WandbRun.start(plan)  # before anything in the experiment changes: W&B may refuse
+        rendezvous = _serve_rendezvous(cfg)  # node group 0 (--dist_init): while this run lives; may refuse too
         experiment.prepare()
         log_plan(plan)
         experiment.write_processes([])  # the shared-memory file's name first, for the next start if this one dies
@@ -170,6 +180,7 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
         finally:
             buffers.release()
     finally:
+        del rendezvous  # the node groups' rendezvous (node group 0) ends with the run
         if tracker is not None:
             tracker.finish(summary, exit_code)
         experiment.close()
@@ -178,6 +189,23 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
     brief = {k: v for k, v in summary.items() if k not in _NOT_IN_THE_LAST_LINE}
     logging.info("summary: %s", json.dumps(brief))
     return Outcome(exit_code, reason, summary, reporter.observers.error)
+
+
+def _serve_rendezvous(cfg):
+    """Node group 0's rendezvous of the learner ranks of every node group (--dist_init), served by this process; None
+    elsewhere. ConfigError of one line where it cannot be served."""
+    groups = node_groups(cfg.parallel, os.environ)
+    if groups is None or not groups.serves:
+        return None
+    from sf_engine.runtime.rendezvous import serve
+
+    try:
+        return serve(groups, cfg.parallel.collective_timeout_sec)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"--dist_init: the rendezvous cannot be served at {groups.host}:{groups.port} "
+            f"({str(exc).splitlines()[0]}): give a free port of this machine"
+        ) from None
 
 
 _NOT_IN_THE_LAST_LINE = (
@@ -212,7 +240,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
-            reason = _stop_reason(cfg, stats, start_time) or reporter.stop_reason
+            reason = _stop_reason(cfg, stats, start_time, int(buffers.node_groups[1])) or reporter.stop_reason
             if reporter.observers.error is not None:
                 exit_code = 1
     except KeyboardInterrupt:

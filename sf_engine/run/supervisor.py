@@ -19,7 +19,7 @@ from sf_engine.runtime.checkpoint import latest_valid_checkpoint, remove_tempora
 from sf_engine.runtime.device_slots import queues_for
 from sf_engine.runtime.ipc import drain_into
 from sf_engine.runtime.role import RUN_STOPPED_EXIT, run_role
-from sf_engine.runtime.shared_buffers import LEARNING, RENDEZVOUS_SUFFIX, WRITING
+from sf_engine.runtime.shared_buffers import GROUP_RUNNING, LEARNING, RENDEZVOUS_SUFFIX, WRITING
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.weights import SharedWeights
 from sf_engine.runtime.wiring import (
@@ -91,6 +91,8 @@ class Supervisor:
     def _failure(self, role: str, index: int, child: Child):
         """Why this child must be replaced (died, or stuck past --stuck_timeout_sec), or None."""
         code = child.process.exitcode
+        if code == 0 and role == "learner" and self.buffers.node_groups[1] != GROUP_RUNNING:
+            return None  # the node groups' learner ranks stopped together: the runner stops this node group next
         if code is not None:
             return f"died ({_describe_exit(code)})"
         entry = heartbeat_index(role, index, self.cfg.parallel.num_learners)

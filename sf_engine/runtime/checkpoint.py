@@ -86,12 +86,8 @@ def save_state_atomic(path: str, state: dict, durable: bool = True) -> None:
     """torch.save with a checksum to a temporary file, fsync (where `durable`: a file that must outlive a crash
     of the machine, not only of a process), rename: a reader sees the old file or the new one. On an OSError
     (disk full, ...) the temporary file is removed and the old file stays."""
-    import torch
-
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    body = buffer.getvalue()
+    body = state_bytes(state)
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
@@ -129,19 +125,33 @@ def load_checkpoint(path: str, device="cpu") -> dict:
     """A checkpoint's state after checking its checksum, read with torch's weights-only unpickler
     (tensors and plain data; nothing in the file can run code). CheckpointError when the checksum
     does not match or the file holds anything else."""
+    return state_of_bytes(read_verified(path), device, path)
+
+
+def state_bytes(state: dict) -> bytes:
+    """A training state as torch.save's bytes (a checkpoint's body; what learner rank 0 sends the others)."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def state_of_bytes(body: bytes, device, source: str) -> dict:
+    """The state of state_bytes' `body`, read with torch's weights-only unpickler (tensors and plain data: nothing
+    in it can run code); CheckpointError naming `source` where it holds anything else or does not load."""
     import pickle
 
     import torch
 
-    body = read_verified(path)
     try:
         return torch.load(io.BytesIO(body), map_location=device, weights_only=True)
     except pickle.UnpicklingError:
         raise CheckpointError(
-            f"{path} holds more than tensors and plain data: refused, as loading it could run code"
+            f"{source} holds more than tensors and plain data: refused, as loading it could run code"
         ) from None
     except Exception as exc:
-        raise CheckpointError(f"{path} cannot be loaded ({exc.__class__.__name__})") from None
+        raise CheckpointError(f"{source} cannot be loaded ({exc.__class__.__name__})") from None
 
 
 # The state a checkpoint holds: one policy's ({model, optimizer, version, ...}, the algorithm's state and

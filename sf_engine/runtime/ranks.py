@@ -7,8 +7,8 @@ for bit: `checksum` sums the weights' bits, and `same_everywhere` compares the r
 the CPU (several ranks may share the host). Every collective runs under the group's timeout: where a rank died or
 hangs, the others get a CollectiveError of one line naming the operation and the rank, never a hang.
 
-Runs in each learner process; the ranks meet through a rendezvous file (`file://`, on one machine) or an address
-(`tcp://HOST:PORT`, or torchrun's environment: `env://`).
+Runs in each learner process; the ranks meet through a rendezvous file (`file://`, on one machine) or, with node
+groups on several machines, a store of one generation of their rendezvous (sf_engine.runtime.rendezvous).
 """
 
 from __future__ import annotations
@@ -52,12 +52,25 @@ class Agreement(NamedTuple):
 
 
 class RankGroup:
-    def __init__(self, rank: int, world: int, init_method: str, device: torch.device, timeout_sec: float):
-        """Join the group of `world` ranks as `rank` (blocks until all have joined, at most `timeout_sec`); the
-        collectives run on `device`'s backend (NCCL for CUDA, gloo otherwise)."""
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is not one of the {world} ranks")
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        meet: str | dist.Store,
+        device: torch.device,
+        timeout_sec: float,
+        nodes: int = 1,
+        on_fault: Callable[[], None] = lambda: None,
+    ):
+        """Join the group of `world` ranks as `rank` (blocks until all have joined, at most `timeout_sec`) where they
+        meet (`meet`: a rendezvous address, or a store of their own); the collectives run on `device`'s backend
+        (NCCL for CUDA, gloo otherwise). `nodes`: the node groups the ranks are spread over, world / nodes each, in
+        rank order; `on_fault`: called when a collective fails, before CollectiveError is raised."""
+        if not 0 <= rank < world or world % nodes:
+            raise ValueError(f"rank {rank} is not one of the {world} ranks in {nodes} equal node groups")
         self.rank, self.world, self.device, self.timeout_sec = rank, world, device, timeout_sec
+        self.nodes, self.node, self.on_fault = nodes, rank // (world // nodes), on_fault
+        where = {"init_method": meet} if isinstance(meet, str) else {"store": meet}
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -66,7 +79,7 @@ class RankGroup:
             "joining the group",
             lambda: dist.init_process_group(
                 backend,
-                init_method=init_method,
+                **where,
                 rank=rank,
                 world_size=world,
                 timeout=datetime.timedelta(seconds=timeout_sec),
@@ -80,6 +93,7 @@ class RankGroup:
             return call()
         except (RuntimeError, ValueError) as exc:  # torch's DistBackendError and timeouts are RuntimeErrors
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.on_fault()
             raise CollectiveError(
                 f"learner rank {self.rank} of {self.world}: {what} did not complete within {self.timeout_sec:g} s "
                 f"(another rank died or hangs): {first}"
@@ -97,10 +111,12 @@ class RankGroup:
 
     def agree(self, batches: int, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
         """One all-reduce by maximum: each rank says how many batches it can train now (0: none yet), whether it saw
-        the run stop, and the env steps and seconds it read; every rank gets the same Agreement."""
-        values = [-int(batches), int(stopping), int(env_steps), int(elapsed_sec * 1e6)]
-        fewest, stop, steps, micros = self._maximum(values, "the ranks' agreement on the next round")
-        return Agreement(-fewest, bool(stop), steps, micros / 1e6)
+        the run stop, and the env steps (its node group's) and seconds it read; every rank gets the same Agreement,
+        its env steps the sum over the node groups of the furthest reading of each."""
+        steps = [int(env_steps) if node == self.node else 0 for node in range(self.nodes)]
+        values = [-int(batches), int(stopping), int(elapsed_sec * 1e6)] + steps
+        fewest, stop, micros, *furthest = self._maximum(values, "the ranks' agreement on the next round")
+        return Agreement(-fewest, bool(stop), sum(furthest), micros / 1e6)
 
     def _maximum(self, values: list[int], what: str) -> list[int]:
         """Each of the integers `values` at its maximum over the ranks (one all-reduce; `what`: named in an error)."""
@@ -114,6 +130,17 @@ class RankGroup:
         rows = [torch.empty_like(vector) for _ in range(self.world)]
         self._run("a gather of the ranks' figures", lambda: dist.all_gather(rows, vector))
         return torch.stack(rows)
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """Rank 0's `data` (the others pass None), on every rank."""
+        size = torch.tensor([len(data) if self.rank == 0 else 0], dtype=torch.int64, device=self._collective_device())
+        self._run("a broadcast of rank 0's size", lambda: dist.broadcast(size, 0))
+        if self.rank == 0:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._collective_device())
+        else:
+            payload = torch.empty(int(size), dtype=torch.uint8, device=self._collective_device())
+        self._run("a broadcast of rank 0's state", lambda: dist.broadcast(payload, 0))
+        return payload.cpu().numpy().tobytes()
 
     def _collective_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
