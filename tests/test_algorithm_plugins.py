@@ -141,6 +141,8 @@ def test_a_users_data_parallel_algorithm_trains_with_two_learner_ranks(user_dir,
     assert "rank 1 of 2 on cpu" in (user_dir / "runs" / "ranked" / "train.log").read_text()
     error = train_error(["--algo", "toy_a2c:NOT_RANKED"] + flags, user_dir / "runs", capsys)
     assert "--num_learners 2: toy_a2c:A2C has no join_ranks(group)" in error, error
+    error = train_error(["--algo", "toy_a2c:SPEC"] + flags, user_dir / "runs", capsys)  # its spec says nothing
+    assert "--num_learners 2: --algo toy_a2c:SPEC does not average its gradients over learner ranks" in error, error
 
 
 @pytest.mark.e2e

@@ -67,12 +67,12 @@ def test_node_groups_are_read_from_the_flags_or_from_torchrun():
         (["--dist_init", "env://"], {}, "--dist_init env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE not set"),
         ([], TORCHRUN | {"LOCAL_WORLD_SIZE": "4"}, "torchrun --nproc_per_node 4: each node's one train.py"),
         (["--dist_init", "tcp://a:1", "--dist_world", "2", "--mode", "serial"], {}, "--dist_world 2: --mode serial"),
-        (["--dist_init", "tcp://a:1", "--dist_world", "2", "--algo", "crossq"], {}, "--dist_world 2: --algo crossq"),
+        (["--dist_init", "tcp://a:1", "--dist_world", "2", "--pbt", "true"], {}, "--dist_world 2: --pbt"),
     ],
 )
 def test_bad_node_group_flags_are_one_line_before_anything_starts(tmp_path, flags, environ, expected):
     result = run_train(
-        ["--env", "Pendulum-v1" if "crossq" in flags else "CartPole-v1", "--experiment", "x"] + flags,
+        ["--env", "CartPole-v1", "--experiment", "x"] + flags,
         tmp_path,
         timeout=120,
         env={**os.environ, **environ},
@@ -92,7 +92,7 @@ def _rank_of_a_rendezvous(groups, rank: int, faults: int, results) -> None:
     seen = []
     for attempt in range(faults + 1):
         rendezvous = Rendezvous(groups, rank, 2, 20.0, lambda: None, "2 ranks")
-        generation, store = rendezvous.join(lambda arrived: None)
+        generation, store = rendezvous.join(lambda: False)
         group = RankGroup(rank, 2, store, torch.device("cpu"), 20.0, nodes=2)
         value = torch.tensor([rank + 1.0])
         dist.all_reduce(value)
@@ -139,8 +139,54 @@ def test_node_groups_whose_ranks_do_not_fit_together_stop_in_one_line():
     rendezvous = Rendezvous(groups, 0, 2, 5.0, lambda: None, "2 ranks, minibatches of 256")
     rendezvous.store.compare_set("0/shape", "", "2 ranks, minibatches of 128")  # another node group's, first
     with pytest.raises(RunStopped, match=r"this node group: 2 ranks, minibatches of 256; another: 2 ranks, "):
-        rendezvous.join(lambda generation: None)
+        rendezvous.join(lambda: False)
+    other = Rendezvous(groups, 1, 2, 5.0, lambda: None, "2 ranks, minibatches of 128")  # the node group that waits
+    with pytest.raises(RunStopped, match=r"do not fit together \(this node group: 2 ranks, minibatches of 256"):
+        other.join(lambda: False)  # the first line, from the store, at once
     del store
+
+
+def test_a_rank_whose_predecessor_arrived_moves_the_rendezvous_on_and_a_stop_ends_a_join():
+    """A rank claimed in a generation by a process before this one (which died there) makes the store move on to
+    the next, where this one waits; a stop of the node groups (or of this node group's run) ends the wait at once."""
+    from sf_engine.config.parallel import NodeGroups
+    from sf_engine.runtime.rendezvous import NodeGroupsStopped, Rendezvous, serve
+
+    groups = NodeGroups("127.0.0.1", free_port(), 0, 2, serves=True)
+    store = serve(groups, 5.0)
+    rendezvous = Rendezvous(groups, 0, 2, 5.0, lambda: None, "shape")
+    rendezvous.store.compare_set("0/rank/0", "", "a dead predecessor")
+    asked = []
+    with pytest.raises(NodeGroupsStopped):
+        rendezvous.join(lambda: asked.append(rendezvous.generation()) or len(asked) > 3)
+    assert asked[0] == 1 and rendezvous.generation() == 1  # it waited in generation 1
+    rendezvous.stop()
+    with pytest.raises(NodeGroupsStopped):
+        Rendezvous(groups, 1, 2, 5.0, lambda: None, "shape").join(lambda: False)
+    del store
+
+
+def test_a_port_node_group_0_cannot_serve_is_one_line_before_anything_is_written(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_train(
+            [
+                "--env",
+                "CartPole-v1",
+                "--experiment",
+                "x",
+                "--dist_init",
+                f"tcp://127.0.0.1:{port}",
+                "--dist_world",
+                "2",
+            ],
+            tmp_path,
+            timeout=120,
+        )
+    assert f"--dist_init: the rendezvous cannot be served at 127.0.0.1:{port}" in one_line_error(result)
+    assert not os.path.exists(tmp_path / "x"), "a refused run wrote its experiment"
 
 
 NODE = ["--env", "CartPole-v1", "--seed", "1", "--num_workers", "1", "--status_every_sec", "1"]
@@ -165,14 +211,13 @@ def _last_weights(exp: str) -> tuple:
 
 @pytest.mark.e2e
 def test_two_node_groups_learn_cartpole_with_the_same_weights_and_stop_on_their_joint_budget(tmp_path, shm_dir):
-    """Two node groups over the loopback, each one learner: their env steps together reach the budget and both
-    stop on it, each node group's books balance on its own, their last checkpoints hold the same weights at the same
-    version, both learned (their envs differ: another seed per node group), and the log says the ranks' places."""
+    """Two node groups over the loopback, each two learner ranks (ranks 0-1 and 2-3 of 4): their env steps together
+    reach the budget and both stop on it, each node group's books balance on its own (its rank 0 reports its own
+    ranks' figures), their last checkpoints hold the same weights at the same version, both learned (their envs
+    differ: another seed per node group), and the log says the ranks' places."""
     port, budget = free_port(), 600_000
-    procs = [
-        start_train(_node_group_args(port, node, shm_dir, "--train_for_env_steps", str(budget)), tmp_path, f"n{node}")
-        for node in range(2)
-    ]
+    flags = ["--num_learners", "2", "--train_for_env_steps", str(budget)]
+    procs = [start_train(_node_group_args(port, node, shm_dir, *flags), tmp_path, f"n{node}") for node in range(2)]
     outs = [proc.communicate(timeout=400)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     summaries = [read_json(tmp_path / f"n{node}" / "summary.json") for node in range(2)]
@@ -185,7 +230,8 @@ def test_two_node_groups_learn_cartpole_with_the_same_weights_and_stop_on_their_
     (version, weights), (other_version, other_weights) = (_last_weights(str(tmp_path / f"n{n}")) for n in range(2))
     assert version == other_version > 0 and torch.equal(weights, other_weights)
     log = (tmp_path / "n1" / "train.log").read_text()
-    assert "rank 1 of 2 of 2 node groups" in log and "resumed from learner rank 0's state (version 0)" in log
+    assert "(rank 2 of 4 of 2 node groups)" in log and "(rank 3 of 4 of 2 node groups)" in log, log[-3000:]
+    assert "every rank goes on from learner rank 0's training state, at version(s) [0]" in log
     assert os.listdir(shm_dir) == [], "a node group's shared memory was left behind"
 
 
@@ -250,7 +296,7 @@ def test_two_node_groups_started_by_torchrun_train_together(tmp_path, shm_dir):
     exps = [str(tmp_path / f"d{node}" / "default") for node in range(2)]
     assert sum(read_json(os.path.join(exp, "summary.json"))["env_steps"] for exp in exps) >= budget
     logs = "".join(open(os.path.join(exp, "train.log")).read() for exp in exps)
-    assert "rank 0 of 2 of 2 node groups" in logs and "rank 1 of 2 of 2 node groups" in logs
+    assert "(rank 0 of 2 of 2 node groups)" in logs and "(rank 1 of 2 of 2 node groups)" in logs
     (version, weights), (other_version, other_weights) = (_last_weights(exp) for exp in exps)
     assert version == other_version > 0 and torch.equal(weights, other_weights)
     assert os.listdir(shm_dir) == []

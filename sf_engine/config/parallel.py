@@ -113,7 +113,7 @@ def _host_port(address: str) -> tuple[str, int] | None:
 class NodeGroups:
     """Where the learner ranks of several node groups meet (ParallelConfig.node_groups): the rendezvous's address,
     this node group's index and their number, whether this node group's main process serves the rendezvous (node
-    group 0, unless torchrun's agent does), and a prefix of its keys apart from any earlier run's."""
+    group 0, unless torchrun's agent does), and a prefix of its keys (under torchrun, its job's)."""
 
     host: str
     port: int
@@ -155,12 +155,14 @@ def node_groups(parallel: ParallelConfig, environ) -> NodeGroups | None:
             f"--num_learners learner ranks itself; run torchrun --nproc_per_node 1"
         )
     node, agent = int(environ["RANK"]), environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    attempt = f"sf_engine/{environ.get('TORCHELASTIC_RUN_ID', '')}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # the agent's store outlives its workers' restarts (each node's own count): one prefix for the whole job, where a
+    # rank's claim in a generation (sf_engine.runtime.rendezvous) makes an earlier attempt's keys harmless
+    prefix = f"sf_engine/{environ.get('TORCHELASTIC_RUN_ID', '')}"
     return NodeGroups(
         environ["MASTER_ADDR"],
         int(environ["MASTER_PORT"]),
         node,
         int(environ["WORLD_SIZE"]),
         node == 0 and not agent,
-        attempt,
+        prefix,
     )

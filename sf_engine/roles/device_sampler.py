@@ -31,6 +31,7 @@ from gymnasium.vector import AutoresetMode
 
 from sf_engine.algo.acting import build_policy
 from sf_engine.algo.base import all_finite
+from sf_engine.config.parallel import node_seed
 from sf_engine.envs.device import make_device_env
 from sf_engine.envs.registry import SEED_MODULUS
 from sf_engine.model.acting import ActContext
@@ -57,7 +58,10 @@ class DeviceSampler:
         self.num_envs = s.num_envs_per_worker
         self.env = make_device_env(cfg.env.env, self.num_envs, cfg.run.device)
         self.same_step = self.env.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
-        seed = cfg.env.seed * 1_000_003 + (self.idx + ctx.generation * s.num_workers) * self.num_envs
+        seed = (
+            node_seed(cfg.parallel, cfg.env.seed) * 1_000_003
+            + (self.idx + ctx.generation * s.num_workers) * self.num_envs
+        )
         obs, _ = self.env.reset(seed=seed % SEED_MODULUS)
         self.key = spec.obs[0][0]
         self.guard = NonFiniteGuard(ctx.buffers, cfg.env.env, self.idx, self.num_splits, self.envs_per_split)

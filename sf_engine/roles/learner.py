@@ -39,8 +39,9 @@ from sf_engine.runtime.checkpoint import (
 )
 from sf_engine.runtime.device_slots import slot_obs_arrays
 from sf_engine.runtime.ranks import rank_device
+from sf_engine.runtime.rendezvous import NodeGroupsStopped
 from sf_engine.runtime.role import RoleContext
-from sf_engine.runtime.shared_buffers import TRAINING_STATE_SUFFIX
+from sf_engine.runtime.shared_buffers import OTHER_GROUP_STOPPED, TRAINING_STATE_SUFFIX
 from sf_engine.runtime.slot_pool import SlotPool
 from sf_engine.runtime.wiring import weight_readers
 from sf_engine.stats.messages import CheckpointFailed, CheckpointWritten, Recovered, Training
@@ -94,7 +95,10 @@ class Learner:
         if plan.resume_from and not ctx.generation:
             resume_from(self, plan.resume_from)
         if share and self.cfg.parallel.learner_world > 1:
-            self.ranks = LearnerRanks(self, ctx)
+            try:
+                self.ranks = LearnerRanks(self, ctx)
+            except NodeGroupsStopped:  # while it joined them: it saves what it has and leaves, as at a stop
+                ctx.agreed_stop, self.buffers.node_groups[0] = True, OTHER_GROUP_STOPPED
         if self.publishes:
             for learner in self.policies:
                 learner.weights.create(learner.params, learner.version, weight_readers(self.cfg))

@@ -15,15 +15,17 @@ node groups start from global rank 0's state and agree on the env steps of all o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import logging
 import os
 
 import torch
 
 from sf_engine.algo.base import TrainResult
 from sf_engine.config.parallel import node_groups
-from sf_engine.roles.learner_recovery import adopt
 from sf_engine.roles.sources import SourceFigures
-from sf_engine.runtime.checkpoint import state_bytes, state_of_bytes
+from sf_engine.runtime.checkpoint import policy_states, state_bytes, state_of_bytes
 from sf_engine.runtime.ranks import Agreement, RankGroup, checksum
 from sf_engine.runtime.rendezvous import Rendezvous
 from sf_engine.runtime.role import RoleContext, RunStopped
@@ -43,6 +45,7 @@ class LearnerRanks:
         self.rank, self.world = learner.rank, learner.num_ranks  # on this node group
         groups = node_groups(learner.cfg.parallel, os.environ)
         self.node, nodes = (groups.node, groups.nodes) if groups is not None else (0, 1)
+        self.rendezvous: Rendezvous | None = None  # node groups: where they meet
         self.group = self._join(groups, learner.device, learner.cfg.parallel.collective_timeout_sec)
         for policy in learner.policies:
             policy.algorithm.join_ranks(self.group)
@@ -51,7 +54,8 @@ class LearnerRanks:
         for policy in learner.policies:
             policy.counted_weights = policy.params.detach().clone()
         self.check_same_weights("at the start")
-        # --train_for_env_steps with node groups: the ranks stop at the budget of every node group's env steps
+        # --train_for_env_steps with node groups: the ranks stop at the budget of every node group's env steps (the
+        # same on every node group: a part of the shape compared at the join)
         self.group_budget = learner.cfg.run.train_for_env_steps if nodes > 1 else None
         self.ready = False  # this rank holds its share of the next batch
         self.agreed: Agreement | None = None  # what the ranks agreed on for the round
@@ -60,35 +64,33 @@ class LearnerRanks:
         ctx.agreed_stop = False  # from now on the ranks stop together (agree_on_round)
 
     def _join(self, groups, device: torch.device, timeout_sec: float) -> RankGroup:
-        """This rank in the group of all ranks: rank node x ranks + local rank of node groups x ranks."""
-        buffers = self.learner.buffers
+        """This rank in the group of all ranks: rank node x ranks + local rank of node groups x ranks.
+        NodeGroupsStopped where the node groups stopped while it joined."""
         if groups is None:
-            meet = f"file://{buffers.path}{RENDEZVOUS_SUFFIX}"
+            meet = f"file://{self.learner.buffers.path}{RENDEZVOUS_SUFFIX}"
             return RankGroup(self.rank, self.world, meet, device, timeout_sec)
-        cfg = self.learner.cfg
         rank, world = groups.node * self.world + self.rank, groups.nodes * self.world
-        shape = (
-            f"{world} ranks of --algo {cfg.learner.algo}, each {cfg.slots_per_batch // self.world} slots of "
-            f"{cfg.sampler.rollout} x {cfg.sampler.envs_per_split} a batch, minibatches of "
-            f"{cfg.minibatch // self.world}"
+        self.rendezvous = Rendezvous(groups, rank, world, timeout_sec, self.ctx.beat, _shape(self.learner.cfg, world))
+        generation, store = self.rendezvous.join(lambda: self.ctx.stop_signalled)
+        return RankGroup(
+            rank, world, store, device, timeout_sec, groups.nodes, lambda: self.rendezvous.leave(generation)
         )
-        rendezvous = Rendezvous(groups, rank, world, timeout_sec, self.ctx.beat, shape)
-        if self.ctx.generation and buffers.node_groups[0]:  # a rank of this node group died in that generation
-            rendezvous.leave(int(buffers.node_groups[0]) - 1)
-
-        def arrived(generation: int) -> None:  # for this node group's next ranks to leave after a fault
-            buffers.node_groups[0] = generation + 1
-
-        generation, store = rendezvous.join(arrived)
-        return RankGroup(rank, world, store, device, timeout_sec, groups.nodes, lambda: rendezvous.leave(generation))
 
     def _take_first_ranks_state(self) -> None:
-        """Every rank goes on from rank 0's training state (of node group 0: its checkpoint, kept state or start)."""
+        """Every rank goes on from rank 0's training state (of node group 0: its checkpoint, kept state or start), at
+        the highest version of any rank's (a node group's checkpoints never go back in version)."""
         learner = self.learner
         first = self.group.rank == 0
         body = self.group.broadcast_bytes(state_bytes(learner.training_state()) if first else None)
         if not first:
-            adopt(learner, state_of_bytes(body, learner.device, "learner rank 0's state"), "learner rank 0's state")
+            state = state_of_bytes(body, learner.device, "learner rank 0's state")
+            for policy, policy_state in zip(learner.policies, policy_states(state)):
+                policy.algorithm.load(policy_state, "learner rank 0's state")
+            learner.population.load(state)
+        versions = self.group.maximum([policy.version for policy in learner.policies], "the ranks' versions")
+        for policy, version in zip(learner.policies, versions):
+            policy.version = version
+        logging.info("every rank goes on from learner rank 0's training state, at version(s) %s", versions)
 
     @property
     def env_steps(self) -> int:
@@ -109,8 +111,10 @@ class LearnerRanks:
         self.agreed = self.group.agree(batches, self.ctx.stop_signalled, learner.env_steps, learner.elapsed_sec)
         budget_spent = self.group_budget is not None and self.agreed.env_steps >= self.group_budget
         if self.agreed.stop or budget_spent:
-            if self.group_budget is not None and self.rank == 0 and not self.ctx.stop_signalled:
-                learner.buffers.node_groups[1] = GROUP_BUDGET if budget_spent else OTHER_GROUP_STOPPED
+            if self.rendezvous is not None:  # node groups: every rank says why, for its runner and a late joiner
+                self.rendezvous.stop()
+                if not self.ctx.stop_signalled:
+                    learner.buffers.node_groups[0] = GROUP_BUDGET if budget_spent else OTHER_GROUP_STOPPED
             self.ctx.agreed_stop = True
             return False
         if not self.agreed.all_ready:
@@ -199,3 +203,56 @@ class LearnerRanks:
 
     def close(self) -> None:
         self.group.close()
+
+
+# what may differ between node groups: their places, machines, samplers and outputs (the rest of the flags shapes the
+# training every rank takes part in: the same on every node group)
+_PER_NODE = {
+    "env": ("seed",),
+    "sampler": ("num_workers", "num_envs_per_worker", "worker_num_splits"),
+    "learner": ("learner_threads",),
+    "parallel": ("dist_init", "dist_rank", "num_policy_workers", "collective_timeout_sec"),
+    "run": tuple(
+        name
+        for name in (
+            "config",
+            "experiment",
+            "train_dir",
+            "device",
+            "bf16",
+            "compile",
+            "train_for_seconds",
+            "stop_at_return",
+            "stop_at_eval_return",
+            "save_every_sec",
+            "keep_checkpoints",
+            "restart",
+            "status_every_sec",
+            "eval_every_sec",
+            "eval_episodes",
+            "eval_max_steps",
+            "cpu_affinity",
+            "shm_dir",
+            "stuck_timeout_sec",
+            "max_worker_restarts",
+        )
+    ),
+}
+_NOT_COMPARED = ("tracking", "remote")
+
+
+def _shape(cfg, world: int) -> str:
+    """What every rank of every node group must share, as one line: their number, each one's share of a batch, and a
+    digest of the flags that shape training (all but _PER_NODE's and _NOT_COMPARED's groups)."""
+    flags = {
+        group: {name: value for name, value in values.items() if name not in _PER_NODE.get(group, ())}
+        for group, values in cfg.to_dict().items()
+        if group not in _NOT_COMPARED
+    }
+    digest = hashlib.sha256(json.dumps(flags, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    local = cfg.parallel.num_learners
+    return (
+        f"{world} ranks of --algo {cfg.learner.algo}, each {cfg.slots_per_batch // local} slots of "
+        f"{cfg.sampler.rollout} x {cfg.sampler.envs_per_split} a batch, minibatches of {cfg.minibatch // local}, "
+        f"flags {digest}"
+    )

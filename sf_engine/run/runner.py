@@ -139,14 +139,14 @@ def run_plan(plan: RunPlan, mp_context=None, exits_after: bool = False, observer
     cfg, serial = plan.cfg, plan.cfg.run.mode == "serial"
     if not serial and mp_context is None:
         mp_context = start_forkserver(cfg.env.env, cfg.env.env_backend)
+    rendezvous = _serve_rendezvous(cfg)  # node group 0 (--dist_init): while this run lives; refused before any write
     experiment = Experiment(plan)
     experiment.lock()
-    tracker, summary, exit_code, reporter, rendezvous = None, None, 1, None, None
+    tracker, summary, exit_code, reporter = None, None, 1, None
     # once the stop begins, Ctrl-C cannot cut it short (_train); `exits_after` (train.py): nor the exit that follows
     previous_sigint = signal.SIG_IGN if exits_after else signal.getsignal(signal.SIGINT)
     try:
         tracker = WandbRun.start(plan)  # before anything in the experiment changes: W&B may refuse
-        rendezvous = _serve_rendezvous(cfg)  # node group 0 (--dist_init): while this run lives; may refuse too
         experiment.prepare()
         log_plan(plan)
         experiment.write_processes([])  # the shared-memory file's name first, for the next start if this one dies
@@ -240,7 +240,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
-            reason = _stop_reason(cfg, stats, start_time, int(buffers.node_groups[1])) or reporter.stop_reason
+            reason = _stop_reason(cfg, stats, start_time, int(buffers.node_groups[0])) or reporter.stop_reason
             if reporter.observers.error is not None:
                 exit_code = 1
     except KeyboardInterrupt:

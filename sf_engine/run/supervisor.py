@@ -91,7 +91,7 @@ class Supervisor:
     def _failure(self, role: str, index: int, child: Child):
         """Why this child must be replaced (died, or stuck past --stuck_timeout_sec), or None."""
         code = child.process.exitcode
-        if code == 0 and role == "learner" and self.buffers.node_groups[1] != GROUP_RUNNING:
+        if code == 0 and role == "learner" and self.buffers.node_groups[0] != GROUP_RUNNING:
             return None  # the node groups' learner ranks stopped together: the runner stops this node group next
         if code is not None:
             return f"died ({_describe_exit(code)})"

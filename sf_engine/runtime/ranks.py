@@ -106,7 +106,7 @@ class RankGroup:
 
     def same_everywhere(self, value: int) -> bool:
         """Whether every rank passed the same integer (a checksum): one all-reduce of (value, -value) by maximum."""
-        largest, negated = self._maximum([value, -value], "a comparison of the ranks' weights")
+        largest, negated = self.maximum([value, -value], "a comparison of the ranks' weights")
         return largest == -negated
 
     def agree(self, batches: int, stopping: bool, env_steps: int, elapsed_sec: float) -> Agreement:
@@ -115,10 +115,10 @@ class RankGroup:
         its env steps the sum over the node groups of the furthest reading of each."""
         steps = [int(env_steps) if node == self.node else 0 for node in range(self.nodes)]
         values = [-int(batches), int(stopping), int(elapsed_sec * 1e6)] + steps
-        fewest, stop, micros, *furthest = self._maximum(values, "the ranks' agreement on the next round")
+        fewest, stop, micros, *furthest = self.maximum(values, "the ranks' agreement on the next round")
         return Agreement(-fewest, bool(stop), sum(furthest), micros / 1e6)
 
-    def _maximum(self, values: list[int], what: str) -> list[int]:
+    def maximum(self, values: list[int], what: str) -> list[int]:
         """Each of the integers `values` at its maximum over the ranks (one all-reduce; `what`: named in an error)."""
         tensor = torch.tensor(values, dtype=torch.int64, device=self._collective_device())
         self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX))

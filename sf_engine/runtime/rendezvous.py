@@ -11,7 +11,9 @@ own pace, and meet in the same new generation, never in keys an earlier group us
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import secrets
 import time
 from typing import Callable
 
@@ -24,7 +26,8 @@ from sf_engine.runtime.role import RunStopped
 POLL_SEC = 0.05
 CONNECT_SEC = 5.0  # a try to reach the store
 JOIN_TIMEOUTS = 4  # a join waits this many --collective_timeout_sec: the others may first wait one out, then restart
-_GENERATION = "generation"
+_GENERATION, _STOP = "generation", "stop"
+_STOPPED = "stopped"  # the stop key's value at a stop (else a refusal's line)
 
 
 def _store(groups: NodeGroups, serves: bool, timeout_sec: float) -> dist.TCPStore:
@@ -43,13 +46,19 @@ def serve(groups: NodeGroups, timeout_sec: float) -> dist.TCPStore | None:
     return _store(groups, True, timeout_sec) if groups.serves else None
 
 
+class NodeGroupsStopped(Exception):
+    """The node groups stopped while this rank was joining them (another node group's stop): leave cleanly."""
+
+
 class Rendezvous:
     def __init__(self, groups: NodeGroups, rank: int, world: int, timeout_sec: float, beat: Callable, shape: str):
         """Reach the store (waiting at most JOIN_TIMEOUTS x `timeout_sec` for it to be served) as rank `rank` of
         `world`; `beat`: called while waiting, so that the supervisor sees the rank alive; `shape`: what every rank
-        must share (their number, the sizes of each one's batch), compared at each join."""
+        must share (their number, the sizes of each one's batch, the flags that shape training), compared at each
+        join."""
         self.rank, self.world, self.beat, self.shape = rank, world, beat, shape
         self.wait_sec = JOIN_TIMEOUTS * timeout_sec
+        self.token = secrets.token_hex(8)  # this process's claim on its rank in a generation
         deadline = time.monotonic() + self.wait_sec
         while True:  # a few seconds at a time, beating between: node group 0 may start later
             try:
@@ -69,28 +78,42 @@ class Rendezvous:
         return int(self.store.add(_GENERATION, 0))
 
     def leave(self, generation: int) -> None:
-        """A fault in `generation`: every join from now meets in the next one (only the first to say so moves it)."""
-        self.store.compare_set(_GENERATION, str(generation), str(generation + 1))
+        """A fault in `generation`: every join from now meets in the next one (only the first to say so moves it).
+        Nothing where the store is gone (node group 0 stopped)."""
+        with contextlib.suppress(RuntimeError):
+            self.store.compare_set(_GENERATION, str(generation), str(generation + 1))
 
-    def join(self, arrived: Callable[[int], None]) -> tuple[int, dist.Store]:
-        """Wait until every rank has arrived in the store's generation (following it where it moves on); returns
-        (the generation, the store of its keys). `arrived(generation)`: called on arriving, before the wait (the
-        learner records it, so that its successor leaves it after a fault). CollectiveError after the wait's
-        timeout (that generation left); RunStopped where the ranks of the node groups do not add up."""
+    def stop(self, why: str = _STOPPED) -> None:
+        """The node groups stop (`why`: a refusal's line, else their stop): a rank joining later leaves at once."""
+        with contextlib.suppress(RuntimeError):
+            self.store.compare_set(_STOP, "", why)
+
+    def join(self, stopping: Callable[[], bool]) -> tuple[int, dist.Store]:
+        """Wait until every rank has claimed its place in the store's generation (following it where it moves on);
+        returns (the generation, the store of its keys). A claim already made on this rank in the generation (a
+        predecessor's, before it died) moves the store on to the next. NodeGroupsStopped where the node groups
+        stopped, or this node group's run does (`stopping()`); RunStopped where another rank refused them (its line)
+        or their shapes differ; CollectiveError after the wait's timeout (that generation left)."""
         deadline = time.monotonic() + self.wait_sec
         while True:
             generation = self.generation()
-            arrived(generation)
             shape = self.store.compare_set(f"{generation}/shape", "", self.shape).decode()
             if shape != self.shape:
-                raise RunStopped(
+                why = (
                     f"learner rank {self.rank}: the node groups' learner ranks do not fit together (this node group: "
-                    f"{self.shape}; another: {shape}): give every node group the same --num_learners, --dist_world, "
-                    f"--algo and batch sizes"
+                    f"{self.shape}; another: {shape}): give every node group the same flags but for --dist_rank, "
+                    f"and batches of the same shape (set --num_envs_per_worker where auto sizing differs)"
                 )
+                self.stop(why)
+                raise RunStopped(why)
+            claim = self.store.compare_set(f"{generation}/rank/{self.rank}", "", self.token).decode()
+            if claim != self.token:  # a predecessor of this rank arrived in it: a new generation
+                self.leave(generation)
+                continue
             key = f"{generation}/arrived"
             self.store.add(key, 1)
             while self.generation() == generation:
+                self._check_stop(stopping)
                 if int(self.store.add(key, 0)) >= self.world:
                     return generation, dist.PrefixStore(f"{generation}/", self.store)
                 if time.monotonic() > deadline:
@@ -102,6 +125,13 @@ class Rendezvous:
                     )
                 self.beat()
                 time.sleep(POLL_SEC)
+
+    def _check_stop(self, stopping: Callable[[], bool]) -> None:
+        why = self.store.get(_STOP).decode() if self.store.check([_STOP]) else ""
+        if why == _STOPPED or stopping():
+            raise NodeGroupsStopped()
+        if why:
+            raise RunStopped(why)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -29,8 +29,7 @@ holding an older one takes the new one),
 published_copy [P] int64 (the version + 1 whose weights the file below holds, 0: none), run_started [1]
 float64 (time.monotonic() when this run started: the same clock in every process), learner_stage [2] float64
 (the learner's stage now, as its position in LearnerStage or -1, and since when: see stats.stages.StageTimer),
-node_groups [2] int64 (--dist_init: the generation of the rendezvous this node group's learner ranks arrived in
-last, plus 1, and why the node groups stopped: the GROUP_* codes below, read by the runner).
+node_groups [1] int64 (--dist_init: why the node groups' learner ranks stopped, GROUP_* below, read by the runner).
 Beside the file, `<file>.weights` (created empty with it, sized by the learner, which knows the model):
 last_published [P, F] float32, each policy's weights as published last (F = the model's flat state size),
 so that they outlive a learner that dies (see weights.py).
@@ -63,7 +62,7 @@ SLOT_FIELD_NAMES = frozenset(field.name for field in SLOT_FIELDS)
 NO_OWNER = -1  # slot_owner of a slot nobody is writing (free, full, or being trained on)
 WRITING = -2  # slot_owner of a slot the receiver is writing (freed by the supervisor if it dies meanwhile)
 LEARNING = -3  # slot_owner of a slot the learner took (freed by the supervisor if it dies meanwhile)
-# node_groups[1], why the node groups' learner ranks stopped: not, the env-step budget of all of them, another's stop
+# node_groups[0], why the node groups' learner ranks stopped: not, the env-step budget of all of them, another's stop
 GROUP_RUNNING, GROUP_BUDGET, OTHER_GROUP_STOPPED = 0, 1, 2
 
 
@@ -115,7 +114,7 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
         "published_copy": ((policies,), "int64"),
         "run_started": ((1,), "float64"),
         "learner_stage": ((2,), "float64"),
-        "node_groups": ((2,), "int64"),
+        "node_groups": ((1,), "int64"),
     }
 
 

@@ -280,6 +280,7 @@ class CrossQ(TrainingState):
         self.target_entropy = self.ccfg.target_entropy_per_dim * self.model.size
         self.num_updates = 0
         self.last_actor_loss, self.last_entropy = 0.0, 0.0
+        self.statistics, self.average_statistics = [], None  # several ranks: join_ranks
         self.compile = CompiledLosses(cfg, device, hooks.beat)  # --compile: the critics' loss through torch.compile
         self.critic_loss = self.compile.compiled(self._critic_loss)
 
@@ -307,7 +308,7 @@ class CrossQ(TrainingState):
         td_abs = td_abs.clone()  # the priorities outlive this update (a compiled one's outputs may not)
         self.critic_optimizer.zero_grad()
         critic_loss.backward()
-        norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm)]
+        norms = [self.critic_optimizer.clip_grad_norm(self.lcfg.max_grad_norm, critic_loss.detach())]
         delayed = self.num_updates % self.ccfg.policy_delay == 0
         if delayed:
             squashed, log_probs = self.model.rsample(x, batch_stats=True)
@@ -317,7 +318,8 @@ class CrossQ(TrainingState):
             self.optimizer.zero_grad()
             actor_loss.backward()
             self.critic.requires_grad_(True)
-            norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm))
+            norms.append(self.optimizer.clip_grad_norm(self.lcfg.max_grad_norm, actor_loss.detach()))
+        self._average_statistics()
         stats = torch.stack([critic_loss.detach(), q_mean, td_abs.mean(), *norms]).cpu()
         if not torch.isfinite(stats).all():
             return TrainResult(0, {}, 0, 1, torch.zeros_like(td_abs))
@@ -334,6 +336,31 @@ class CrossQ(TrainingState):
         return TrainResult(
             len(x), dict(zip(LOSS_STATS, figures)) | {"grad_norm": float(stats[3:].norm())}, 1, 0, td_abs
         )
+
+    def join_ranks(self, group) -> None:
+        """Several learner ranks: besides the gradients' mean, the running statistics of every batch
+        renormalization are averaged over the ranks after each update (the tail of the actor's and the critics' flat
+        state: sf_engine.model.flat_state puts the buffers after the parameters). Each rank normalizes by its own
+        batch's statistics, as data-parallel batch normalization does; its running ones stay the same on every
+        rank."""
+        super().join_ranks(group)
+        self.statistics = [
+            flat[sum(p.numel() for p in module.parameters()) :]
+            for flat, module in ((self.params, self.model), (self.critic_params, self.critic))
+        ]
+        self.average_statistics = group.average_
+
+    @torch.no_grad()
+    def _average_statistics(self) -> None:
+        """With ranks: the renormalizations' running statistics (moved by this update's batches) averaged, in one
+        all-reduce."""
+        if self.average_statistics is None:
+            return
+        both = self.average_statistics(torch.cat(self.statistics))
+        offset = 0
+        for tail in self.statistics:
+            tail.copy_(both[offset : offset + tail.numel()])
+            offset += tail.numel()
 
     def _critic_loss(self, batch, both: torch.Tensor, next_x: torch.Tensor, alpha: torch.Tensor) -> tuple:
         """The critics' loss (0.5 x both critics' squared errors, weighted by the importance weights), Q1's mean and

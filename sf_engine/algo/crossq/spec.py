@@ -84,6 +84,7 @@ SPEC = AlgorithmSpec(
     recurrent="never",
     normalize_input=False,
     config=("crossq", CrossQConfig),
+    data_parallel=True,
     check=check,
     check_env=check_env,
     defaults={
