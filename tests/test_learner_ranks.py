@@ -98,6 +98,31 @@ def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monk
     assert per_gpu.resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
 
 
+def test_learner_devices_place_each_rank_on_a_gpu_of_its_own(monkeypatch):
+    """--learner_devices: rank r on the r-th device named; by default GPU r with --device cuda, else the CPU; a GPU
+    that is not visible, or one named twice, is one line."""
+    import dataclasses
+
+    from sf_engine.config.cli import make_config, parse_flags
+    from sf_engine.config.groups import ConfigError
+    from sf_engine.run import per_gpu
+
+    cfg = make_config(
+        parse_flags(["--num_learners", "2", "--num_policy_workers", "1", "--learner_devices", "cuda:3, cuda:1"])
+    )
+    assert [cfg.parallel.learner_device("cuda", r) for r in range(2)] == ["cuda:3", "cuda:1"]
+    plain = make_config(parse_flags(["--num_learners", "2"])).parallel
+    assert [plain.learner_device("cuda", r) for r in range(2)] == ["cuda:0", "cuda:1"]
+    assert plain.learner_device("cpu", 1) == "cpu"
+    monkeypatch.setattr(per_gpu, "cuda_device_count", lambda: 4)
+    on_cuda = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cuda"))
+    per_gpu.check_gpus(on_cuda)
+    for devices, words in (("cuda:3,cuda:3", "a GPU of its own"), ("cuda:4,cuda:1", "one of the 4 visible GPUs")):
+        bad = dataclasses.replace(on_cuda, parallel=dataclasses.replace(on_cuda.parallel, learner_devices=devices))
+        with pytest.raises(ConfigError, match=words):
+            per_gpu.check_gpus(bad)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_two_learner_ranks_learn_cartpole_and_report_each_sample_once(tmp_path, shm_dir, mode):
@@ -287,6 +312,8 @@ def test_checkpoints_of_two_ranks_resume_with_one_and_back(tmp_path):
         (["--num_learners", "2", "--collective_timeout_sec", "60"], "must be below --stuck_timeout_sec (60)"),
         (["--num_learners", "2", "--pool_every_versions", "10"], "the opponent pool is not built for ranks"),
         (["--num_learners", "2", "--env", "TorchCartPole-v1"], "is a device env"),
+        (["--num_learners", "2", "--learner_devices", "cpu"], "1 devices for --num_learners 2: give one per rank"),
+        (["--num_learners", "2", "--learner_devices", "cuda:0,cuda:1"], "the run is on the CPU (--device cpu)"),
     ],
 )
 def test_what_several_learner_ranks_do_not_run_is_refused_in_one_line(tmp_path, flags, words):

@@ -43,6 +43,12 @@ class ParallelConfig:
         "else 1.",
         type=int_or_auto,
     )
+    learner_devices: str = _f(
+        "",
+        "With --num_learners N: each rank's device, comma-separated, rank r the r-th (cuda:0,cuda:2,... with --device "
+        "cuda, on GPUs of this machine, one each; cpu with --device cpu). Empty: rank r on GPU r with --device cuda, "
+        "on the CPU otherwise.",
+    )
     collective_timeout_sec: float = _f(
         30.0,
         "With --num_learners > 1, the longest a rank waits for the others in one collective (their joining at the "
@@ -64,6 +70,13 @@ class ParallelConfig:
     )
     dist_rank: int = _f(0, "With --dist_init tcp://...: this node group's index, 0 to --dist_world - 1 (0 serves it).")
     dist_world: int = _f(1, "With --dist_init tcp://...: the number of node groups (machines) whose learners train.")
+
+    def learner_device(self, device: str, rank: int) -> str:
+        """The device of learner rank `rank` of a run on `device` (resolved: 'cpu' or 'cuda'): its entry in
+        --learner_devices, else GPU `rank` on CUDA, the CPU otherwise."""
+        if self.learner_devices:
+            return self.learner_devices.split(",")[rank].strip()
+        return f"cuda:{rank}" if device == "cuda" else device
 
     @property
     def learner_world(self) -> int:

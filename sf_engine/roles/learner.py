@@ -38,7 +38,6 @@ from sf_engine.runtime.checkpoint import (
     save_state_atomic,
 )
 from sf_engine.runtime.device_slots import slot_obs_arrays
-from sf_engine.runtime.ranks import rank_device
 from sf_engine.runtime.rendezvous import NodeGroupsStopped
 from sf_engine.runtime.role import RoleContext
 from sf_engine.runtime.shared_buffers import OTHER_GROUP_STOPPED, TRAINING_STATE_SUFFIX
@@ -74,7 +73,7 @@ class Learner:
         # a learner of its own process keeps its state for its successor (a serial run's learner dies with the run)
         self.keeps = self.publishes and self.cfg.run.mode != "serial" and not self.cfg.run.sampling_only
         self.checkpoint_dir, self.env_steps_base = plan.paths.checkpoint_dir, plan.env_steps_base
-        self.device = rank_device(self.cfg.run.device, self.rank) if share else torch.device("cpu")
+        self.device = torch.device(self.cfg.parallel.learner_device(self.cfg.run.device, self.rank) if share else "cpu")
         if self.device.type == "cuda":  # this rank's GPU for whatever is made on "cuda" (its own, with ranks)
             torch.cuda.set_device(self.device)
         torch.manual_seed(self.cfg.env.seed % 2**63)  # any integer --seed: torch takes 64 bits

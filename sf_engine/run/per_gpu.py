@@ -51,7 +51,9 @@ def resolve_policy_workers(cfg: Config) -> tuple[Config, list]:
 
 
 def check_gpus(cfg: Config) -> None:
-    """With --device cuda, one GPU per learner rank and per policy worker: more than are visible is one line."""
+    """With --device cuda, one GPU per learner rank and per policy worker: more than are visible is one line; so is
+    a --learner_devices that does not name one device per rank, each of the run's kind (a visible GPU, one each)."""
+    _check_learner_devices(cfg)
     for flag, processes, each in (
         ("--num_learners", cfg.parallel.num_learners, "learner rank"),
         ("--num_policy_workers", cfg.parallel.num_policy_workers, "policy worker"),
@@ -61,3 +63,25 @@ def check_gpus(cfg: Config) -> None:
                 f"{flag} {processes} with --device cuda: one GPU per {each}, and {cuda_device_count()} are visible: "
                 f"lower {flag}"
             )
+
+
+def _check_learner_devices(cfg: Config) -> None:
+    given, ranks = cfg.parallel.learner_devices, cfg.parallel.num_learners
+    if not given:
+        return
+    devices = [device.strip() for device in given.split(",")]
+    flag = f"--learner_devices {given}"
+    if len(devices) != ranks:
+        raise ConfigError(f"{flag}: {len(devices)} devices for --num_learners {ranks}: give one per rank")
+    if cfg.run.device != "cuda":
+        if any(device != "cpu" for device in devices):
+            raise ConfigError(f"{flag}: the run is on the CPU (--device {cfg.run.device}): give cpu for each rank")
+        return
+    visible = cuda_device_count()
+    gpus = [device.removeprefix("cuda:") for device in devices]
+    if not all(
+        device.startswith("cuda:") and gpu.isdigit() and int(gpu) < visible for device, gpu in zip(devices, gpus)
+    ):
+        raise ConfigError(f"{flag}: with --device cuda each rank needs one of the {visible} visible GPUs, as cuda:N")
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"{flag}: each rank needs a GPU of its own (NCCL puts one rank on a GPU)")

@@ -27,8 +27,8 @@ def _takes_device_id() -> bool:
 
 
 def rank_device(device: str, rank: int) -> torch.device:
-    """The device of learner rank `rank` in a run on `device` (resolved: 'cpu' or 'cuda'): GPU `rank` on CUDA, where
-    each rank has its own; the CPU is shared by all."""
+    """The device of policy worker `rank` in a run on `device` (resolved: 'cpu' or 'cuda'): GPU `rank` on CUDA, where
+    each has its own; the CPU is shared by all."""
     return torch.device("cuda", rank) if device == "cuda" else torch.device(device)
 
 
