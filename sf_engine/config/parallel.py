@@ -76,7 +76,7 @@ class ParallelConfig:
         --learner_devices, else GPU `rank` on CUDA, the CPU otherwise."""
         if self.learner_devices:
             return self.learner_devices.split(",")[rank].strip()
-        return f"cuda:{rank}" if device == "cuda" else device
+        return device_of(device, rank)
 
     @property
     def learner_world(self) -> int:
@@ -103,6 +103,12 @@ class ParallelConfig:
             )
         if not self.collective_timeout_sec > 0:
             raise ValueError(f"--collective_timeout_sec must be > 0 seconds (got {self.collective_timeout_sec})")
+
+
+def device_of(device: str, index: int) -> str:
+    """The device of the `index`-th process of a kind (learner rank, policy worker) in a run on `device` (resolved:
+    'cpu' or 'cuda'): GPU `index` on CUDA, where each has its own; the CPU, shared by all, otherwise."""
+    return f"cuda:{index}" if device == "cuda" else device
 
 
 NODE_SEED_STRIDE = 1_000_033  # node group g's envs and replay sampling: --seed + g x this, apart from the others'

@@ -19,11 +19,11 @@ import torch
 
 from sf_engine.algo.acting import build_policy
 from sf_engine.algo.base import keep_beating
+from sf_engine.config.parallel import device_of
 from sf_engine.model.acting import ActContext
 from sf_engine.model.flat_state import flatten_state
 from sf_engine.model.graphed import BucketedForward, bucket_sizes
 from sf_engine.runtime.ipc import get_many
-from sf_engine.runtime.ranks import rank_device
 from sf_engine.runtime.transfer import PinnedRows, to_device, torch_dtype
 from sf_engine.runtime.wiring import InferenceRequest, policy_worker_of
 from sf_engine.stats.messages import Inference
@@ -36,7 +36,7 @@ class PolicyWorker:
     def __init__(self, ctx):
         cfg = ctx.cfg
         self.ctx, self.buffers, self.queues = ctx, ctx.buffers, ctx.queues
-        self.device = rank_device(cfg.run.device, ctx.index)  # --num_policy_workers: worker k on GPU k
+        self.device = torch.device(device_of(cfg.run.device, ctx.index))  # --num_policy_workers: worker k on GPU k
         if self.device.type == "cuda":  # its GPU for whatever is made on "cuda" (CUDA graphs' capture included)
             torch.cuda.set_device(self.device)
         self.envs_per_split, self.num_splits = cfg.sampler.envs_per_split, cfg.sampler.worker_num_splits

@@ -26,12 +26,6 @@ def _takes_device_id() -> bool:
     return "device_id" in inspect.signature(dist.init_process_group).parameters
 
 
-def rank_device(device: str, rank: int) -> torch.device:
-    """The device of policy worker `rank` in a run on `device` (resolved: 'cpu' or 'cuda'): GPU `rank` on CUDA, where
-    each has its own; the CPU is shared by all."""
-    return torch.device("cuda", rank) if device == "cuda" else torch.device(device)
-
-
 class CollectiveError(RuntimeError):
     """A collective of the learner's ranks did not complete (a rank died, hangs, or disagrees): one line."""
 
