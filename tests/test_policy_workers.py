@@ -40,7 +40,7 @@ def test_auto_is_a_policy_worker_per_gpu_where_rollout_workers_act_through_them(
 @pytest.mark.e2e
 def test_two_policy_workers_each_serve_their_rollout_workers_and_the_run_learns(tmp_path, shm_dir):
     result = run_train(
-        TWO + ["--experiment", "two", "--shm_dir", shm_dir, "--train_for_env_steps", "400000"],
+        TWO + ["--experiment", "two", "--shm_dir", shm_dir, "--train_for_env_steps", "1000000"],
         tmp_path,
         timeout=300,
     )
