@@ -2,11 +2,12 @@
 
 Node group 0's main process serves a TCP store (torch.distributed's; under torchrun its agent may serve it) for the
 whole run, so it outlives every learner. Ranks join a group in a generation: each reads the store's generation,
-arrives in it and waits until every rank of the world has arrived there, then makes its process group over the
-generation's own keys. A rank that leaves a generation on a fault (a collective that timed out), or a learner
-restarted after one of its node group's died, moves the store on to the next generation (once, whoever says so
-first), and every rank waiting in the old one follows: the node groups restart their ranks on their own, at their
-own pace, and meet in the same new generation, never in keys an earlier group used.
+claims its rank in it and waits until every rank of the world has claimed its own, then makes its process group over
+the generation's own keys. A rank that leaves a generation on a fault (a collective that timed out), or finds its
+rank claimed there already (by a predecessor that died, in this run or an earlier attempt), moves the store on to
+the next generation (once, whoever says so first), and every rank waiting in the old one follows: the node groups
+restart their ranks on their own, at their own pace, and meet in the same new generation, never in keys an earlier
+group used. The store also keeps the node groups' stop (or a refusal's line), which ends any rank's wait to join.
 """
 
 from __future__ import annotations
