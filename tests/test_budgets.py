@@ -138,3 +138,13 @@ def test_time_left_with_one_budget_not_set():
     assert status_line(stats, cfg, 1).endswith("| ETA 120s")
     cfg = make_config(parse_flags(["--train_for_env_steps", "5000"]))
     assert status_line(stats, cfg, 1).endswith("| ETA -")  # no rate yet, no time budget
+
+
+def test_time_left_of_the_env_step_budget_of_node_groups_counts_them_all():
+    """With node groups the env-step budget counts the env steps of all of them: each taken to step as this one."""
+    from sf_engine.stats.report import _seconds_left
+
+    stats = _stats(5000)
+    one = make_config(parse_flags(["--train_for_env_steps", "20000"]))
+    two = make_config(parse_flags(["--train_for_env_steps", "20000", "--dist_init", "tcp://a:1", "--dist_world", "2"]))
+    assert _seconds_left(stats, one, 0.0, 1000.0) == "15s" and _seconds_left(stats, two, 0.0, 1000.0) == "5s"

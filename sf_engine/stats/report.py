@@ -235,12 +235,14 @@ def _game_progress(stats: RunStats) -> str:
 
 
 def _seconds_left(stats: RunStats, cfg, elapsed: float, rate: float) -> str:
-    """Until the first budget that applies is reached (the env-step budget's at the last 10 s's rate)."""
+    """Until the first budget that applies is reached (the env-step budget's at the last 10 s's rate; with node
+    groups, whose budget counts the env steps of all of them, each taken to step as this one does)."""
     remaining = []
     if cfg.run.train_for_seconds is not None:
         remaining.append(cfg.run.train_for_seconds - elapsed)
     if cfg.run.train_for_env_steps is not None and rate > 0:
-        remaining.append((cfg.run.train_for_env_steps - stats.env_steps) / rate)
+        groups = cfg.parallel.dist_world
+        remaining.append((cfg.run.train_for_env_steps - groups * stats.env_steps) / (groups * rate))
     return f"{max(0.0, min(remaining)):,.0f}s" if remaining else "-"
 
 
