@@ -9,7 +9,8 @@ import pytest
 
 from sf_engine.config.cli import make_config, parse_flags
 from sf_engine.config.groups import DEFAULT_ENV_STEPS, DEFAULT_SECONDS
-from sf_engine.run.runner import MONITOR_EVERY_SEC, MONITOR_NEAR_BUDGET_SEC, _stop_reason, _until_next_look
+from sf_engine.run.runner import MONITOR_EVERY_SEC, MONITOR_NEAR_BUDGET_SEC, _budget_reached, _until_next_look
+from sf_engine.stats.messages import Episodes, Stages
 from sf_engine.stats.report import status_line
 from sf_engine.stats.run_stats import RunStats
 
@@ -61,11 +62,11 @@ def _stats(env_steps: int) -> RunStats:
 
 def test_each_stop_names_its_budget_and_the_flag_that_raises_it():
     env_steps_cfg = make_config(parse_flags(["--train_for_env_steps", "1000"]))
-    reason = _stop_reason(env_steps_cfg, _stats(1000), time.monotonic())
+    reason = _budget_reached(env_steps_cfg, _stats(1000), time.monotonic())
     assert reason == "env-step budget reached (1,000 env steps; --train_for_env_steps raises it)"
     time_cfg = make_config(parse_flags(["--train_for_seconds", "120"]))
-    assert _stop_reason(time_cfg, _stats(10**12), time.monotonic()) is None  # no env-step budget: steps go on
-    reason = _stop_reason(time_cfg, _stats(0), time.monotonic() - 121)
+    assert _budget_reached(time_cfg, _stats(10**12), time.monotonic()) is None  # no env-step budget: steps go on
+    reason = _budget_reached(time_cfg, _stats(0), time.monotonic() - 121)
     assert reason == "time budget reached (120 s; --train_for_seconds raises it)"
 
 
@@ -148,3 +149,34 @@ def test_time_left_of_the_env_step_budget_of_node_groups_counts_them_all():
     one = make_config(parse_flags(["--train_for_env_steps", "20000"]))
     two = make_config(parse_flags(["--train_for_env_steps", "20000", "--dist_init", "tcp://a:1", "--dist_world", "2"]))
     assert _seconds_left(stats, one, 0.0, 1000.0) == "15s" and _seconds_left(stats, two, 0.0, 1000.0) == "5s"
+
+
+def _episode_report(returns: list) -> Episodes:
+    return Episodes(Stages("rollout_worker_0", {}, 1.0), len(returns), returns, [10] * len(returns))
+
+
+@pytest.mark.parametrize("episodes_final", [False, True])
+def test_the_workers_last_episodes_count_after_a_budget_stop_not_after_a_stop_on_the_figures(episodes_final):
+    """A budget stop: the episodes the workers report as they stop count, as their steps do; a stop decided on the
+    figures (a return target, an observer) keeps the figures it was decided on."""
+    stats = _stats(1000)
+    stats.consume([_episode_report([10.0, 20.0])])
+    stats.stop(episodes_final=episodes_final)
+    stats.consume([_episode_report([60.0])])
+    assert (stats.episodes, stats.return_mean) == ((2, 15.0) if episodes_final else (3, 30.0))
+
+
+@pytest.mark.e2e
+def test_a_run_shorter_than_a_workers_report_interval_has_its_episodes_in_its_summary(tmp_path, shm_dir):
+    """CartPole episodes end every few dozen steps: a 20,000-step run (a fraction of a second) has some."""
+    import sf_engine
+
+    result = sf_engine.train(
+        env="CartPole-v1",
+        experiment="short",
+        train_dir=str(tmp_path),
+        shm_dir=shm_dir,
+        train_for_env_steps=20_000,
+        num_workers=1,
+    )
+    assert result.summary["episodes"] > 0 and result.summary["episode_return_mean"] is not None, result.summary

@@ -91,9 +91,9 @@ def _until_next_look(stop_at: int | None, env_steps: int, last_look: tuple) -> f
     return min(MONITOR_EVERY_SEC, max(MONITOR_NEAR_BUDGET_SEC, (stop_at - env_steps) / rate))
 
 
-def _stop_reason(cfg, stats: RunStats, start_time: float, groups_stop: int = GROUP_RUNNING):
-    """Why the run stops now (a budget that applies is reached, or the return target; with node groups, their
-    learners' stop: `groups_stop`), or None."""
+def _budget_reached(cfg, stats: RunStats, start_time: float, groups_stop: int = GROUP_RUNNING) -> str | None:
+    """Why the run stops on a budget that applies (with node groups, their learners' stop: `groups_stop`), or None.
+    A stop on the run's figures is _target_reached's."""
     steps, seconds = cfg.run.train_for_env_steps, cfg.run.train_for_seconds
     if groups_stop == GROUP_BUDGET:
         return (
@@ -106,6 +106,11 @@ def _stop_reason(cfg, stats: RunStats, start_time: float, groups_stop: int = GRO
         return env_step_budget_reached(steps)
     if seconds is not None and time.monotonic() - start_time >= seconds:
         return f"time budget reached ({seconds:g} s; --train_for_seconds raises it)"
+    return None
+
+
+def _target_reached(cfg, stats: RunStats) -> str | None:
+    """Why the run stops on its figures (--stop_at_return, --stop_at_eval_return), or None."""
     target = cfg.run.stop_at_return
     if target is not None and len(stats.returns) == stats.returns.maxlen and stats.return_mean >= target:
         return f"mean return of the last 100 episodes {stats.return_mean:.1f} >= {target:g}"
@@ -221,7 +226,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
     """The roles run until a stop; returns (exit code, the reason of the stop). Every role has stopped
     (and the env steps in flight are counted) when it returns or raises."""
     cfg, start_time = plan.cfg, time.monotonic()
-    exit_code, reason, roles = 0, None, None
+    exit_code, reason, roles, on_figures = 0, None, None, False
     previous_sigterm = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         if cfg.run.mode == "serial":
@@ -240,7 +245,10 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
             roles.step()
             drain_into(queues.stats, stats.consume)  # polled: the main process never waits on it (see ipc)
             reporter.tick()
-            reason = _stop_reason(cfg, stats, start_time, int(buffers.node_groups[0])) or reporter.stop_reason
+            reason = _budget_reached(cfg, stats, start_time, int(buffers.node_groups[0]))
+            if reason is None:
+                reason = _target_reached(cfg, stats) or reporter.stop_reason
+                on_figures = reason is not None
             if reporter.observers.error is not None:
                 exit_code = 1
     except KeyboardInterrupt:
@@ -252,7 +260,7 @@ def _train(plan: RunPlan, experiment, mp_context, buffers, queues, stats: RunSta
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the stop below runs to its end: a second Ctrl-C only
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # hurries the children's (Supervisor.shutdown)
-        stats.stop()
+        stats.stop(episodes_final=on_figures)
         try:
             if roles is not None:
                 roles.shutdown()

@@ -120,6 +120,7 @@ class RunStats:
         self.on_gpu = on_gpu  # the learner and policy worker on CUDA: the bottleneck report's advice differs
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
+        self.episodes_final = False  # the stop was decided on the episodes' figures: later ones do not count
         self._handlers = {
             msg.Episodes: self._episodes,
             msg.Training: self._training,
@@ -203,7 +204,7 @@ class RunStats:
             self._handlers[type(message)](message)
 
     def _episodes(self, m: msg.Episodes) -> None:
-        if self.stopped and self.order is None:
+        if self.episodes_final and self.order is None:
             return
         self.episodes += m.count
         for name, values in m.extra.items():
@@ -346,11 +347,13 @@ class RunStats:
         self.bottleneck_snapshot = (now, self.stage_sec)
         return now - then
 
-    def stop(self) -> None:
-        """The run decided to stop: throughput and episode figures are final as of now (steps taken
-        while the processes wind down still count in env_steps)."""
+    def stop(self, episodes_final: bool) -> None:
+        """The run decided to stop: throughput figures are final as of now (steps taken while the processes wind
+        down still count in env_steps). `episodes_final`: the stop was decided on the episodes' figures (a return
+        target, an observer), which stay as they were then; otherwise the episodes the workers report as they stop
+        count too, as their steps do (a run shorter than a worker's report interval has its episodes only there)."""
         self.sample()
-        self.stopped = True
+        self.stopped, self.episodes_final = True, episodes_final
         self.throughput.stopped_at = self.throughput.latest()
 
     def finish(self) -> None:
