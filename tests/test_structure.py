@@ -13,20 +13,21 @@ PACKAGES = {"sf_engine": "sf_engine", "envs": "sf_engine.envs"}  # folder -> the
 ENVS = "sf_engine.envs"
 # what each subpackage may import of sf_engine besides itself: the layers, lowest first. A layer never
 # imports one above it: the runtime imports no role and nothing of run/ (it starts the roles by name:
-# wiring.ROLES); the model and the algorithms know nothing of the runtime or the roles; the envs know
-# nothing else of sf_engine.
+# wiring.ROLES); the model and the algorithms know nothing of the runtime or the roles; the envs and the
+# self-play maths (ratings, opponent sampling) know nothing else of sf_engine.
 MAY_IMPORT = {
     "envs": set(),
-    "config": {"envs"},
-    "stats": {"config"},
+    "selfplay": set(),
+    "config": {"selfplay", "envs"},
+    "stats": {"config", "selfplay"},
     "model": {"config", "envs"},
     "algo": {"model", "config", "envs"},
     "replay": {"algo", "model", "stats", "config", "envs"},
     "runtime": {"replay", "algo", "stats", "config", "envs"},
-    "play": {"runtime", "replay", "algo", "model", "stats", "config", "envs"},
-    "roles": {"play", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
-    "scaleout": {"roles", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
-    "run": {"scaleout", "roles", "play", "runtime", "replay", "algo", "model", "stats", "config", "envs"},
+    "play": {"runtime", "replay", "algo", "model", "stats", "config", "selfplay", "envs"},
+    "roles": {"play", "runtime", "replay", "algo", "model", "stats", "config", "selfplay", "envs"},
+    "scaleout": {"roles", "runtime", "replay", "algo", "model", "stats", "config", "selfplay", "envs"},
+    "run": {"scaleout", "roles", "play", "runtime", "replay", "algo", "model", "stats", "config", "selfplay", "envs"},
 }
 TOP_LEVEL = {"sf_engine", "sf_engine.export"}  # the package itself and `python -m sf_engine.export`
 

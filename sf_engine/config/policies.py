@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.fields import int_or_auto
+from sf_engine.selfplay.sampling import WEIGHTINGS
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,14 @@ class PolicyConfig:
         "learning policy).",
     )
     pool_size: int = _f(8, "With a pool: snapshots kept; the oldest gives way to the newest.")
+    opponent_sampling: str = _f(
+        "uniform",
+        "With a pool: how its snapshots are drawn as opponents, by the learning policies' win rate x against "
+        "each over its last 200 games (a draw counts half): uniform (alike), pfsp (weight 1-x: those they still "
+        "lose to), pfsp_hard ((1-x)^2), pfsp_var (x(1-x): those at their level); prioritized fictitious "
+        "self-play, Vinyals et al. 2019.",
+        choices=tuple(WEIGHTINGS),
+    )
     pbt: bool = _f(
         False,
         "Population-based training over the --num_policies policies: every period the worst "
@@ -80,6 +89,11 @@ class PolicyConfig:
         """Policies that act: the trained ones (ids 0..num_policies-1), then the pool's snapshots."""
         return self.num_policies + self.pool
 
+    def counts_games(self, agents: tuple) -> bool:
+        """Two-player games of more than one acting policy: their games are counted, the players rated and the
+        pool's opponents drawn by --opponent_sampling (sf_engine.selfplay)."""
+        return self.num_acting > 1 and len(agents) == 2
+
     def check(self, agents: tuple) -> None:
         """Bad values and combinations: ValueError with one line naming the flag."""
         self.agent_mapping(agents)
@@ -91,6 +105,11 @@ class PolicyConfig:
             raise ValueError(
                 "--pool_every_versions: an opponent pool needs a multi-agent env (its snapshots play "
                 "seats against the learning policies); drop it for a single-agent env"
+            )
+        if self.opponent_sampling != "uniform" and not self.pool:
+            raise ValueError(
+                f"--opponent_sampling {self.opponent_sampling} weights the opponent pool's snapshots: give "
+                f"--pool_every_versions too (e.g. 10), or drop it"
             )
         if self.pbt and self.num_policies < 2:
             raise ValueError("--pbt needs a population: give --num_policies 2 or more (e.g. 4)")

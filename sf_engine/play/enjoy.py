@@ -77,7 +77,8 @@ def parse_args(argv=None):
         "the seats swapping game by game, and report win, draw and loss rates. 'random' (a "
         "random legal action), MODULE:FUNCTION (FUNCTION(observation) -> action, given the "
         "env's own observation of its seat, e.g. sf_engine.envs.opponents:connect_four_heuristic), or "
-        "a checkpoint file of a policy trained on the same env.",
+        "a checkpoint file of a policy trained on the same env (greedy with --deterministic, sampling otherwise, "
+        "as the policy plays). Prints the match's ratings too (openskill, both players from new).",
     )
     return parser.parse_args(argv)
 
@@ -189,7 +190,12 @@ def _run_matches(args, cfg, spec, path: str, policy, device) -> int:
         raise LoadError(f"--opponent: {why}")
     try:
         opponent = make_opponent(
-            args.opponent, spec, lambda path: load_policy(cfg, spec, path, device), device, seed=args.seed
+            args.opponent,
+            spec,
+            lambda path: load_policy(cfg, spec, path, device),
+            device,
+            seed=args.seed,
+            deterministic=args.deterministic,
         )
     except OpponentError as exc:
         raise LoadError(str(exc)) from None
@@ -205,6 +211,11 @@ def _run_matches(args, cfg, spec, path: str, policy, device) -> int:
         f"won {figures.win_rate:.1%}, drew {figures.draw_rate:.1%}, lost {figures.loss_rate:.1%} "
         f"(games per seat {figures.games_per_seat}, mean length {figures.length_mean:.1f})"
     )
+    if figures.rating_mu is not None:
+        print(
+            f"ratings over these games (openskill, both from new): {figures.rating_mu:.1f}±{figures.rating_sigma:.1f}"
+            f" against {figures.opponent_rating_mu:.1f}±{figures.opponent_rating_sigma:.1f}"
+        )
     print(
         json.dumps(
             {

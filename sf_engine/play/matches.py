@@ -7,7 +7,8 @@ next, so that both are played equally. Opponents (`make_opponent`):
   MODULE:FUNCTION  FUNCTION(observation) -> action, called with the env's own observation of its seat
                    (as PettingZoo gives it: for classic games the dict with 'observation' and
                    'action_mask');
-  a checkpoint     another policy trained on the same env (its file is loaded as data, never run).
+  a checkpoint     another policy trained on the same env (its file is loaded as data, never run), playing
+                   as the policy does: its greedy action with --deterministic, else a sampled one.
 A game is won when the policy's return is above the opponent's, drawn when equal, lost when below.
 """
 
@@ -39,9 +40,12 @@ class Opponent:
         return self._choose(env, rows, obs)
 
 
-def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0) -> Opponent:
+def make_opponent(
+    text: str, spec, load_policy=None, device="cpu", seed: int = 0, deterministic: bool = True
+) -> Opponent:
     """The opponent a --opponent value names (see the module's docstring), or OpponentError.
-    `load_policy(path)`: the policy of a checkpoint file (or an error to report), for that kind."""
+    `load_policy(path)`: the policy of a checkpoint file (or an error to report), for that kind, which plays its
+    greedy action when `deterministic`, else samples it (as the policy it meets does)."""
     if text == "random":
         rng = np.random.default_rng(seed)
         return Opponent("random", spec, lambda env, rows, obs: random_actions(spec, obs, rng, rows))
@@ -53,7 +57,7 @@ def make_opponent(text: str, spec, load_policy=None, device="cpu", seed: int = 0
             return np.array([np.asarray(function(env.raw_observation(int(row)))) - start for row in rows])
 
         return Opponent(text, spec, call)
-    return _checkpoint_opponent(text, spec, load_policy, device)
+    return _checkpoint_opponent(text, spec, load_policy, device, deterministic)
 
 
 def _import_function(text: str):
@@ -66,7 +70,7 @@ def _import_function(text: str):
     return function
 
 
-def _checkpoint_opponent(path: str, spec, load_policy, device) -> Opponent:
+def _checkpoint_opponent(path: str, spec, load_policy, device, deterministic: bool) -> Opponent:
     import os
 
     if not os.path.isfile(path) or load_policy is None:
@@ -83,7 +87,7 @@ def _checkpoint_opponent(path: str, spec, load_policy, device) -> Opponent:
 
     def choose(env, rows, obs):
         with torch.inference_mode():
-            actions, _ = act(policy, obs_tensors({k: v[rows] for k, v in obs.items()}, device), None, True)
+            actions, _ = act(policy, obs_tensors({k: v[rows] for k, v in obs.items()}, device), None, deterministic)
         return actions.cpu().numpy()
 
     return Opponent(os.path.basename(path), spec, choose)
@@ -165,6 +169,12 @@ class MatchFigures:
     return_std: float
     length_mean: float
     games_per_seat: list
+    # the match's ratings (sf_engine.selfplay.ratings; None without openskill): both players start new and are
+    # rated game by game, so they say how far apart the two are, on the scale of the run's ratings
+    rating_mu: float | None = None
+    rating_sigma: float | None = None
+    opponent_rating_mu: float | None = None
+    opponent_rating_sigma: float | None = None
 
 
 def summarize(results: list, num_agents: int) -> MatchFigures:
@@ -184,4 +194,24 @@ def summarize(results: list, num_agents: int) -> MatchFigures:
         return_std=float(returns.std()),
         length_mean=float(np.mean([r.length for r in results])) if results else 0.0,
         games_per_seat=[int(sum(1 for r in results if r.seat == s)) for s in range(num_agents)],
+        **_match_ratings(outcome),
     )
+
+
+def _match_ratings(outcome: np.ndarray) -> dict:
+    """The ratings of the policy and its opponent after the games of `outcome` (1 won, 0 drawn, -1 lost), in order."""
+    from sf_engine.selfplay.ratings import DRAW, Ratings, RatingsUnavailable
+
+    try:
+        ratings = Ratings(2)
+    except RatingsUnavailable:
+        return {}
+    for sign in outcome:
+        ratings.rate(0, 1, DRAW - int(sign))  # 1 -> WIN, 0 -> DRAW, -1 -> LOSS
+    ours, theirs = ratings[0], ratings[1]
+    return {
+        "rating_mu": ours.mu,
+        "rating_sigma": ours.sigma,
+        "opponent_rating_mu": theirs.mu,
+        "opponent_rating_sigma": theirs.sigma,
+    }

@@ -11,6 +11,9 @@ Samples a replaced member acted with its old weights are dropped (counted as dro
 The opponent pool: every --pool_every_versions versions of policy 0 the learner copies its weights into
 the oldest of --pool_size snapshot slots (acting policies num_policies..), which the policy worker
 serves like any policy and which are never trained (frozen until replaced by a newer snapshot).
+
+In a two-player game, the players' ratings, the win rates against the snapshots and the chance of each to be
+drawn (--opponent_sampling) are measured from the games the workers count (sf_engine.roles.game_measures).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from sf_engine.algo.pbt import exploits, explore, period
+from sf_engine.roles.game_measures import SelfPlayMeasures
 from sf_engine.stats.messages import PbtRound
 
 
@@ -58,6 +62,15 @@ class Population:
         self.snapshot_params = [self.members[0].params.detach().clone() for _ in range(self.pcfg.pool)]
         self.snapshot_versions = [0] * self.pcfg.pool  # 0: the slot holds no snapshot yet
         self.taken = 0  # snapshots taken so far (the next goes to slot taken % pool_size)
+        self.measures = None  # two-player games: ratings, win rates, opponent chances (only the publishing rank)
+        if ctx.buffers.game_results is not None and learner.publishes:
+            self.measures = SelfPlayMeasures(
+                ctx.buffers.game_results,
+                ctx.buffers.opponent_weights,
+                len(self.members),
+                self.pcfg.opponent_sampling,
+                cfg.env.seed % 2**63,
+            )
 
     def share(self, readers: tuple) -> None:
         """Publish the pool's slots to their readers (after a resume: the snapshots it had)."""
@@ -83,8 +96,18 @@ class Population:
             self.snapshot_versions[slot] = version
             self.snapshots[slot].publish(self.snapshot_params[slot], version)
             self.taken += 1
+            if self.measures is not None:
+                self.measures.snapshot_taken(len(self.members) + slot)
+        if self.measures is not None:
+            ratings = self.measures.measure_when_due(self.versions())
+            if ratings is not None:
+                self.ctx.send(ratings)
         if self.books is not None and sum(self.steps) >= self.period * len(self.members):
             self._round()
+
+    def versions(self) -> list:
+        """The version of each acting policy: the trained ones', then each pool slot's snapshot's (0: none yet)."""
+        return [m.version for m in self.members] + list(self.snapshot_versions)
 
     def _round(self) -> None:
         objectives = self.books.objectives(len(self.members))
@@ -121,6 +144,8 @@ class Population:
                 "versions": list(self.snapshot_versions),
                 "params": [params.detach().cpu().clone() for params in self.snapshot_params],
             }
+        if self.measures is not None:
+            out["selfplay"] = self.measures.state()
         return out
 
     def load(self, state: dict) -> None:
@@ -131,3 +156,5 @@ class Population:
             self.taken, self.snapshot_versions = int(pool["taken"]), [int(v) for v in pool["versions"]]
             for params, saved in zip(self.snapshot_params, pool["params"]):
                 params.copy_(saved)
+        if self.measures is not None and "selfplay" in state:
+            self.measures.load(state["selfplay"])

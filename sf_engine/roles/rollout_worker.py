@@ -25,6 +25,7 @@ from sf_engine.envs import make_batch_env
 from sf_engine.roles.non_finite import NON_FINITE, NonFiniteGuard, zero_non_finite
 from sf_engine.runtime.slot_pool import SlotPool, deterministic_rounds
 from sf_engine.runtime.wiring import policy_worker_of
+from sf_engine.selfplay.ratings import LOSS, outcomes
 from sf_engine.stats.messages import Episodes
 from sf_engine.stats.stages import StageTimer, WorkerStage
 
@@ -145,8 +146,15 @@ class RolloutWorker:
             games = pooled.reshape(-1, self.num_agents)
             full = np.flatnonzero(games.all(1))  # every seat of a game pooled: one seat goes back
             games[full, self.rng.integers(0, self.num_agents, len(full))] = False
-            chosen[pooled] = self.rng.choice(snapshots, int(pooled.sum()))
+            chosen[pooled] = self.rng.choice(snapshots, int(pooled.sum()), p=self._opponent_chances(snapshots))
         self.row_policy[split, rows] = chosen[rows]
+
+    def _opponent_chances(self, snapshots: np.ndarray) -> np.ndarray | None:
+        """The chance of each snapshot to be drawn (the learner's --opponent_sampling weights), or None: alike."""
+        weights = None if self.buffers.opponent_weights is None else self.buffers.opponent_weights[snapshots]
+        if weights is None or not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+            return None
+        return weights / weights.sum()
 
     def step(self, timeout_sec: float) -> None:
         """One unit of work: take free slots for waiting splits, then advance every split whose actions
@@ -290,8 +298,23 @@ class RolloutWorker:
                 )
                 np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 0), 1.0)
                 np.add.at(self.buffers.policy_episodes[self.idx], (self.row_policy[split, ended], 1), objective)
+            if self.buffers.game_results is not None:
+                self._count_games(split, episode_over)
             self.episode_return[split, ended] = 0.0
             self.episode_length[split, ended] = 0
+
+    def _count_games(self, split: int, episode_over: np.ndarray) -> None:
+        """Two-player games of `split` that ended: their results, for each of their two policies (the learner rates
+        them and weights the pool's snapshots by them, sf_engine.selfplay)."""
+        games = np.flatnonzero(episode_over.reshape(-1, 2).all(1))
+        if not len(games):
+            return
+        returns = self.episode_return[split].reshape(-1, 2)[games]
+        policies = self.row_policy[split].reshape(-1, 2)[games].astype(np.int64)
+        outcome = outcomes(returns[:, 0], returns[:, 1])
+        results = self.buffers.game_results[self.idx]
+        np.add.at(results, (policies[:, 0], policies[:, 1], outcome), 1.0)
+        np.add.at(results, (policies[:, 1], policies[:, 0], LOSS - outcome), 1.0)
 
     def send_stats(self) -> None:
         """Episodes finished since the last call (the last 100 of them in full; --deterministic: every one, with

@@ -339,3 +339,7 @@ def main(argv=None) -> int:
         print(launched)
         return 0
     return launched[0].exit_code
+
+
+if __name__ == "__main__":  # python -m sf_engine.run.runner: train.py (the seed runner starts runs so)
+    sys.exit(main())

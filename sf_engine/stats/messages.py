@@ -122,6 +122,31 @@ class PbtRound:
 
 
 @dataclass
+class PlayerRating:
+    """One acting policy of a two-player run: a trained policy ('policy_0') or a pool snapshot ('pool_3', at its
+    `version` of policy 0); its rating (sf_engine.selfplay.ratings); for a snapshot, the learning policies' win rate
+    against it (last 200 games) and its chance to be drawn as an opponent (--opponent_sampling)."""
+
+    name: str
+    policy: int
+    version: int
+    mu: float
+    sigma: float
+    ordinal: float
+    games: int
+    win_rate: float | None = None
+    chance: float | None = None
+
+
+@dataclass
+class Ratings:
+    """Learner, two-player games of several acting policies: every player's rating, and the games rated so far."""
+
+    players: list  # [PlayerRating]
+    games: int
+
+
+@dataclass
 class CheckpointWritten:
     path: str
 

@@ -28,6 +28,7 @@ CARRIED_OVER = {
     "eval_version": None,
     "policies": None,
     "pbt": None,
+    "ratings": None,
 }
 
 

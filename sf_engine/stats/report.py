@@ -19,6 +19,7 @@ from sf_engine.stats.observers import (
     TerminalObserver,
 )
 from sf_engine.stats.previous import carry_over, read_summary
+from sf_engine.stats.ratings_figures import ratings_scalars, ratings_status, ratings_summary
 from sf_engine.stats.run_stats import RunStats
 
 REPORT_EVERY_SEC = 1.0
@@ -33,6 +34,7 @@ def scalars(stats: RunStats, cfg, frameskip: int) -> dict:
     out.update(_policy_scalars(stats, cfg))
     out.update(_remote_scalars(stats))
     out.update(stats.replay.scalars())
+    out.update(ratings_scalars(stats.ratings))
     if stats.pbt is not None:  # each member's hyperparameters over time, and the exploits so far
         for member, hyper in enumerate(stats.pbt.hyperparameters):
             out.update({f"policy_{member}/pbt/{name}": value for name, value in hyper.items()})
@@ -186,7 +188,8 @@ def status_line(stats: RunStats, cfg, frameskip: int) -> str:
         f"({rate * frameskip:,.0f} frames/s, 10 s) | return {ret} (last 100 of {stats.episodes:,}) "
         f"| lag mean/max {lag} | version {train.version if train else 0}"
     )
-    line += _game_progress(stats) + stats.replay.status_text() + _learner_in_progress(stats)
+    line += _game_progress(stats) + ratings_status(stats.ratings)
+    line += stats.replay.status_text() + _learner_in_progress(stats)
     if stats.books.skipped_non_finite or stats.skipped_updates:  # the env's or the learner's NaNs and infs
         line += f" | non-finite: {stats.books.skipped_non_finite:,} samples, {stats.skipped_updates:,} updates skipped"
     extra = [f"{name} {value:.2f}" for name, value in stats.extra_means.items() if name != "true_objective"][:3]
@@ -294,6 +297,7 @@ def summary(stats: RunStats, cfg, frameskip: int) -> dict:
         if stats.remote is None
         else {"objects_sent": stats.remote.weights_versions_sent, "bytes_per_object": stats.remote.weights_bytes_sent},
         "pbt": _pbt_summary(stats),
+        "ratings": ratings_summary(stats.ratings),
         **stats.replay.summary(cfg.learner.algo),
     }
 

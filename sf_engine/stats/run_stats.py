@@ -17,6 +17,7 @@ from sf_engine.stats.books import Books, PolicyBooks, ReplayReports
 from sf_engine.stats.bottleneck import diagnose, subtract
 from sf_engine.stats.episode_order import EpisodeOrder
 from sf_engine.stats.rates import RateWindow
+from sf_engine.stats.ratings_figures import ratings_summary
 from sf_engine.stats.replay_figures import ReplayFigures
 from sf_engine.stats.stages import LiveStage
 
@@ -71,6 +72,23 @@ class Throughput:
         return (end_steps - start[1]) / (end_time - start[0])
 
 
+HANDLERS = {  # each message type and the RunStats method that takes it in
+    msg.Episodes: "_episodes",
+    msg.Training: "_training",
+    msg.Inference: "_inference",
+    msg.Evaluation: "_evaluation",
+    msg.CheckpointWritten: "_checkpoint",
+    msg.CheckpointFailed: "_checkpoint_failed",
+    msg.Recycled: "_recycled",
+    msg.Recovered: "_recovered",
+    msg.Fault: "_fault",
+    msg.PbtRound: "_pbt",
+    msg.Ratings: "_ratings",
+    msg.RemoteNodes: "_remote",
+    msg.ReplayStatus: "_replay_status",
+}
+
+
 class RunStats:
     """Aggregates the messages of every role. `env_step_counters`: the shared per-worker env-step counts."""
 
@@ -102,6 +120,7 @@ class RunStats:
         self.policy_training: dict = {}  # policy -> its latest Training
         self.policy_books: dict = {}  # policy -> its PolicyBooks
         self.pbt: msg.PbtRound | None = None  # --pbt: the latest round
+        self.ratings: msg.Ratings | None = None  # two-player games of several acting policies: the latest ratings
         self.pbt_exploits: list = []  # every exploit of the run: (round, replaced, copied, objectives)
         self.evaluation: msg.Evaluation | None = None
         self.remote: msg.RemoteNodes | None = None  # --num_remote_samplers: the receiver's latest report
@@ -121,20 +140,6 @@ class RunStats:
         self.bottleneck_snapshot = None  # (time, stage seconds) where the current window starts
         self.stopped = False
         self.episodes_final = False  # the stop was decided on the episodes' figures: later ones do not count
-        self._handlers = {
-            msg.Episodes: self._episodes,
-            msg.Training: self._training,
-            msg.Inference: self._inference,
-            msg.Evaluation: self._evaluation,
-            msg.CheckpointWritten: self._checkpoint,
-            msg.CheckpointFailed: self._checkpoint_failed,
-            msg.Recycled: self._recycled,
-            msg.Recovered: self._recovered,
-            msg.Fault: self._fault,
-            msg.PbtRound: self._pbt,
-            msg.RemoteNodes: self._remote,
-            msg.ReplayStatus: self.replay.consume,
-        }
 
     @property
     def env_steps(self) -> int:
@@ -201,7 +206,10 @@ class RunStats:
 
     def consume(self, messages: list) -> None:
         for message in messages:
-            self._handlers[type(message)](message)
+            getattr(self, HANDLERS[type(message)])(message)
+
+    def _replay_status(self, m: msg.ReplayStatus) -> None:
+        self.replay.consume(m)
 
     def _episodes(self, m: msg.Episodes) -> None:
         if self.episodes_final and self.order is None:
@@ -264,7 +272,10 @@ class RunStats:
 
     def _evaluation(self, m: msg.Evaluation) -> None:
         self.evaluation = m
-        self.arrivals.append(("on_evaluation", dataclasses.asdict(m)))
+        self.arrivals.append(("on_evaluation", dataclasses.asdict(m) | {"ratings": ratings_summary(self.ratings)}))
+
+    def _ratings(self, m: msg.Ratings) -> None:
+        self.ratings = m
 
     def _pbt(self, m: msg.PbtRound) -> None:
         self.pbt = m

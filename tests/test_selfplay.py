@@ -1,0 +1,221 @@
+"""Self-play that measures itself (sf_engine.selfplay): ratings against openskill's own numbers and on players of
+known strength, the win rates and --opponent_sampling's weights, the workers drawing the pool by them, and the
+ratings in a run's figures and through a resume."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sf_engine.selfplay.ratings import DRAW, LOSS, WIN, Ratings, outcomes
+from sf_engine.selfplay.sampling import WINDOW_GAMES, WinRates, sampling_weights
+
+openskill = pytest.importorskip("openskill.models")
+
+
+def test_ratings_are_openskills_own_game_by_game():
+    model = openskill.PlackettLuce()
+    a, b, c = model.rating(), model.rating(), model.rating()
+    ratings = Ratings(3)
+    for first, second, outcome in [(0, 1, WIN), (1, 2, DRAW), (2, 0, LOSS), (0, 2, WIN)]:
+        ratings.rate(first, second, outcome)
+    [[a], [b]] = model.rate([[a], [b]], ranks=[0, 1])
+    [[b], [c]] = model.rate([[b], [c]], ranks=[0, 0])
+    [[c], [a]] = model.rate([[c], [a]], ranks=[1, 0])
+    [[a], [c]] = model.rate([[a], [c]], ranks=[0, 1])
+    for player, expected in enumerate([a, b, c]):
+        assert (ratings[player].mu, ratings[player].sigma) == pytest.approx((expected.mu, expected.sigma), rel=1e-12)
+    assert [ratings[p].games for p in range(3)] == [3, 2, 3]
+    assert ratings[0].ordinal == pytest.approx(a.mu - 3 * a.sigma)
+
+
+def test_counted_games_are_each_rated_once_from_the_side_they_were_won():
+    """The workers count each game at [i, j] and [j, i]: 3 wins of 0 over 1 and a draw are 4 games, 0 ahead."""
+    results = np.zeros((2, 2, 3))
+    results[0, 1] = [3, 1, 0]
+    results[1, 0] = [0, 1, 3]
+    ratings = Ratings(2)
+    assert ratings.rate_counts(results, np.random.default_rng(0)) == 4
+    assert ratings[0].mu > 25 > ratings[1].mu and ratings[0].games == ratings[1].games == 4
+
+
+def test_outcomes_are_the_first_players_and_loss_minus_them_the_seconds():
+    first, second = np.array([1.0, 0.0, -1.0]), np.array([-1.0, 0.0, 1.0])
+    assert outcomes(first, second).tolist() == [WIN, DRAW, LOSS]
+    assert (LOSS - outcomes(first, second)).tolist() == outcomes(second, first).tolist()
+
+
+def test_a_copied_player_starts_where_its_source_is_with_no_games():
+    ratings = Ratings(3)
+    for _ in range(5):
+        ratings.rate(0, 1, WIN)
+    ratings.copy(0, 2)
+    assert (ratings[2].mu, ratings[2].sigma, ratings[2].games) == (ratings[0].mu, ratings[0].sigma, 0)
+
+
+def test_ratings_survive_their_state():
+    ratings = Ratings(2)
+    ratings.rate(0, 1, WIN)
+    again = Ratings(2)
+    again.load(json.loads(json.dumps(ratings.state())))  # numbers only
+    assert (again[0], again[1]) == (ratings[0], ratings[1])
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("uniform", [1 / 3, 1 / 3, 1 / 3]),
+        ("pfsp", [0.8 / 1.5, 0.5 / 1.5, 0.2 / 1.5]),
+        ("pfsp_hard", [0.64 / 0.93, 0.25 / 0.93, 0.04 / 0.93]),
+        ("pfsp_var", [0.16 / 0.57, 0.25 / 0.57, 0.16 / 0.57]),
+    ],
+)
+def test_pfsp_weights_for_given_win_rates(how, expected):
+    assert sampling_weights(np.array([0.2, 0.5, 0.8]), how) == pytest.approx(expected)
+
+
+def test_a_pool_that_is_always_beaten_is_drawn_alike():
+    assert sampling_weights(np.ones(4), "pfsp") == pytest.approx([0.25] * 4)
+
+
+def test_win_rates_start_even_follow_the_recent_games_and_reset_for_a_new_snapshot():
+    rates = WinRates(2)
+    rates.add(1, np.array([1, 0, 0]))
+    assert 0.5 < rates.rate[1] < 0.7  # one game does not make it 1: the 0.5 it starts at counts for a few
+    rates.add(1, np.array([0, 0, 10 * WINDOW_GAMES]))
+    assert rates.rate[1] < 0.01  # the losses of the last window outweigh the win before
+    rates.add(1, np.array([WINDOW_GAMES, 0, 0]))
+    assert 0.55 < rates.rate[1] < 0.7  # the last WINDOW_GAMES games weigh about 1 - 1/e
+    rates.reset(1)
+    assert (rates.rate[1], rates.games[1]) == (0.5, 0)
+    assert rates.rate[0] == 0.5  # a player without games stays where it started
+
+
+def _lookahead(observation, rng=np.random.default_rng(5)):
+    """Stronger than the heuristic by construction: it wins and blocks as it does, never drops a piece under the
+    opponent's winning square, and prefers the centre."""
+    from sf_engine.envs.opponents import _drop_row, _wins, connect_four_tactics
+
+    wins, blocks = connect_four_tactics(observation)
+    if wins or blocks:
+        return (wins or blocks)[0]
+    planes = np.asarray(observation["observation"])
+    board = planes[:, :, 0] + planes[:, :, 1]
+    legal = np.flatnonzero(observation["action_mask"])
+    safe = [c for c in legal if _drop_row(board, c) == 0 or not _wins(planes[:, :, 1], _drop_row(board, c) - 1, c)]
+    choices = safe or list(legal)
+    nearest = min(abs(c - 3) for c in choices)
+    return int(rng.choice([c for c in choices if abs(c - 3) == nearest]))
+
+
+def _random(observation, rng=np.random.default_rng(6)):
+    return int(rng.choice(np.flatnonzero(observation["action_mask"])))
+
+
+def _play(env, first, second, seed: int) -> tuple:
+    """One game of PettingZoo's Connect Four: the players' returns."""
+    env.reset(seed=seed)
+    players, returns = {"player_0": first, "player_1": second}, {}
+    for agent in env.agent_iter():
+        observation, reward, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            returns[agent] = reward
+        env.step(None if terminated or truncated else players[agent](observation))
+    return returns["player_0"], returns["player_1"]
+
+
+def test_the_ratings_recover_a_known_order_of_strength():
+    """Random, the heuristic and a lookahead player, round robin with the seats swapped: rated game by game, they
+    come out in that order, each apart from the next by more than the ratings' uncertainty."""
+    connect_four = pytest.importorskip("pettingzoo.classic.connect_four_v3")
+    from sf_engine.envs.opponents import connect_four_heuristic
+
+    players = [_random, connect_four_heuristic, _lookahead]
+    env, ratings = connect_four.env(), Ratings(3)
+    for game in range(40):
+        for a, b in [(0, 1), (1, 2), (0, 2)]:
+            first, second = (a, b) if game % 2 == 0 else (b, a)
+            returns = _play(env, players[first], players[second], seed=game)
+            ratings.rate(first, second, int(outcomes(returns[0], returns[1])))
+    order = sorted(range(3), key=lambda p: ratings[p].mu)
+    assert order == [0, 1, 2], [ratings[p] for p in range(3)]
+    for weaker, stronger in [(0, 1), (1, 2)]:
+        assert ratings[stronger].mu - ratings[weaker].mu > ratings[stronger].sigma + ratings[weaker].sigma
+
+
+def test_opponent_sampling_needs_a_pool(tmp_path, capsys):
+    from conftest import main_error
+
+    from sf_engine.run.runner import main
+
+    argv = ["--train_dir", str(tmp_path), "--env", "toy_multiagent:relay_game", "--opponent_sampling", "pfsp"]
+    line = main_error(main, argv, capsys)
+    assert "--opponent_sampling" in line and "--pool_every_versions" in line, line
+
+
+def test_the_workers_draw_the_pool_by_the_learners_chances_and_count_the_games(tmp_path, shm_dir):
+    """RelayGame with a pool of two snapshots and pfsp: once the learning policy is found to beat snapshot 1 always
+    and to lose to snapshot 0, new games against the pool are all against snapshot 0; every game is counted for
+    both its players, and rated."""
+    pytest.importorskip("pettingzoo")
+    from conftest import SerialRun, serial_plan
+
+    flags = ["--pool_every_versions", "1", "--pool_size", "2", "--pool_share", "0.9", "--opponent_sampling", "pfsp"]
+    sizes = ["--num_envs_per_worker", "16", "--batch_size", "128"]
+    plan = serial_plan(tmp_path, shm_dir, "toy_multiagent:relay_game", *flags, *sizes)
+    harness = SerialRun(plan, tmp_path)
+    try:
+        learner = harness.learner
+        measures = learner.population.measures
+        for _ in range(3):
+            learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
+        assert min(learner.population.snapshot_versions) > 0
+        measures.win_rates.rate[1:] = [0.0, 1.0]
+        measures._weigh()
+        assert harness.buffers.opponent_weights[1:].tolist() == [1.0, 0.0]
+        for _ in range(3):  # not trained (a snapshot would be taken); RelayGame's games are 4 moves: the games of
+            slots = harness.full_slots(plan.cfg.slots_per_batch)  # the last slots all started after
+            harness.queues.free_slots.put_many(slots)
+        ids = harness.buffers.policy_id[slots]
+        assert (ids == 1).any() and not (ids == 2).any(), np.unique(ids)
+        results = harness.buffers.game_results.sum(0)
+        assert results.sum() > 0 and np.array_equal(results, results.transpose(1, 0, 2)[..., ::-1])
+        measures.last = 0.0
+        figures = measures.measure_when_due(learner.population.versions())
+        assert figures.games == int(np.triu(results.sum(-1), 1).sum())
+        assert [p.name for p in figures.players] == ["policy_0", "pool_0", "pool_1"]
+    finally:
+        harness.close()
+
+
+@pytest.mark.e2e
+def test_a_two_player_run_reports_its_ratings_and_keeps_them_through_a_resume(tmp_path, shm_dir):
+    """A Connect Four run with a pool: summary.json's ratings (the policy and every snapshot taken, their games
+    and chances); run again with a larger budget, it goes on from the ratings it had (the games rated before
+    count), and the checkpoint holds them as numbers."""
+    pytest.importorskip("pettingzoo")
+    import torch
+
+    import sf_engine
+
+    run = dict(
+        env="pettingzoo.classic.connect_four_v3:env",
+        experiment="rated",
+        train_dir=str(tmp_path),
+        shm_dir=shm_dir,
+        num_workers=1,
+        num_envs_per_worker=32,
+        pool_every_versions=2,
+        pool_size=3,
+        opponent_sampling="pfsp_var",
+        eval_every_sec=0,
+    )
+    first = sf_engine.train(train_for_env_steps=40_000, **run).summary["ratings"]
+    assert first[0]["name"] == "policy_0" and first[0]["games"] > 0, first
+    pool = [p for p in first if p["name"].startswith("pool_")]
+    assert pool and sum(p["chance"] for p in pool) == pytest.approx(1.0, abs=1e-6), first
+    result = sf_engine.train(train_for_env_steps=80_000, **run)
+    second = result.summary["ratings"]
+    assert second[0]["games"] > first[0]["games"], (first, second)
+    saved = torch.load(result.summary["checkpoint"], weights_only=True)
+    assert saved["selfplay"]["ratings"]["games"][0] > first[0]["games"], saved["selfplay"]
