@@ -31,6 +31,7 @@ class SelfPlayMeasures:
             logging.warning("%s; the run goes on without them", exc)
             self.ratings = None
         self.win_rates = WinRates(players)
+        self.present = np.zeros(players, bool)  # the pool's slots that hold a snapshot
         self.counted = results.sum(0)  # the games already taken in
         self.rng = np.random.default_rng([seed, 11])
         self.games = 0
@@ -44,6 +45,7 @@ class SelfPlayMeasures:
         if time.monotonic() - self.last < MEASURE_EVERY_SEC:
             return None
         self.last = time.monotonic()
+        self.present[self.trained :] = np.asarray(versions[self.trained :]) > 0
         now = self.results.sum(0)
         new, self.counted = now - self.counted, now
         if self.ratings is not None:
@@ -58,11 +60,15 @@ class SelfPlayMeasures:
         if self.ratings is not None:
             self.ratings.copy(0, slot)
         self.win_rates.reset(slot)
+        self.present[slot] = True
         self._weigh()
 
     def _weigh(self) -> None:
-        chances = sampling_weights(self.win_rates.rate[self.trained :], self.how)
-        self.weights[self.trained :] = chances
+        """Each snapshot's chance to be drawn (0 for a slot with none yet)."""
+        slots = np.flatnonzero(self.present)
+        chances = np.zeros(len(self.weights))
+        chances[slots] = sampling_weights(self.win_rates.rate[slots], self.how)
+        self.weights[self.trained :] = chances[self.trained :]
 
     def figures(self, versions: list) -> RatingsMessage:
         players = []
@@ -91,7 +97,9 @@ class SelfPlayMeasures:
             "games": self.games,
         }
 
-    def load(self, state: dict) -> None:
+    def load(self, state: dict, versions: list) -> None:
+        """A checkpoint's measures; `versions`: each player's, as the pool was loaded (a slot with none: 0)."""
+        self.present[self.trained :] = np.asarray(versions[self.trained :]) > 0
         if self.ratings is not None:
             self.ratings.load(state.get("ratings", {}))
         self.win_rates.load(state.get("win_rates", {}))

@@ -157,4 +157,4 @@ class Population:
             for params, saved in zip(self.snapshot_params, pool["params"]):
                 params.copy_(saved)
         if self.measures is not None and "selfplay" in state:
-            self.measures.load(state["selfplay"])
+            self.measures.load(state["selfplay"], self.versions())
