@@ -79,16 +79,19 @@ def test_a_pool_that_is_always_beaten_is_drawn_alike():
 
 
 def test_win_rates_start_even_follow_the_recent_games_and_reset_for_a_new_snapshot():
-    rates = WinRates(2)
-    rates.add(1, np.array([1, 0, 0]))
-    assert 0.5 < rates.rate[1] < 0.7  # one game does not make it 1: the 0.5 it starts at counts for a few
-    rates.add(1, np.array([0, 0, 10 * WINDOW_GAMES]))
-    assert rates.rate[1] < 0.01  # the losses of the last window outweigh the win before
-    rates.add(1, np.array([WINDOW_GAMES, 0, 0]))
-    assert 0.55 < rates.rate[1] < 0.7  # the last WINDOW_GAMES games weigh about 1 - 1/e
+    rates = WinRates(2, 2)
+    rates.add(0, 1, np.array([1, 0, 0]))
+    assert 0.5 < rates.rate[0, 1] < 0.7  # one game does not make it 1: the 0.5 it starts at counts for a few
+    rates.add(0, 1, np.array([0, 0, 10 * WINDOW_GAMES]))
+    assert rates.rate[0, 1] < 0.01  # the losses of the last window outweigh the win before
+    rates.add(0, 1, np.array([WINDOW_GAMES, 0, 0]))
+    assert 0.55 < rates.rate[0, 1] < 0.7  # the last WINDOW_GAMES games weigh about 1 - 1/e
+    rates.add(1, 1, np.array([0, 4, 0]))
     rates.reset(1)
-    assert (rates.rate[1], rates.games[1]) == (0.5, 0)
-    assert rates.rate[0] == 0.5  # a player without games stays where it started
+    assert rates.rate[:, 1].tolist() == [0.5, 0.5] and rates.games[:, 1].tolist() == [0, 0]
+    rates.add(1, 0, np.array([3, 0, 0]))
+    rates.reset_row(1)
+    assert rates.rate[1].tolist() == [0.5, 0.5] and rates.rate[0, 0] == 0.5  # a player without games stays at 0.5
 
 
 def _lookahead(observation, rng=np.random.default_rng(5)):
@@ -172,7 +175,7 @@ def test_the_workers_draw_the_pool_by_the_learners_chances_and_count_the_games(t
         for _ in range(2):
             learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
         assert min(learner.population.snapshot_versions) > 0
-        measures.win_rates.rate[1:] = [0.0, 1.0]
+        measures.win_rates.rate[0, 1:] = [0.0, 1.0]
         measures._weigh()
         assert harness.buffers.opponent_weights[1:].tolist() == [1.0, 0.0]
         for _ in range(3):  # not trained (a snapshot would be taken); RelayGame's games are 4 moves: the games of
@@ -221,3 +224,110 @@ def test_a_two_player_run_reports_its_ratings_and_keeps_them_through_a_resume(tm
     assert second[0]["games"] > first[0]["games"], (first, second)
     saved = torch.load(result.summary["checkpoint"], weights_only=True)
     assert saved["selfplay"]["ratings"]["games"][0] > first[0]["games"], saved["selfplay"]
+
+
+def test_the_leagues_roles_draw_their_opponents_as_alphastar_does():
+    from sf_engine.selfplay.league import EMPTY, match_chances
+
+    # players: main agent, main exploiter, league exploiter; pool: a main agent snapshot, a main exploiter one, empty
+    sources = np.array([0, 1, 2, 0, 1, EMPTY])
+    rates = np.full((3, 6), 0.5)
+    rates[0, 3:5] = [0.8, 0.2]  # the main agent beats its own snapshot, loses to the exploiter's
+    rates[1, 0] = 0.3  # the main exploiter still wins 30% against the main agent
+    rates[2, 3:5] = [0.5, 0.9]
+    chances = match_chances(rates, sources)
+    assert chances.sum(1) == pytest.approx([1.0, 1.0, 1.0]) and not chances[:, 5].any()  # the empty slot never
+    hard_all = np.array([0.04, 0.64]) / 0.68  # (1 - x)^2 over both snapshots
+    assert chances[0, :3] == pytest.approx([0.35, 0, 0])
+    assert chances[0, 3:5] == pytest.approx(0.5 * hard_all + 0.15 * np.array([0.0, 1.0]))  # its own beaten: not hard
+    assert chances[1].tolist() == [1.0, 0, 0, 0, 0, 0]  # the exploiter against the main agent as it is
+    rates[1, 0] = 0.05
+    assert match_chances(rates, sources)[1].tolist() == [0, 0, 0, 1.0, 0, 0]  # below 10%: the main agent's snapshot
+    assert chances[2, 3:5] == pytest.approx(np.array([0.25, 0.01]) / 0.26)
+    alone = match_chances(np.full((3, 6), 0.5), np.array([0, 1, 2, EMPTY, EMPTY, EMPTY]))
+    assert alone.tolist() == [[1.0, 0, 0, 0, 0, 0]] * 3  # no snapshot yet: everybody plays the main agent
+
+
+def test_an_exploiter_is_frozen_by_its_win_rate_or_its_versions_the_main_agent_by_its_versions():
+    from sf_engine.selfplay.league import FREEZE_MIN_GAMES, LEAGUE_EXPLOITER, MAIN_AGENT, MAIN_EXPLOITER, freeze_due
+
+    for exploiter in (MAIN_EXPLOITER, LEAGUE_EXPLOITER):
+        assert freeze_due(exploiter, np.array([70, 0, 30]), 5, 0.7, 200)
+        assert freeze_due(exploiter, np.array([60, 20, 20]), 5, 0.7, 200)  # a draw counts half
+        assert not freeze_due(exploiter, np.array([69, 0, 31]), 5, 0.7, 200)
+        assert not freeze_due(exploiter, np.array([FREEZE_MIN_GAMES - 1, 0, 0]), 5, 0.7, 200)  # too few to judge
+        assert freeze_due(exploiter, np.array([0, 0, 0]), 200, 0.7, 200)
+    assert not freeze_due(MAIN_AGENT, np.array([100, 0, 0]), 199, 0.7, 200)
+    assert freeze_due(MAIN_AGENT, np.array([0, 0, 100]), 200, 0.7, 200)
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--league"], ["--league", "--num_policies 3"]),
+        (["--league", "--num_policies", "3", "--pool_every_versions", "5"], ["--league", "drop --pool_every_versions"]),
+        (["--opponent_sampling", "pfsp"], ["--opponent_sampling", "--pool_every_versions"]),
+    ],
+)
+def test_league_and_opponent_sampling_flags_that_do_not_fit_are_one_line(tmp_path, capsys, flags, words):
+    from conftest import main_error
+
+    from sf_engine.run.runner import main
+
+    line = main_error(main, ["--train_dir", str(tmp_path), "--env", "toy_multiagent:relay_game", *flags], capsys)
+    assert all(word in line for word in words), line
+
+
+def test_a_league_in_serial_mode_freezes_its_players_plays_each_roles_opponents_and_resumes(tmp_path, shm_dir):
+    """RelayGame, a league frozen every 2 versions: each role's snapshots join the pool with their source, the main
+    exploiter starts over from its first weights once frozen, every game is led by a trained player against an
+    opponent its chances allow, and the population's state (pool, sources, freezes, payoff) comes back whole."""
+    pytest.importorskip("pettingzoo")
+    import torch
+    from conftest import SerialRun, serial_plan
+
+    from sf_engine.selfplay.league import MAIN_EXPLOITER, ROLES
+
+    flags = ["--league", "--num_policies", "3", "--league_freeze_versions", "2", "--pool_size", "6"]
+    sizes = ["--num_envs_per_worker", "16", "--batch_size", "128"]
+    plan = serial_plan(tmp_path, shm_dir, "toy_multiagent:relay_game", *flags, *sizes)
+    harness = SerialRun(plan, tmp_path)
+    try:
+        learner, population = harness.learner, harness.learner.population
+        first = {k: v.clone() for k, v in population.first_states[MAIN_EXPLOITER]["model"].items()}
+        for _ in range(8):
+            learner.train_on(harness.full_slots(plan.cfg.slots_per_batch)[: plan.cfg.slots_per_batch])
+        measures = population.measures
+        sources = measures.sources[3:].tolist()
+        assert set(sources) == {0, 1, 2}, sources  # every role was frozen
+        exploiter = learner.policies[MAIN_EXPLOITER]
+        assert exploiter.min_version > 0 and population.frozen_at[MAIN_EXPLOITER] > 0
+        chances = harness.buffers.match_chances
+        assert chances.sum(1) == pytest.approx([1.0] * 3)
+        chances[:] = 0.0
+        chances[[0, 1, 2], [3, 0, 4]] = 1.0  # main agent -> slot 0, main exploiter -> main agent, league exp. -> slot 1
+        for _ in range(3):  # not trained (the learner would weigh them again); the games of the last slots are new
+            slots = harness.full_slots(plan.cfg.slots_per_batch)
+            harness.queues.free_slots.put_many(slots)
+        ids = harness.buffers.policy_id[slots][:, -1].reshape(-1, 2)  # each game's two players
+        pairs = {tuple(sorted(pair)) for pair in ids.tolist()}
+        assert pairs <= {(0, 3), (0, 1), (2, 4)} and len(pairs) == 3, pairs
+        measures.last = 0.0
+        measures.measure_when_due(population.versions())
+        assert len(measures.payoff.players) > 3 and measures.payoff.results.sum() > 0
+        assert {p for p in measures.payoff.players if "@v" not in p} <= set(ROLES)
+        state = population.state()
+    finally:
+        harness.close()
+    (tmp_path / "again").mkdir()
+    again = SerialRun(plan, tmp_path / "again")
+    try:
+        population = again.learner.population
+        population.load(state)
+        assert population.measures.sources.tolist() == measures.sources.tolist()
+        assert population.frozen_at == state["league"]["frozen_at"]
+        assert population.measures.payoff.players == measures.payoff.players
+        kept = population.first_states[MAIN_EXPLOITER]["model"]
+        assert all(torch.equal(kept[key], value) for key, value in first.items())
+    finally:
+        again.close()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sf_engine.config.fields import flag_field as _f
 from sf_engine.config.fields import int_or_auto
+from sf_engine.selfplay.league import ROLES
 from sf_engine.selfplay.sampling import WEIGHTINGS
 
 
@@ -46,6 +47,21 @@ class PolicyConfig:
         "self-play, Vinyals et al. 2019.",
         choices=tuple(WEIGHTINGS),
     )
+    league: bool = _f(
+        False,
+        "A league (AlphaStar's) in a two-player game, over --num_policies 3: policy 0 the main agent, 1 a main "
+        "exploiter, 2 a league exploiter, each drawing its opponents as AlphaStar does among the trained players "
+        "and the pool of their frozen snapshots (--pool_size slots): the main agent is frozen into the pool every "
+        "--league_freeze_versions versions, an exploiter once it wins --league_freeze_win_rate of its games since "
+        "its last snapshot or after that many versions (the main exploiter then starts over, the league exploiter "
+        "with chance 0.25).",
+    )
+    league_freeze_win_rate: float = _f(0.7, "With --league: the win rate that freezes an exploiter into the pool.")
+    league_freeze_versions: int = _f(
+        200,
+        "With --league: the main agent is frozen into the pool every this many versions, an exploiter after this "
+        "many at the latest.",
+    )
     pbt: bool = _f(
         False,
         "Population-based training over the --num_policies policies: every period the worst "
@@ -82,7 +98,7 @@ class PolicyConfig:
     @property
     def pool(self) -> int:
         """Snapshot slots of the opponent pool (0 without one)."""
-        return self.pool_size if self.pool_every_versions > 0 else 0
+        return self.pool_size if self.pool_every_versions > 0 or self.league else 0
 
     @property
     def num_acting(self) -> int:
@@ -97,6 +113,7 @@ class PolicyConfig:
     def check(self, agents: tuple) -> None:
         """Bad values and combinations: ValueError with one line naming the flag."""
         self.agent_mapping(agents)
+        self._check_league(agents)
         if self.pool_every_versions < 0 or self.pool_size < 1:
             raise ValueError("--pool_every_versions must be >= 0 and --pool_size at least 1")
         if not 0.0 < self.pool_share < 1.0:
@@ -126,6 +143,29 @@ class PolicyConfig:
             raise ValueError("--pbt_perturb_min and --pbt_perturb_max: need 1 <= min <= max (e.g. 1.05 and 1.5)")
         if self.pbt_period_env_steps != "auto" and self.pbt_period_env_steps < 1:
             raise ValueError("--pbt_period_env_steps must be at least 1, or auto")
+
+    def _check_league(self, agents: tuple) -> None:
+        if not self.league:
+            return
+        if len(agents) != 2 or self.num_policies != len(ROLES):
+            raise ValueError(
+                f"--league plays two-player games with --num_policies {len(ROLES)} ({', '.join(ROLES)}): "
+                + ("give --num_policies 3" if len(agents) == 2 else "the env is not a two-player one")
+            )
+        clash = [
+            flag
+            for flag, given in (
+                ("--pool_every_versions", self.pool_every_versions > 0),
+                ("--opponent_sampling", self.opponent_sampling != "uniform"),
+                ("--agent_policies", bool(self.agent_policies)),
+                ("--pbt", self.pbt),
+            )
+            if given
+        ]
+        if clash:
+            raise ValueError(f"--league draws every role's opponents and freezes them itself: drop {clash[0]}")
+        if not 0.5 < self.league_freeze_win_rate <= 1.0 or self.league_freeze_versions < 1:
+            raise ValueError("--league_freeze_win_rate must be within (0.5, 1] and --league_freeze_versions >= 1")
 
     def agent_mapping(self, agents: tuple) -> tuple | None:
         """Policy of each agent (in `agents` order) under --agent_policies, or None (random). ValueError

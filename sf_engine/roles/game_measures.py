@@ -1,7 +1,9 @@
 """What the learner measures of a two-player run of several acting policies: the games the rollout workers count
-(SharedBuffers.game_results), rated (ratings.py), the learning policies' win rate against each pool snapshot, and
-from those the chance of each snapshot to be drawn as an opponent (sampling.py, --opponent_sampling), which the
-workers read from SharedBuffers.opponent_weights. Kept in the learner's checkpoints and training state."""
+(SharedBuffers.game_results), rated (sf_engine.selfplay.ratings) and kept in a payoff table (payoff.json), the win
+rates against the players, and from those who plays whom: with a plain pool, each snapshot's chance to be drawn
+(--opponent_sampling; SharedBuffers.opponent_weights), with --league, each trained player's opponents
+(sf_engine.selfplay.league; SharedBuffers.match_chances) and when it is frozen into the pool. Kept in the learner's
+checkpoints and training state."""
 
 from __future__ import annotations
 
@@ -10,81 +12,136 @@ import time
 
 import numpy as np
 
+from sf_engine.selfplay.league import EMPTY, ROLES, freeze_due, match_chances
+from sf_engine.selfplay.payoff import Payoff
 from sf_engine.selfplay.ratings import Ratings, RatingsUnavailable
 from sf_engine.selfplay.sampling import WinRates, sampling_weights
 from sf_engine.stats.messages import PlayerRating
 from sf_engine.stats.messages import Ratings as RatingsMessage
 
 MEASURE_EVERY_SEC = 1.0
+PAYOFF_EVERY_SEC = 10.0
 
 
 class SelfPlayMeasures:
-    """`results`: the workers' game counts [W, P, P, 3]; `weights`: the opponent chances [P] the workers read;
-    `trained`: the trained policies (ids 0..trained-1; the pool's slots follow); `how`: --opponent_sampling."""
+    """`buffers`: the run's shared buffers (game_results [W, P, P, 3] in; opponent_weights, match_chances out);
+    `trained`: the trained policies (ids 0..trained-1; the pool's slots follow); `pcfg`: the policies' config;
+    `experiment_dir`: where payoff.json goes (None: nowhere)."""
 
-    def __init__(self, results: np.ndarray, weights: np.ndarray, trained: int, how: str, seed: int):
-        self.results, self.weights, self.trained, self.how = results, weights, trained, how
-        players = results.shape[1]
+    def __init__(self, buffers, trained: int, pcfg, seed: int, experiment_dir: str | None):
+        self.results, self.weights, self.chances = buffers.game_results, buffers.opponent_weights, buffers.match_chances
+        self.trained, self.how, self.league, self.experiment_dir = (
+            trained,
+            pcfg.opponent_sampling,
+            pcfg.league,
+            experiment_dir,
+        )
+        players = self.results.shape[1]
         try:
             self.ratings = Ratings(players)
         except RatingsUnavailable as exc:
             logging.warning("%s; the run goes on without them", exc)
             self.ratings = None
-        self.win_rates = WinRates(players)
-        self.present = np.zeros(players, bool)  # the pool's slots that hold a snapshot
-        self.counted = results.sum(0)  # the games already taken in
+        self.win_rates = WinRates(trained if self.league else 1, players)  # a plain pool: the trained ones together
+        self.sources = np.array(list(range(trained)) + [EMPTY] * (players - trained))  # the role each copies
+        self.since = np.zeros((trained, 3))  # each trained player's games since it was last frozen (league)
+        self.payoff = Payoff()
+        self.counted = self.results.sum(0)  # the games already taken in
         self.rng = np.random.default_rng([seed, 11])
-        self.games = 0
-        self.last = 0.0
+        self.games, self.last, self.last_payoff = 0, 0.0, time.monotonic()
         self._weigh()
 
     def measure_when_due(self, versions: list) -> RatingsMessage | None:
         """Takes in the games counted since the last call (at most every MEASURE_EVERY_SEC): rates them, moves the
-        win rates and the opponent chances; returns the figures to report (None when it was not due). `versions`:
-        each player's version (a slot with none yet: 0)."""
+        win rates and who plays whom; returns the figures to report (None when it was not due). `versions`: each
+        player's version (a slot with none yet: 0)."""
         if time.monotonic() - self.last < MEASURE_EVERY_SEC:
             return None
         self.last = time.monotonic()
-        self.present[self.trained :] = np.asarray(versions[self.trained :]) > 0
         now = self.results.sum(0)
         new, self.counted = now - self.counted, now
         if self.ratings is not None:
             self.games += self.ratings.rate_counts(new, self.rng)
-        for slot in range(self.trained, len(self.win_rates.rate)):
-            self.win_rates.add(slot, new[: self.trained, slot].sum(0))
+        self.payoff.add(new, self.names(versions))
+        if self.league:
+            for player in range(self.trained):
+                others = np.arange(new.shape[1]) != player
+                self.since[player] += new[player, others].sum(0)
+                for opponent in np.flatnonzero(others):
+                    self.win_rates.add(player, opponent, new[player, opponent])
+        else:
+            for slot in range(self.trained, new.shape[1]):
+                self.win_rates.add(0, slot, new[: self.trained, slot].sum(0))
         self._weigh()
+        if self.experiment_dir is not None and time.monotonic() - self.last_payoff >= PAYOFF_EVERY_SEC:
+            self.write_payoff()
         return self.figures(versions)
 
-    def snapshot_taken(self, slot: int) -> None:
-        """Policy 0's weights went into pool slot `slot`: a new player, so far as strong as policy 0."""
+    def names(self, versions: list) -> list:
+        """Each player's name in the payoff table: a trained policy's role (policy_<p> without a league), a
+        snapshot '<its source>@v<version>'; None for a slot with no snapshot."""
+        own = list(ROLES) if self.league else [f"policy_{p}" for p in range(self.trained)]
+        return own + [
+            None if source == EMPTY else f"{own[source]}@v{version}"
+            for source, version in zip(self.sources[self.trained :], versions[self.trained :])
+        ]
+
+    def write_payoff(self) -> None:
+        self.last_payoff = time.monotonic()
+        try:
+            self.payoff.write(self.experiment_dir)
+        except OSError as exc:  # a full disk costs the table, never the run
+            logging.warning("payoff.json not written: %s", exc.strerror or exc)
+
+    def snapshot_taken(self, slot: int, source: int = 0) -> None:
+        """Trained policy `source`'s weights went into pool slot `slot`: a new player, so far as strong as it."""
         if self.ratings is not None:
-            self.ratings.copy(0, slot)
+            self.ratings.copy(source, slot)
         self.win_rates.reset(slot)
-        self.present[slot] = True
+        self.sources[slot] = source
+        self.since[source] = 0
+        self._weigh()
+
+    def freeze_due(self, player: int, versions_since: int, win_rate: float, max_versions: int) -> bool:
+        return freeze_due(player, self.since[player], versions_since, win_rate, max_versions)
+
+    def started_over(self, player: int) -> None:
+        """A league exploiter took its first weights again: a new player, of unknown strength."""
+        if self.ratings is not None:
+            self.ratings.restart(player)
+        self.win_rates.reset_row(player)
+        self.win_rates.reset(player)
         self._weigh()
 
     def _weigh(self) -> None:
-        """Each snapshot's chance to be drawn (0 for a slot with none yet)."""
-        slots = np.flatnonzero(self.present)
+        """Who plays whom: the league's chances, or each snapshot's chance to be drawn (0 for an empty slot)."""
+        if self.league:
+            self.chances[:] = match_chances(self.win_rates.rate, self.sources)
+            return
+        slots = np.flatnonzero(self.sources != EMPTY)
+        slots = slots[slots >= self.trained]
         chances = np.zeros(len(self.weights))
-        chances[slots] = sampling_weights(self.win_rates.rate[slots], self.how)
+        chances[slots] = sampling_weights(self.win_rates.rate[0, slots], self.how)
         self.weights[self.trained :] = chances[self.trained :]
 
     def figures(self, versions: list) -> RatingsMessage:
-        players = []
+        players, names = [], self.names(versions)
         for player, version in enumerate(versions):
             snapshot = player >= self.trained
-            if snapshot and version == 0:
-                continue  # a slot with no snapshot yet
+            if snapshot and self.sources[player] == EMPTY:
+                continue
             rating = self.ratings[player] if self.ratings is not None else None
+            against = self.win_rates.rate[0, player] if snapshot and not self.league else None
             players.append(
                 PlayerRating(
-                    f"pool_{player - self.trained}" if snapshot else f"policy_{player}",
+                    f"pool_{player - self.trained}" if snapshot else names[player],
                     player,
                     version,
+                    snapshot,
                     *((rating.mu, rating.sigma, rating.ordinal, rating.games) if rating else (None, None, None, 0)),
-                    float(self.win_rates.rate[player]) if snapshot else None,
-                    float(self.weights[player]) if snapshot else None,
+                    None if against is None else float(against),
+                    float(self.weights[player]) if snapshot and not self.league else None,
+                    names[player],
                 )
             )
         return RatingsMessage(players, self.games)
@@ -95,13 +152,25 @@ class SelfPlayMeasures:
             "ratings": self.ratings.state() if self.ratings is not None else {},
             "win_rates": self.win_rates.state(),
             "games": self.games,
+            "sources": self.sources.tolist(),
+            "since": self.since.tolist(),
+            "payoff": self.payoff.state(),
         }
 
-    def load(self, state: dict, versions: list) -> None:
-        """A checkpoint's measures; `versions`: each player's, as the pool was loaded (a slot with none: 0)."""
-        self.present[self.trained :] = np.asarray(versions[self.trained :]) > 0
+    def load(self, state: dict) -> None:
         if self.ratings is not None:
             self.ratings.load(state.get("ratings", {}))
         self.win_rates.load(state.get("win_rates", {}))
         self.games = int(state.get("games", 0))
+        if len(state.get("sources", ())) == len(self.sources):
+            self.sources = np.array(state["sources"], np.int64)
+            self.since = np.array(state["since"], np.float64).reshape(self.since.shape)
+        self.payoff.load(state.get("payoff", {}))
+        self._weigh()
+
+    def adopt_pool(self, versions: list) -> None:
+        """A pool loaded from a checkpoint that has no measures of it: its snapshots are policy 0's."""
+        for slot in range(self.trained, len(versions)):
+            if versions[slot] > 0 and self.sources[slot] == EMPTY:
+                self.sources[slot] = 0
         self._weigh()

@@ -18,10 +18,14 @@ drawn (--opponent_sampling) are measured from the games the workers count (sf_en
 
 from __future__ import annotations
 
+import copy
+import logging
+
 import numpy as np
 
 from sf_engine.algo.pbt import exploits, explore, period
 from sf_engine.roles.game_measures import SelfPlayMeasures
+from sf_engine.selfplay.league import LEAGUE_EXPLOITER, MAIN_EXPLOITER, ROLES, starts_over
 from sf_engine.stats.messages import PbtRound
 
 
@@ -62,15 +66,19 @@ class Population:
         self.snapshot_params = [self.members[0].params.detach().clone() for _ in range(self.pcfg.pool)]
         self.snapshot_versions = [0] * self.pcfg.pool  # 0: the slot holds no snapshot yet
         self.taken = 0  # snapshots taken so far (the next goes to slot taken % pool_size)
-        self.measures = None  # two-player games: ratings, win rates, opponent chances (only the publishing rank)
+        self.measures = None  # two-player games: ratings, win rates, who plays whom (only the publishing rank)
         if ctx.buffers.game_results is not None and learner.publishes:
+            experiment_dir = None if cfg.run.sampling_only else ctx.plan.paths.experiment_dir
             self.measures = SelfPlayMeasures(
-                ctx.buffers.game_results,
-                ctx.buffers.opponent_weights,
-                len(self.members),
-                self.pcfg.opponent_sampling,
-                cfg.env.seed % 2**63,
+                ctx.buffers, len(self.members), self.pcfg, cfg.env.seed % 2**63, experiment_dir
             )
+        # --league: the version each trained player was last frozen at, and the first weights exploiters go back to
+        self.frozen_at = [0] * len(self.members)
+        self.first_states = (
+            {role: copy.deepcopy(self.members[role].algorithm.state()) for role in (MAIN_EXPLOITER, LEAGUE_EXPLOITER)}
+            if self.pcfg.league
+            else {}
+        )
 
     def share(self, readers: tuple) -> None:
         """Publish the pool's slots to their readers (after a resume: the snapshots it had)."""
@@ -87,23 +95,48 @@ class Population:
         self.steps[policy] += steps
 
     def step(self) -> None:
-        """After a training iteration: a pool snapshot, a PBT round, when due."""
-        version = self.members[0].version
-        newest = max(self.snapshot_versions, default=0)
-        if self.snapshots and version - newest >= self.pcfg.pool_every_versions:
-            slot = self.taken % len(self.snapshots)
-            self.snapshot_params[slot].copy_(self.members[0].params)
-            self.snapshot_versions[slot] = version
-            self.snapshots[slot].publish(self.snapshot_params[slot], version)
-            self.taken += 1
-            if self.measures is not None:
-                self.measures.snapshot_taken(len(self.members) + slot)
+        """After a training iteration: pool snapshots (the league's freezes), a PBT round, when due."""
+        if self.pcfg.league:
+            self._freeze_when_due()
+        elif self.snapshots and self.members[0].version - max(self.snapshot_versions) >= self.pcfg.pool_every_versions:
+            self._snapshot(0)
         if self.measures is not None:
             ratings = self.measures.measure_when_due(self.versions())
             if ratings is not None:
                 self.ctx.send(ratings)
         if self.books is not None and sum(self.steps) >= self.period * len(self.members):
             self._round()
+
+    def _snapshot(self, source: int) -> None:
+        """Trained policy `source`'s weights into the oldest pool slot, a frozen player from now on."""
+        slot, member = self.taken % len(self.snapshots), self.members[source]
+        self.snapshot_params[slot].copy_(member.params)
+        self.snapshot_versions[slot] = member.version
+        self.snapshots[slot].publish(self.snapshot_params[slot], member.version)
+        self.taken += 1
+        if self.measures is not None:
+            self.measures.snapshot_taken(len(self.members) + slot, source)
+
+    def _freeze_when_due(self) -> None:
+        """--league: each trained player that wins enough (or has trained long enough) since it was last frozen is
+        frozen into the pool; an exploiter may then start over (sf_engine.selfplay.league)."""
+        if self.measures is None:
+            return
+        for role, member in enumerate(self.members):
+            since = member.version - self.frozen_at[role]
+            if not self.measures.freeze_due(
+                role, since, self.pcfg.league_freeze_win_rate, self.pcfg.league_freeze_versions
+            ):
+                continue
+            self._snapshot(role)
+            self.frozen_at[role] = member.version
+            logging.info("league: %s frozen into the pool at version %d", ROLES[role], member.version)
+            if starts_over(role, self.rng):
+                member.algorithm.load(self.first_states[role], "its first weights (league)")
+                member.publish()
+                member.min_version = member.version  # what it acted before is not trained on
+                self.measures.started_over(role)
+                logging.info("league: %s starts over from its first weights", ROLES[role])
 
     def versions(self) -> list:
         """The version of each acting policy: the trained ones', then each pool slot's snapshot's (0: none yet)."""
@@ -144,6 +177,8 @@ class Population:
                 "versions": list(self.snapshot_versions),
                 "params": [params.detach().cpu().clone() for params in self.snapshot_params],
             }
+        if self.pcfg.league:
+            out["league"] = {"frozen_at": list(self.frozen_at), "first_states": self.first_states}
         if self.measures is not None:
             out["selfplay"] = self.measures.state()
         return out
@@ -157,4 +192,9 @@ class Population:
             for params, saved in zip(self.snapshot_params, pool["params"]):
                 params.copy_(saved)
         if self.measures is not None and "selfplay" in state:
-            self.measures.load(state["selfplay"], self.versions())
+            self.measures.load(state["selfplay"])
+        if self.measures is not None and pool:
+            self.measures.adopt_pool(self.versions())
+        league = state.get("league")
+        if self.pcfg.league and league and len(league["frozen_at"]) == len(self.members):
+            self.frozen_at, self.first_states = [int(v) for v in league["frozen_at"]], league["first_states"]

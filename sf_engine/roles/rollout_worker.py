@@ -135,6 +135,9 @@ class RolloutWorker:
         a game)."""
         if self.num_acting == 1 or not rows.any():
             return
+        if self.buffers.match_chances is not None:
+            self._match(split, rows)
+            return
         chosen = (
             self.fixed_policy.copy()
             if self.fixed_policy is not None
@@ -148,6 +151,19 @@ class RolloutWorker:
             games[full, self.rng.integers(0, self.num_agents, len(full))] = False
             chosen[pooled] = self.rng.choice(snapshots, int(pooled.sum()), p=self._opponent_chances(snapshots))
         self.row_policy[split, rows] = chosen[rows]
+
+    def _match(self, split: int, rows: np.ndarray) -> None:
+        """--league: each game of `rows` is led by a trained policy drawn alike, in a seat drawn alike, against an
+        opponent drawn by the learner's chances for it (match_chances; itself while it has none)."""
+        games = np.flatnonzero(rows.reshape(-1, 2).all(1))
+        leaders = self.rng.integers(0, self.num_policies, len(games))
+        cumulative = np.cumsum(self.buffers.match_chances[leaders], axis=1)
+        total = cumulative[:, -1]
+        drawn = (self.rng.random(len(games)) * total)[:, None] >= cumulative
+        opponents = np.where(total > 0, np.minimum(drawn.sum(1), self.num_acting - 1), leaders)
+        seat = self.rng.integers(0, 2, len(games))
+        self.row_policy[split, 2 * games + seat] = leaders
+        self.row_policy[split, 2 * games + 1 - seat] = opponents
 
     def _opponent_chances(self, snapshots: np.ndarray) -> np.ndarray | None:
         """The chance of each snapshot to be drawn (the learner's --opponent_sampling weights), or None: alike."""

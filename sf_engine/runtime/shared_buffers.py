@@ -15,7 +15,9 @@ Beside the slots, with several policies (P = trained policies + pool snapshots):
 objectives (return, or the env's true_objective), written by that worker only (PBT reads them); in a two-player
 game, game_results [W, P, P, 3] float64, per worker the games each acting policy (row) played against each (column)
 that it won, drew and lost, every game counted from both sides, and opponent_weights [P] float64, the chance of each
-pool snapshot to be drawn as an opponent, written by the learner (sf_engine.selfplay); with a
+pool snapshot to be drawn as an opponent, written by the learner (sf_engine.selfplay); with --league,
+match_chances [num_policies, P] float64, the chance of each acting policy to be the opponent of each trained one in
+a game it leads, written by the learner (sf_engine.selfplay.league); with a
 recurrent core (H = the model's state_size): rnn_current [W, splits, E, H] float32, the hidden state
 after each env's latest action, carried by the policy worker from one request to the next.
 Control arrays: env_steps [num_workers + R] int64 (each worker writes only its own entry; entry
@@ -101,6 +103,8 @@ def buffer_layout(cfg, spec: EnvSpec, state: int) -> dict:
     if cfg.policies.counts_games(spec.agents):  # per worker: games of each acting policy against each (selfplay)
         layout["game_results"] = ((workers, policies, policies, 3), "float64")
         layout["opponent_weights"] = ((policies,), "float64")
+        if cfg.policies.league:  # per trained policy: the chance of each acting policy to be its opponent
+            layout["match_chances"] = ((cfg.policies.num_policies, policies), "float64")
     remote = cfg.remote.num_remote_samplers
     if remote:  # per sampler node: env steps it reported stepped, placed in local slots, dropped with it
         layout["remote_books"] = ((remote, 3), "int64")
@@ -182,6 +186,7 @@ class SharedBuffers:
         self.rnn_current = None  # recurrent runs only
         self.policy_episodes = None  # runs of several policies only
         self.game_results = self.opponent_weights = None  # two-player games of several acting policies only
+        self.match_chances = None  # --league only
         self.remote_books = None  # runs with sampler nodes only
         self.replay_books = None  # runs with a replay buffer only
         self._last_published = None  # mapped on first use (last_published)

@@ -91,6 +91,11 @@ class Ratings:
         self.players[target] = self.model.rating(mu=rating.mu, sigma=rating.sigma)
         self.games[target] = 0
 
+    def restart(self, player: int) -> None:
+        """`player` starts over (a league exploiter took its first weights again): a new player."""
+        self.players[player] = self.model.rating()
+        self.games[player] = 0
+
     def __getitem__(self, player: int) -> Rating:
         rating = self.players[player]
         return Rating(float(rating.mu), float(rating.sigma), self.games[player])

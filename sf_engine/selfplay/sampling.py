@@ -33,33 +33,38 @@ def sampling_weights(win_rates: np.ndarray, how: str) -> np.ndarray:
 
 
 class WinRates:
-    """The learning policies' win rate against each of `players` players, over about their last WINDOW_GAMES games
-    against it: an average that its k-th game moves by 1/min(k, WINDOW_GAMES). It starts at 0.5 (a snapshot just
-    taken is as strong as them) as if from PRIOR_GAMES games, so that one lucky game cannot set it to 0 or 1."""
+    """The win rate of each of `rows` players (the learning policies, together or each) against each of `players`
+    players, over about their last WINDOW_GAMES games against it: an average that its k-th game moves by
+    1/min(k, WINDOW_GAMES). It starts at 0.5 (a snapshot just taken is as strong as them) as if from PRIOR_GAMES
+    games, so that one lucky game cannot set it to 0 or 1."""
 
-    def __init__(self, players: int):
-        self.rate = np.full(players, 0.5)
-        self.games = np.zeros(players, np.int64)
+    def __init__(self, rows: int, players: int):
+        self.rate = np.full((rows, players), 0.5)
+        self.games = np.zeros((rows, players), np.int64)
 
-    def add(self, player: int, results: np.ndarray) -> None:
-        """New games against `player`: `results` (WIN, DRAW, LOSS) counts, from the learning policies' side."""
+    def add(self, row: int, player: int, results: np.ndarray) -> None:
+        """New games of `row` against `player`: `results` (WIN, DRAW, LOSS) counts, from row's side."""
         n = int(results.sum())
         if n == 0:
             return
         score = (results[WIN] + 0.5 * results[DRAW]) / n
-        keep = _kept(int(self.games[player]) + PRIOR_GAMES, n)
-        self.rate[player] = keep * self.rate[player] + (1.0 - keep) * score
-        self.games[player] += n
+        keep = _kept(int(self.games[row, player]) + PRIOR_GAMES, n)
+        self.rate[row, player] = keep * self.rate[row, player] + (1.0 - keep) * score
+        self.games[row, player] += n
 
     def reset(self, player: int) -> None:
-        """A new snapshot in this slot: unknown, as strong as the learning policies."""
-        self.rate[player], self.games[player] = 0.5, 0
+        """A new player in this place (a snapshot just taken): unknown, as strong as the learning policies."""
+        self.rate[:, player], self.games[:, player] = 0.5, 0
+
+    def reset_row(self, row: int) -> None:
+        """The player of `row` started over (a league exploiter reset): its win rates are unknown again."""
+        self.rate[row], self.games[row] = 0.5, 0
 
     def state(self) -> dict:
         return {"rate": self.rate.tolist(), "games": self.games.tolist()}
 
     def load(self, state: dict) -> None:
-        if len(state.get("rate", ())) == len(self.rate):
+        if np.shape(state.get("rate", ())) == self.rate.shape:
             self.rate, self.games = np.array(state["rate"], np.float64), np.array(state["games"], np.int64)
 
 

@@ -123,19 +123,22 @@ class PbtRound:
 
 @dataclass
 class PlayerRating:
-    """One acting policy of a two-player run: a trained policy ('policy_0') or a pool snapshot ('pool_3', at its
-    `version` of policy 0); its rating (sf_engine.selfplay.ratings); for a snapshot, the learning policies' win rate
+    """One acting policy of a two-player run: a trained policy ('policy_0', or its --league role) or a pool snapshot
+    ('pool_3', `frozen`: its weights are the `version` of the trained policy `source` names, 'main_agent@v120');
+    its rating (sf_engine.selfplay.ratings); with a plain pool, for a snapshot, the learning policies' win rate
     against it (last 200 games) and its chance to be drawn as an opponent (--opponent_sampling)."""
 
     name: str
     policy: int
     version: int
-    mu: float
-    sigma: float
-    ordinal: float
+    frozen: bool
+    mu: float | None
+    sigma: float | None
+    ordinal: float | None
     games: int
     win_rate: float | None = None
     chance: float | None = None
+    source: str | None = None
 
 
 @dataclass

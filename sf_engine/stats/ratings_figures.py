@@ -14,12 +14,15 @@ def ratings_scalars(ratings: Ratings | None) -> dict:
     if ratings is None:
         return {}
     out = {"ratings/games": ratings.games}
-    pool = [p for p in ratings.players if p.win_rate is not None]
+    pool = [p for p in ratings.players if p.frozen]
     for player in ratings.players:
-        if player.mu is not None and player.win_rate is None:
+        if player.mu is not None and not player.frozen:
             out.update({f"ratings/{player.name}/{key}": getattr(player, key) for key in ("mu", "sigma", "ordinal")})
     for player in pool:
-        out.update({f"ratings/{player.name}/win_rate": player.win_rate, f"ratings/{player.name}/chance": player.chance})
+        if player.win_rate is not None:  # a plain pool's snapshot: the learning policies' win rate, its chance
+            out.update(
+                {f"ratings/{player.name}/win_rate": player.win_rate, f"ratings/{player.name}/chance": player.chance}
+            )
     rated = [p.mu for p in pool if p.mu is not None]
     if rated:
         out.update({"ratings/pool_best_mu": max(rated), "ratings/pool_worst_mu": min(rated)})
@@ -35,8 +38,8 @@ def ratings_status(ratings: Ratings | None) -> str:
     """' | rating policy_0 27.3±1.1 vs pool 22.0..26.9 (12,345 games)', or '' before any game was rated."""
     if ratings is None or not ratings.games:
         return ""
-    trained = [p for p in ratings.players if p.win_rate is None and p.mu is not None]
-    pool = [p.mu for p in ratings.players if p.win_rate is not None and p.mu is not None]
+    trained = [p for p in ratings.players if not p.frozen and p.mu is not None]
+    pool = [p.mu for p in ratings.players if p.frozen and p.mu is not None]
     line = " | rating " + " ".join(f"{p.name} {p.mu:.1f}±{p.sigma:.1f}" for p in trained)
     if pool:
         line += f" vs pool {min(pool):.1f}..{max(pool):.1f}"
