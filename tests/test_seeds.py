@@ -57,6 +57,15 @@ def test_an_interval_is_of_whole_runs_and_narrows_with_more_of_them():
     assert interval.shape == (2, 4) and np.array_equal(interval, interval[:, :1].repeat(4, 1))  # the same runs
 
 
+def test_a_resumed_runs_points_replace_those_its_previous_run_wrote_beyond_where_it_resumed():
+    from sf_engine.run.seeds import curve_of
+
+    # (wall time, env steps, value): a run to 300 steps, resumed from its checkpoint at 200, on to 400
+    points = [(1, 100, 1.0), (2, 200, 2.0), (3, 300, 3.0), (4, 200, 20.0), (5, 300, 30.0), (6, 400, 40.0)]
+    steps, values = curve_of(points[::-1])  # in any order: by when they were written
+    assert steps.tolist() == [100, 200, 300, 400] and values.tolist() == [1.0, 20.0, 30.0, 40.0]
+
+
 def _seeds(*argv, cwd):
     cmd = [sys.executable, "-m", "sf_engine.run.seeds", *argv]
     env = {**os.environ, "PYTHONPATH": REPO}

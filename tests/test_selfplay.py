@@ -89,9 +89,10 @@ def test_win_rates_start_even_follow_the_recent_games_and_reset_for_a_new_snapsh
     rates.add(1, 1, np.array([0, 4, 0]))
     rates.reset(1)
     assert rates.rate[:, 1].tolist() == [0.5, 0.5] and rates.games[:, 1].tolist() == [0, 0]
+    rates.add(0, 0, np.array([3, 0, 0]))
     rates.add(1, 0, np.array([3, 0, 0]))
     rates.reset_row(1)
-    assert rates.rate[1].tolist() == [0.5, 0.5] and rates.rate[0, 0] == 0.5  # a player without games stays at 0.5
+    assert rates.rate[1].tolist() == [0.5, 0.5] and rates.rate[0, 0] > 0.5  # the other row keeps its own
 
 
 def _lookahead(observation, rng=np.random.default_rng(5)):
@@ -267,6 +268,10 @@ def test_an_exploiter_is_frozen_by_its_win_rate_or_its_versions_the_main_agent_b
         (["--league"], ["--league", "--num_policies 3"]),
         (["--league", "--num_policies", "3", "--pool_every_versions", "5"], ["--league", "drop --pool_every_versions"]),
         (["--opponent_sampling", "pfsp"], ["--opponent_sampling", "--pool_every_versions"]),
+        (
+            ["--league", "--num_policies", "3", "--num_remote_samplers", "2", "--ray_address", "local"],
+            ["--league", "sampler nodes", "--num_remote_samplers"],
+        ),
     ],
 )
 def test_league_and_opponent_sampling_flags_that_do_not_fit_are_one_line(tmp_path, capsys, flags, words):
@@ -315,8 +320,11 @@ def test_a_league_in_serial_mode_freezes_its_players_plays_each_roles_opponents_
         measures.last = 0.0
         measures.measure_when_due(population.versions())
         assert len(measures.payoff.players) > 3 and measures.payoff.results.sum() > 0
-        assert {p for p in measures.payoff.players if "@v" not in p} <= set(ROLES)
-        state = population.state()
+        trained = {p for p in measures.payoff.players if "@v" not in p}
+        restarted = {f"{role}#{g}" for role in ROLES[1:] for g in range(2, 9)}
+        assert set(ROLES) < trained <= set(ROLES) | restarted and "main_exploiter#2" in trained, trained
+        torch.save(population.state(), tmp_path / "league.pt")  # as a checkpoint keeps it, and reads it back
+        state = torch.load(tmp_path / "league.pt", weights_only=True)
     finally:
         harness.close()
     (tmp_path / "again").mkdir()
@@ -327,6 +335,7 @@ def test_a_league_in_serial_mode_freezes_its_players_plays_each_roles_opponents_
         assert population.measures.sources.tolist() == measures.sources.tolist()
         assert population.frozen_at == state["league"]["frozen_at"]
         assert population.measures.payoff.players == measures.payoff.players
+        assert population.measures.names == measures.names
         kept = population.first_states[MAIN_EXPLOITER]["model"]
         assert all(torch.equal(kept[key], value) for key, value in first.items())
     finally:

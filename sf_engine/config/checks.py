@@ -20,6 +20,13 @@ def _check_sampler_nodes(cfg: Config) -> None:
         cfg.remote.check(cfg.run.mode, cfg.policies.pbt)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    policies = cfg.policies
+    if cfg.remote.num_remote_samplers and (policies.league or policies.opponent_sampling != "uniform"):
+        flag = "--league" if policies.league else "--opponent_sampling"
+        raise ConfigError(
+            f"{flag}: the games of sampler nodes are not counted here, so who plays whom cannot follow them; drop "
+            f"{flag} or --num_remote_samplers"
+        )
     workers = cfg.sampler.num_workers
     if workers != "auto" and workers < (0 if cfg.remote.num_remote_samplers else 1):
         raise ConfigError(

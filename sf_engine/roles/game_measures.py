@@ -44,6 +44,12 @@ class SelfPlayMeasures:
             self.ratings = None
         self.win_rates = WinRates(trained if self.league else 1, players)  # a plain pool: the trained ones together
         self.sources = np.array(list(range(trained)) + [EMPTY] * (players - trained))  # the role each copies
+        # each player's name in the payoff table: a trained policy's role (policy_<p> without a league; a league
+        # exploiter that started over: main_exploiter#2, ...), a snapshot '<its source's name>@v<version>'
+        self.names = (list(ROLES) if self.league else [f"policy_{p}" for p in range(trained)]) + [None] * (
+            players - trained
+        )
+        self.generations = [1] * trained
         self.since = np.zeros((trained, 3))  # each trained player's games since it was last frozen (league)
         self.payoff = Payoff()
         self.counted = self.results.sum(0)  # the games already taken in
@@ -52,17 +58,27 @@ class SelfPlayMeasures:
         self._weigh()
 
     def measure_when_due(self, versions: list) -> RatingsMessage | None:
-        """Takes in the games counted since the last call (at most every MEASURE_EVERY_SEC): rates them, moves the
-        win rates and who plays whom; returns the figures to report (None when it was not due). `versions`: each
-        player's version (a slot with none yet: 0)."""
+        """At most every MEASURE_EVERY_SEC: the games since the last look taken in, who plays whom weighed again;
+        returns the figures to report (None when it was not due). `versions`: each player's version (a slot with
+        none yet: 0)."""
         if time.monotonic() - self.last < MEASURE_EVERY_SEC:
             return None
         self.last = time.monotonic()
+        self.take_in()
+        self._weigh()
+        if self.experiment_dir is not None and time.monotonic() - self.last_payoff >= PAYOFF_EVERY_SEC:
+            self.write_payoff()
+        return self.figures(versions)
+
+    def take_in(self) -> None:
+        """The games the workers counted since the last call: rated, in the payoff table, in the win rates (and the
+        league's counts since each freeze). Called before a player changes (a snapshot replaces a slot's, an
+        exploiter starts over), so that its games stay its own; games still being played then go to the new one."""
         now = self.results.sum(0)
         new, self.counted = now - self.counted, now
         if self.ratings is not None:
             self.games += self.ratings.rate_counts(new, self.rng)
-        self.payoff.add(new, self.names(versions))
+        self.payoff.add(new, self.names)
         if self.league:
             for player in range(self.trained):
                 others = np.arange(new.shape[1]) != player
@@ -72,19 +88,6 @@ class SelfPlayMeasures:
         else:
             for slot in range(self.trained, new.shape[1]):
                 self.win_rates.add(0, slot, new[: self.trained, slot].sum(0))
-        self._weigh()
-        if self.experiment_dir is not None and time.monotonic() - self.last_payoff >= PAYOFF_EVERY_SEC:
-            self.write_payoff()
-        return self.figures(versions)
-
-    def names(self, versions: list) -> list:
-        """Each player's name in the payoff table: a trained policy's role (policy_<p> without a league), a
-        snapshot '<its source>@v<version>'; None for a slot with no snapshot."""
-        own = list(ROLES) if self.league else [f"policy_{p}" for p in range(self.trained)]
-        return own + [
-            None if source == EMPTY else f"{own[source]}@v{version}"
-            for source, version in zip(self.sources[self.trained :], versions[self.trained :])
-        ]
 
     def write_payoff(self) -> None:
         self.last_payoff = time.monotonic()
@@ -93,12 +96,14 @@ class SelfPlayMeasures:
         except OSError as exc:  # a full disk costs the table, never the run
             logging.warning("payoff.json not written: %s", exc.strerror or exc)
 
-    def snapshot_taken(self, slot: int, source: int = 0) -> None:
-        """Trained policy `source`'s weights went into pool slot `slot`: a new player, so far as strong as it."""
+    def snapshot_taken(self, slot: int, source: int, version: int) -> None:
+        """Trained policy `source`'s weights of `version` went into pool slot `slot` (its games so far taken in):
+        a new player, so far as strong as it."""
         if self.ratings is not None:
             self.ratings.copy(source, slot)
         self.win_rates.reset(slot)
         self.sources[slot] = source
+        self.names[slot] = f"{self.names[source]}@v{version}"
         self.since[source] = 0
         self._weigh()
 
@@ -106,7 +111,10 @@ class SelfPlayMeasures:
         return freeze_due(player, self.since[player], versions_since, win_rate, max_versions)
 
     def started_over(self, player: int) -> None:
-        """A league exploiter took its first weights again: a new player, of unknown strength."""
+        """A league exploiter took its first weights again (its games so far taken in): a new player, of unknown
+        strength, under a name of its own in the payoff table."""
+        self.generations[player] += 1
+        self.names[player] = f"{ROLES[player]}#{self.generations[player]}"
         if self.ratings is not None:
             self.ratings.restart(player)
         self.win_rates.reset_row(player)
@@ -125,7 +133,7 @@ class SelfPlayMeasures:
         self.weights[self.trained :] = chances[self.trained :]
 
     def figures(self, versions: list) -> RatingsMessage:
-        players, names = [], self.names(versions)
+        players, names = [], self.names
         for player, version in enumerate(versions):
             snapshot = player >= self.trained
             if snapshot and self.sources[player] == EMPTY:
@@ -134,7 +142,7 @@ class SelfPlayMeasures:
             against = self.win_rates.rate[0, player] if snapshot and not self.league else None
             players.append(
                 PlayerRating(
-                    f"pool_{player - self.trained}" if snapshot else names[player],
+                    f"pool_{player - self.trained}" if snapshot else ROLES[player] if self.league else names[player],
                     player,
                     version,
                     snapshot,
@@ -154,6 +162,8 @@ class SelfPlayMeasures:
             "games": self.games,
             "sources": self.sources.tolist(),
             "since": self.since.tolist(),
+            "names": ["" if name is None else name for name in self.names],
+            "generations": list(self.generations),
             "payoff": self.payoff.state(),
         }
 
@@ -165,6 +175,8 @@ class SelfPlayMeasures:
         if len(state.get("sources", ())) == len(self.sources):
             self.sources = np.array(state["sources"], np.int64)
             self.since = np.array(state["since"], np.float64).reshape(self.since.shape)
+            self.names = [name or None for name in state["names"]]
+            self.generations = [int(g) for g in state["generations"]]
         self.payoff.load(state.get("payoff", {}))
         self._weigh()
 
@@ -172,5 +184,5 @@ class SelfPlayMeasures:
         """A pool loaded from a checkpoint that has no measures of it: its snapshots are policy 0's."""
         for slot in range(self.trained, len(versions)):
             if versions[slot] > 0 and self.sources[slot] == EMPTY:
-                self.sources[slot] = 0
+                self.sources[slot], self.names[slot] = 0, f"{self.names[0]}@v{versions[slot]}"
         self._weigh()

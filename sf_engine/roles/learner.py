@@ -379,6 +379,7 @@ class Learner:
             return None
         self.ctx.send(CheckpointWritten(path))
         self.source.save(self.checkpoint_dir)
+        self.population.saved()
         return path
 
 

@@ -110,12 +110,14 @@ class Population:
     def _snapshot(self, source: int) -> None:
         """Trained policy `source`'s weights into the oldest pool slot, a frozen player from now on."""
         slot, member = self.taken % len(self.snapshots), self.members[source]
+        if self.measures is not None:
+            self.measures.take_in()  # the games of the snapshot this one replaces are its own
         self.snapshot_params[slot].copy_(member.params)
         self.snapshot_versions[slot] = member.version
         self.snapshots[slot].publish(self.snapshot_params[slot], member.version)
         self.taken += 1
         if self.measures is not None:
-            self.measures.snapshot_taken(len(self.members) + slot, source)
+            self.measures.snapshot_taken(len(self.members) + slot, source, member.version)
 
     def _freeze_when_due(self) -> None:
         """--league: each trained player that wins enough (or has trained long enough) since it was last frozen is
@@ -132,11 +134,18 @@ class Population:
             self.frozen_at[role] = member.version
             logging.info("league: %s frozen into the pool at version %d", ROLES[role], member.version)
             if starts_over(role, self.rng):
+                self.measures.take_in()  # its games so far are those of the player it was
                 member.algorithm.load(self.first_states[role], "its first weights (league)")
                 member.publish()
                 member.min_version = member.version  # what it acted before is not trained on
                 self.measures.started_over(role)
                 logging.info("league: %s starts over from its first weights", ROLES[role])
+
+    def saved(self) -> None:
+        """The learner wrote a checkpoint (the last one at the stop): the payoff table, up to now, beside it."""
+        if self.measures is not None and self.measures.experiment_dir is not None:
+            self.measures.take_in()
+            self.measures.write_payoff()
 
     def versions(self) -> list:
         """The version of each acting policy: the trained ones', then each pool slot's snapshot's (0: none yet)."""

@@ -73,6 +73,7 @@ def run_seeds(args, train_dir: str) -> list:
         if process.wait() != 0:
             for _, other in running:
                 other.terminate()
+                other.wait()
             raise SystemExit(f"error: the run {name} exited with {process.returncode} (its train.log says why)")
     return [os.path.join(train_dir, name) for name in names]
 
@@ -85,8 +86,18 @@ def read_curve(experiment_dir: str, tag: str) -> tuple:
     events.Reload()
     if tag not in events.Tags()["scalars"]:
         raise SystemExit(f"error: {experiment_dir} has no scalar {tag!r}: give --tag one of its scalars")
-    points = events.Scalars(tag)
-    return np.array([p.step for p in points], np.float64), np.array([p.value for p in points], np.float64)
+    return curve_of([(p.wall_time, p.step, p.value) for p in events.Scalars(tag)])
+
+
+def curve_of(points: list) -> tuple:
+    """(env steps, values) of (wall time, step, value) points as they were written: a run resumed from an older
+    checkpoint steps back, and its points from there on replace those its previous run wrote beyond it."""
+    kept: list = []
+    for _, step, value in sorted(points):
+        while kept and kept[-1][0] >= step:
+            kept.pop()
+        kept.append((step, value))
+    return np.array([k[0] for k in kept], np.float64), np.array([k[1] for k in kept], np.float64)
 
 
 def figures_of(curves: list, points: int, reps: int, seed: int = 0) -> dict:
