@@ -1,7 +1,7 @@
 """Do the ratings rank players of known strength? A random player, a trained Connect Four policy and the scripted
 player, round robin (--games per pair, seats swapped), every game rated in one openskill rating as training rates.
 
-  python perf/ratings_order.py --experiment DIR/pfsp     # a Connect Four experiment (perf/opponent_sampling.py keeps two)
+  python perf/ratings_order.py --experiment DIR/pfsp   # a Connect Four experiment (perf/opponent_sampling.py keeps 2)
 Prints one JSON line: each player's rating and each pair's wins, draws and losses.
 """
 
@@ -54,7 +54,9 @@ def main() -> None:
         json.dumps(
             {
                 "experiment": args.experiment,
-                "ratings": {name: [round(ratings[i].mu, 2), round(ratings[i].sigma, 2)] for i, name in enumerate(names)},
+                "ratings": {
+                    name: [round(ratings[i].mu, 2), round(ratings[i].sigma, 2)] for i, name in enumerate(names)
+                },
                 "wins_draws_losses": pairs,
             }
         )
