@@ -5,6 +5,7 @@ optimizer's gradient all-reduced and averaged before each step.
 
   python perf/allreduce_cost.py                        # CartPole-v1, PPO's defaults, 1 then 2 ranks
   python perf/allreduce_cost.py --steps 20 -- --algo pqn   # flags after -- go to the run plan
+  python perf/allreduce_cost.py -- --device cuda           # every rank on the one GPU (gloo, through the host)
 An algorithm on a replay buffer is refused: its learner step is the replay ratio's, not a batch of slots.
 
 The ranks' weights are compared (a checksum) after every step: a difference stops the benchmark. On a machine of
@@ -32,15 +33,14 @@ from learner_step import build, fill, train_step  # noqa: E402
 
 def _rank(rank: int, world: int, init: str, flags: list, steps: int, results) -> None:
     """One rank's timed learner steps (all ranks start together after warm-up), with the checksums compared."""
-    import torch
-
     from sf_engine.runtime.ranks import RankGroup, checksum
 
     shm_dir = tempfile.mkdtemp(prefix=f"sf_engine_allreduce_{rank}_", dir="/dev/shm")
     try:
         plan, buffers, queues, learner = build(flags, shm_dir)
         try:
-            group = RankGroup(rank, world, init, torch.device("cpu"), timeout_sec=120) if world > 1 else None
+            device = learner.device  # on one GPU every rank's: gloo, as ranks sharing a GPU meet in a run
+            group = RankGroup(rank, world, init, device, timeout_sec=120, backend="gloo") if world > 1 else None
             algorithm = learner.policies[0].algorithm
             optimizers = [getattr(algorithm, name) for name in algorithm.holds.optimizers.values()]
             reduced = {"calls": 0, "bytes": 0}
@@ -59,7 +59,8 @@ def _rank(rank: int, world: int, init: str, flags: list, steps: int, results) ->
 
             def step():
                 train_step(learner, queues, slots)
-                if group is not None and not group.same_everywhere(checksum(params)):
+                weights = checksum(params)  # with one rank too: the same work (and on a GPU, its wait) in both
+                if group is not None and not group.same_everywhere(weights):
                     raise RuntimeError(f"rank {rank}: the ranks' weights differ after a step")
 
             for _ in range(3):
@@ -129,6 +130,7 @@ def main() -> None:
                 "bench": "allreduce_cost",
                 "env": cfg.env.env,
                 "algo": cfg.learner.algo,
+                "device": cfg.run.device,
                 "batch_per_rank": cfg.train_batch,
                 "steps": args.steps,
                 "one_rank_step_ms": one["step_ms"],

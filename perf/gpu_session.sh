@@ -16,6 +16,8 @@
 #                                           # advice taken, doom_basic sampling and training (carry .gpu_doom)
 #   BUDGET_SEC=585 perf/gpu_session.sh offpolicy_updates  # SAC's and TD3's updates/s, GPU against CPU, --compile
 #                                           # (carry .gpu_brax, for MuJoCo)
+#   BUDGET_SEC=585 perf/gpu_session.sh ranks  # two learner ranks on the one GPU (gloo): the same weights and return
+#                                           # as one learner; the one-GPU costs of the scaling model
 #   perf/gpu_session.sh cartpole pong_ceiling     # CPU envs on 16 cores (measured on an H100, 2026-11-27)
 # Environment: RUN_SEC (seconds per throughput run, 20), PONG_SEC (Pong from scratch, at most; 270),
 # PONG_TARGET (the score that ends it, 15), PENDULUM_SEC (`device_pendulum`'s runs, 120), BRAX_SEC and BRAX_STEPS
@@ -110,8 +112,9 @@ build() {  # the compiled CPU kernels built there (Python 3.12), and taken; in t
 tests() {  # the CUDA tests: graphs, pinned gathers, weights through CUDA IPC, the recurrent cores on CUDA, and
   # device mode's observations in the GPU's memory (PPO and DQN learning from them, in runs of their own processes)
   local kept=tests/test_device_mode.py::test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory
+  local shared=tests/test_ranks.py::test_two_ranks_step_with_the_mean_gradient_and_hold_the_same_weights_bit_for_bit
   timeout -k 20 240 $PY -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py "$kept[async-cuda-ppo]" \
-    "$kept[async-cuda-dqn]" > "$OUT/tests.txt" 2>&1
+    "$kept[async-cuda-dqn]" "$shared[cuda:0]" > "$OUT/tests.txt" 2>&1
   tail -3 "$OUT/tests.txt"
 }
 
@@ -251,11 +254,25 @@ offpolicy_updates() {  # SAC's and TD3's learner alone at batch 256 on HalfCheet
   done
 }
 
+ranks() {  # two learner ranks sharing the one GPU over gloo (--learner_devices cuda:0,cuda:0): CartPole PPO in sync
+  # mode, two seeds of one learner then two ranks, their weights compared every round; then the one-GPU costs that
+  # the scaling model (docs/performance.md, "Learner ranks on GPUs, on paper") takes: the learner step at CartPole's
+  # GPU sizes with one rank and with two on the GPU (their gradients through the host), and CartPole's envs alone
+  # on every core
+  timeout -k 20 240 $PY perf/learner_ranks.py --seeds 2 --env_steps 1000000 --shared_device "${DEVICE/#cuda/cuda:0}" \
+    -- --device "$DEVICE" 2>> "$OUT/runs.log" | tee -a "$OUT/figures.jsonl"
+  timeout -k 20 200 $PY perf/allreduce_cost.py --steps 20 -- --device "$DEVICE" --num_workers 14 \
+    --num_envs_per_worker 1024 --batch_size 65536 --num_batches_per_epoch 1 2>> "$OUT/runs.log" \
+    | tee -a "$OUT/figures.jsonl"
+  timeout -k 20 90 $PY perf/ceiling.py --env CartPole-v1 --env_only --num_envs 1024 --processes "$(nproc)" \
+    --seconds 10 | tee -a "$OUT/figures.jsonl"
+}
+
 # each section's longest expected seconds, so that a call given BUDGET_SEC skips (and names) what no longer fits
 declare -A NEEDS=([machine]=10 [build]=0 [tests]=180 [tests_beside]=0 [smoke]=240 [cartpole]=$((4 * RUN_SEC + 160))
   [pong_ceiling]=40 [pong]=120 [bf16]=$((2 * RUN_SEC + 160)) [compile_pong]=$((RUN_SEC + 80)) [breakout]=130
   [learner]=150 [advice]=$((4 * RUN_SEC + 120)) [doom]=$((RUN_SEC + 150)) [device_envs]=$((4 * RUN_SEC + 120))
-  [device_pendulum]=$((4 * PENDULUM_SEC + 80)) [offpolicy_updates]=400
+  [device_pendulum]=$((4 * PENDULUM_SEC + 80)) [offpolicy_updates]=400 [ranks]=360
   [brax]=$((2 * BRAX_SEC + 240)))
 sections=("$@")
 [ ${#sections[@]} -gt 0 ] || sections=(machine build tests smoke device_envs)

@@ -11,6 +11,7 @@ at which the target was first reached, the throughput. One JSON line last. Three
   python perf/learner_ranks.py                          # ppo: seeds 0, 1, 2; 1 and 2 ranks; 600,000 env steps each
   python perf/learner_ranks.py --algo sac --env_steps 30000 --seeds 3
   python perf/learner_ranks.py --ranks 4 --env_steps 1000000 -- --mode async   # flags after -- go to every run
+  python perf/learner_ranks.py --seeds 2 --shared_device cuda:0 -- --device cuda   # two ranks on the one GPU (gloo)
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ def at(points: list, env_steps: int):
     return before[-1] if before else None
 
 
-def run(algo: str, ranks: int, seed: int, env_steps: int, flags: list) -> dict:
+def run(algo: str, ranks: int, seed: int, env_steps: int, flags: list, shared_device: str = "") -> dict:
     env, target, own, evaluated = SETUPS[algo]
+    if shared_device and ranks > 1:
+        flags = flags + ["--learner_devices", ",".join([shared_device] * ranks)]
     points: list = []
     summary = run_train(
         ["--env", env, "--mode", "sync", "--seed", str(seed), "--num_learners", str(ranks)]
@@ -84,9 +87,18 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2, help="the ranks compared with one learner")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--env_steps", type=int, default=600_000, help="each run's budget")
+    parser.add_argument(
+        "--shared_device",
+        default="",
+        help="every rank of the runs with --ranks on this one device (cuda:0: the ranks share the GPU, over gloo)",
+    )
     args, flags = parser.parse_known_args()
     flags = [f for f in flags if f != "--"]
-    runs = [run(args.algo, n, seed, args.env_steps, flags) for seed in range(args.seeds) for n in (1, args.ranks)]
+    runs = [
+        run(args.algo, n, seed, args.env_steps, flags, args.shared_device)
+        for seed in range(args.seeds)
+        for n in (1, args.ranks)
+    ]
     for r in runs:
         print(json.dumps(r), file=sys.stderr, flush=True)
     by = {n: [r for r in runs if r["ranks"] == n] for n in (1, args.ranks)}
@@ -97,6 +109,7 @@ def main() -> None:
         "env": env,
         "target": target,
         "flags": " ".join(flags),
+        "shared_device": args.shared_device,
         "checkpoints": checkpoints(args.env_steps),
     }
     for n, rows in by.items():

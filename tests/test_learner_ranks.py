@@ -98,9 +98,10 @@ def test_num_learners_auto_is_a_rank_per_gpu_where_the_run_can_have_several(monk
     assert per_gpu.resolve_learners(make_config(parse_flags(["--num_learners", "3"])))[0].parallel.num_learners == 3
 
 
-def test_learner_devices_place_each_rank_on_a_gpu_of_its_own(monkeypatch):
-    """--learner_devices: rank r on the r-th device named; by default GPU r with --device cuda, else the CPU; a GPU
-    that is not visible, or one named twice, is one line."""
+def test_learner_devices_place_each_rank_on_the_gpu_named(monkeypatch):
+    """--learner_devices: rank r on the r-th device named; by default GPU r with --device cuda, else the CPU. Ranks
+    on GPUs of their own meet over NCCL, ranks that share one over gloo (more ranks than GPUs then); a GPU that is not
+    visible is one line, and so is a GPU shared with node groups (whose ranks meet over NCCL)."""
     import dataclasses
 
     from sf_engine.config.cli import make_config, parse_flags
@@ -117,8 +118,17 @@ def test_learner_devices_place_each_rank_on_a_gpu_of_its_own(monkeypatch):
     monkeypatch.setattr(per_gpu, "cuda_device_count", lambda: 4)
     on_cuda = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cuda"))
     per_gpu.check_gpus(on_cuda)
-    for devices, words in (("cuda:3,cuda:3", "a GPU of its own"), ("cuda:4,cuda:1", "one of the 4 visible GPUs")):
-        bad = dataclasses.replace(on_cuda, parallel=dataclasses.replace(on_cuda.parallel, learner_devices=devices))
+    assert on_cuda.parallel.collective_backend("cuda") == "nccl" and plain.collective_backend("cpu") == "gloo"
+    shared = dataclasses.replace(on_cuda.parallel, learner_devices="cuda:0,cuda:0")
+    assert shared.shares_gpus("cuda") and shared.collective_backend("cuda") == "gloo"
+    monkeypatch.setattr(per_gpu, "cuda_device_count", lambda: 1)
+    per_gpu.check_gpus(dataclasses.replace(on_cuda, parallel=shared))  # two ranks on the one GPU
+    monkeypatch.setattr(per_gpu, "cuda_device_count", lambda: 4)
+    for changes, words in (
+        ({"learner_devices": "cuda:4,cuda:1"}, "one of the 4 visible GPUs"),
+        ({"learner_devices": "cuda:3,cuda:3", "dist_world": 2, "dist_init": "tcp://h:1"}, "a GPU of its own"),
+    ):
+        bad = dataclasses.replace(on_cuda, parallel=dataclasses.replace(on_cuda.parallel, **changes))
         with pytest.raises(ConfigError, match=words):
             per_gpu.check_gpus(bad)
 

@@ -4,6 +4,7 @@ after step (and close to one learner's on the whole batch), their agreement on e
 figures are the same on every rank, and a collective a rank never joins ends in one line within the timeout instead
 of a hang."""
 
+import functools
 import multiprocessing
 import time
 import traceback
@@ -19,9 +20,9 @@ STEPS = 5
 BATCH = 64
 
 
-def _network():
+def _network(device: str = "cpu"):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2))
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2)).to(device)
     return model, flatten_state(model)
 
 
@@ -41,26 +42,27 @@ def _gradient_and_step(model, optimizer, x, y) -> torch.Tensor:
     return gradient
 
 
-def _joined(rank: int, init: str) -> tuple:
-    """(group, model, flat weights, optimizer averaging over the group) of rank `rank` of two."""
-    group = RankGroup(rank, 2, init, torch.device("cpu"), timeout_sec=60)
-    model, flat = _network()
+def _joined(rank: int, init: str, device: str = "cpu") -> tuple:
+    """(group, model, flat weights, optimizer averaging over the group) of rank `rank` of two, on `device` (both
+    ranks on the one GPU meet over gloo)."""
+    group = RankGroup(rank, 2, init, torch.device(device), timeout_sec=60, backend="gloo")
+    model, flat = _network(device)
     optimizer = FlatAdam(model, flat, lr=1e-2, eps=1e-8)
     optimizer.average = group.average_
     return group, model, flat, optimizer
 
 
-def _train_rank(rank: int, init: str, results) -> None:
+def _train_rank(device: str, rank: int, init: str, results) -> None:
     try:
-        group, model, flat, optimizer = _joined(rank, init)
+        group, model, flat, optimizer = _joined(rank, init, device)
         sums, gradients = [], []
         for step in range(STEPS):
-            x, y = _batch(step)
+            x, y = (tensor.to(device) for tensor in _batch(step))
             half = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
-            gradients.append(_gradient_and_step(model, optimizer, x[half], y[half]))
+            gradients.append(_gradient_and_step(model, optimizer, x[half], y[half]).cpu())
             sums.append(checksum(flat))
             assert group.same_everywhere(sums[-1])
-        results.put((rank, sums, gradients, flat.clone()))
+        results.put((rank, sums, gradients, flat.cpu().clone()))
         group.close()
     except BaseException:
         results.put((rank, traceback.format_exc(), None, None))
@@ -89,8 +91,13 @@ def _run_ranks(target, tmp_path, reporting: int = 2) -> dict:
     return out
 
 
-def test_two_ranks_step_with_the_mean_gradient_and_hold_the_same_weights_bit_for_bit(tmp_path):
-    out = _run_ranks(_train_rank, tmp_path)
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda:0", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
+def test_two_ranks_step_with_the_mean_gradient_and_hold_the_same_weights_bit_for_bit(tmp_path, device):
+    """On the CPU, and both ranks on the one GPU (gloo, through the host's memory)."""
+    out = _run_ranks(functools.partial(_train_rank, device), tmp_path)
     for rank in (0, 1):
         assert not isinstance(out[rank][0], str), out[rank][0]
     assert out[0][0] == out[1][0]  # the checksums of the two ranks' weights, step after step

@@ -46,8 +46,9 @@ class ParallelConfig:
     learner_devices: str = _f(
         "",
         "With --num_learners N: each rank's device, comma-separated, rank r the r-th (cuda:0,cuda:2,... with --device "
-        "cuda, on GPUs of this machine, one each; cpu with --device cpu). Empty: rank r on GPU r with --device cuda, "
-        "on the CPU otherwise.",
+        "cuda, on GPUs of this machine; cpu with --device cpu). Ranks that share a GPU (cuda:0,cuda:0) join over gloo, "
+        "their collectives through the host's memory (NCCL puts one rank on a GPU): for trying ranks on one GPU, "
+        "not for speed. Empty: rank r on GPU r with --device cuda, on the CPU otherwise.",
     )
     collective_timeout_sec: float = _f(
         30.0,
@@ -77,6 +78,16 @@ class ParallelConfig:
         if self.learner_devices:
             return self.learner_devices.split(",")[rank].strip()
         return device_of(device, rank)
+
+    def shares_gpus(self, device: str) -> bool:
+        """Whether two learner ranks of a run on `device` (resolved) share a GPU (--learner_devices names one twice)."""
+        devices = [self.learner_device(device, rank) for rank in range(self.num_learners)]
+        return device == "cuda" and len(set(devices)) < len(devices)
+
+    def collective_backend(self, device: str) -> str:
+        """The backend of the learner ranks' collectives in a run on `device` (resolved: 'cpu' or 'cuda'): NCCL where
+        each rank has a GPU of its own, gloo on the CPU and where ranks share a GPU."""
+        return "nccl" if device == "cuda" and not self.shares_gpus(device) else "gloo"
 
     @property
     def learner_world(self) -> int:

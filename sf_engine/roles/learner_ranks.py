@@ -68,7 +68,8 @@ class LearnerRanks:
         NodeGroupsStopped where the node groups stopped while it joined."""
         if groups is None:
             meet = f"file://{self.learner.buffers.path}{RENDEZVOUS_SUFFIX}"
-            return RankGroup(self.rank, self.world, meet, device, timeout_sec)
+            backend = self.learner.cfg.parallel.collective_backend(self.learner.cfg.run.device)
+            return RankGroup(self.rank, self.world, meet, device, timeout_sec, backend=backend)
         rank, world = groups.node * self.world + self.rank, groups.nodes * self.world
         self.rendezvous = Rendezvous(groups, rank, world, timeout_sec, self.ctx.beat, _shape(self.learner.cfg, world))
         generation, store = self.rendezvous.join(lambda: self.ctx.stop_signalled)

@@ -52,13 +52,15 @@ def resolve_policy_workers(cfg: Config) -> tuple[Config, list]:
 
 def check_gpus(cfg: Config) -> None:
     """With --device cuda, one GPU per learner rank and per policy worker: more than are visible is one line; so is
-    a --learner_devices that does not name one device per rank, each of the run's kind (a visible GPU, one each)."""
+    a --learner_devices that does not name one device per rank, each of the run's kind (a visible GPU; one each with
+    node groups, whose ranks meet over NCCL)."""
     _check_learner_devices(cfg)
     for flag, processes, each in (
         ("--num_learners", cfg.parallel.num_learners, "learner rank"),
         ("--num_policy_workers", cfg.parallel.num_policy_workers, "policy worker"),
     ):
-        if processes > 1 and cfg.run.device == "cuda" and processes > cuda_device_count():
+        named = flag == "--num_learners" and cfg.parallel.learner_devices  # checked above, GPU by GPU
+        if processes > 1 and cfg.run.device == "cuda" and processes > cuda_device_count() and not named:
             raise ConfigError(
                 f"{flag} {processes} with --device cuda: one GPU per {each}, and {cuda_device_count()} are visible: "
                 f"lower {flag}"
@@ -83,5 +85,8 @@ def _check_learner_devices(cfg: Config) -> None:
         device.startswith("cuda:") and gpu.isdigit() and int(gpu) < visible for device, gpu in zip(devices, gpus)
     ):
         raise ConfigError(f"{flag}: with --device cuda each rank needs one of the {visible} visible GPUs, as cuda:N")
-    if len(set(gpus)) != len(gpus):
-        raise ConfigError(f"{flag}: each rank needs a GPU of its own (NCCL puts one rank on a GPU)")
+    if len(set(gpus)) != len(gpus) and cfg.parallel.dist_world > 1:
+        raise ConfigError(
+            f"{flag} with --dist_world {cfg.parallel.dist_world}: the node groups' ranks meet over NCCL, one rank on "
+            f"a GPU; give each rank a GPU of its own"
+        )

@@ -4,7 +4,8 @@ N learner processes (ranks) train one policy, each on its own share of the data.
 gradient, one flat vector per optimizer (sf_engine.model.flat_state.FlatAdam), is summed over the ranks and divided
 by N (`average_`), so every rank takes the same step from the same weights and holds the same weights after it, bit
 for bit: `checksum` sums the weights' bits, and `same_everywhere` compares the ranks' sums. NCCL between GPUs, gloo on
-the CPU (several ranks may share the host). Every collective runs under the group's timeout: where a rank died or
+the CPU (several ranks may share the host) and between ranks that share a GPU (their tensors go through the host's
+memory: NCCL puts one rank on a GPU). Every collective runs under the group's timeout: where a rank died or
 hangs, the others get a CollectiveError of one line naming the operation and the rank, never a hang.
 
 Runs in each learner process; the ranks meet through a rendezvous file (`file://`, on one machine) or, with node
@@ -55,19 +56,23 @@ class RankGroup:
         timeout_sec: float,
         nodes: int = 1,
         on_fault: Callable[[], None] = lambda: None,
+        backend: str = "",
     ):
         """Join the group of `world` ranks as `rank` (blocks until all have joined, at most `timeout_sec`) where they
-        meet (`meet`: a rendezvous address, or a store of their own); the collectives run on `device`'s backend
-        (NCCL for CUDA, gloo otherwise). `nodes`: the node groups the ranks are spread over, world / nodes each, in
-        rank order; `on_fault`: called when a collective fails, before CollectiveError is raised."""
+        meet (`meet`: a rendezvous address, or a store of their own); the collectives run on `backend` (empty:
+        `device`'s, NCCL for CUDA, gloo otherwise; gloo for ranks that share a GPU). `nodes`: the node groups the
+        ranks are spread over, world / nodes each, in rank order; `on_fault`: called when a collective fails, before
+        CollectiveError is raised."""
         if not 0 <= rank < world or world % nodes:
             raise ValueError(f"rank {rank} is not one of the {world} ranks in {nodes} equal node groups")
         self.rank, self.world, self.device, self.timeout_sec = rank, world, device, timeout_sec
         self.nodes, self.node, self.on_fault = nodes, rank // (world // nodes), on_fault
         where = {"init_method": meet} if isinstance(meet, str) else {"store": meet}
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.backend = backend
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        if backend == "nccl":
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")  # a timeout raises in the collective, not later
         self._run(
             "joining the group",
@@ -95,7 +100,10 @@ class RankGroup:
 
     def average_(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` (a gradient) replaced by its mean over the ranks, in place; returned."""
-        self._run("a gradient all-reduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+        summed = tensor.to(self._collective_device())  # gloo on a GPU: a copy in the host's memory
+        self._run("a gradient all-reduce", lambda: dist.all_reduce(summed, op=dist.ReduceOp.SUM))
+        if summed is not tensor:
+            tensor.copy_(summed)
         return tensor.div_(self.world)
 
     def same_everywhere(self, value: int) -> bool:
@@ -137,7 +145,7 @@ class RankGroup:
         return payload.cpu().numpy().tobytes()
 
     def _collective_device(self) -> torch.device:
-        return self.device if self.device.type == "cuda" else torch.device("cpu")
+        return self.device if self.backend == "nccl" else torch.device("cpu")
 
     def close(self) -> None:
         """Leave the group (its rendezvous file is the caller's)."""
