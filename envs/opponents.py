@@ -1,5 +1,5 @@
 """Scripted opponents for evaluation (`enjoy.py --opponent sf_engine.envs.opponents:NAME`): functions of the env's
-own observation of their seat, as PettingZoo gives it, returning an action."""
+own observation of their seat, as PettingZoo gives it, returning an action; and one game between two such players."""
 
 from __future__ import annotations
 
@@ -48,3 +48,17 @@ def connect_four_heuristic(observation: dict) -> int:
     if wins or blocks:  # first a win of our own, then the opponent's to block
         return (wins or blocks)[0]
     return int(_RNG.choice(np.flatnonzero(observation["action_mask"])))
+
+
+def play_game(env, first, second, seed: int) -> tuple:
+    """One game of a two-player PettingZoo AEC env (Connect Four: player_0 moves first) between `first` in seat
+    player_0 and `second` in seat player_1, each a function of its seat's observation returning a move: their
+    returns."""
+    env.reset(seed=seed)
+    players, returns = {"player_0": first, "player_1": second}, {}
+    for agent in env.agent_iter():
+        observation, reward, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            returns[agent] = reward
+        env.step(None if terminated or truncated else players[agent](observation))
+    return returns["player_0"], returns["player_1"]

@@ -90,3 +90,15 @@ def run_baseline(cmd: list, timeout_sec: float) -> dict:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"baseline failed: {' '.join(cmd)}")
     return {**json.loads(lines[-1]), "launch_to_exit_sec": round(elapsed, 2)}
+
+
+def play_match(
+    train_dir: str, experiment: str, checkpoint: str, opponent: str, games: int, deterministic: bool
+) -> dict:
+    """enjoy.py of `checkpoint` (of run `experiment` under `train_dir`) against `opponent` for `games` games, both
+    seats: the match's figures (the ratings where the game reports them)."""
+    cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", train_dir, "--experiment", experiment]
+    cmd += ["--checkpoint", checkpoint, "--opponent", opponent, "--num_episodes", str(games)]
+    figures = run_baseline(cmd + (["--deterministic"] if deterministic else []), timeout_sec=1800)
+    keys = ("games", "win_rate", "draw_rate", "loss_rate", "games_per_seat", "rating_mu", "opponent_rating_mu")
+    return {key: figures[key] for key in keys if key in figures}

@@ -19,7 +19,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, run_baseline, run_train  # noqa: E402
+from common import play_match, run_train  # noqa: E402
 
 HEURISTIC = "sf_engine.envs.opponents:connect_four_heuristic"
 
@@ -32,13 +32,8 @@ def _final_checkpoint(experiment_dir: str) -> str:
 
 
 def _match(keep: str, name: str, opponent: str, games: int, deterministic: bool) -> dict:
-    """enjoy.py of run `name`'s final checkpoint against `opponent`: the match's figures."""
-    checkpoint = _final_checkpoint(os.path.join(keep, name))
-    cmd = [sys.executable, os.path.join(REPO, "enjoy.py"), "--train_dir", keep, "--experiment", name]
-    cmd += ["--checkpoint", checkpoint, "--opponent", opponent, "--num_episodes", str(games)]
-    figures = run_baseline(cmd + (["--deterministic"] if deterministic else []), timeout_sec=1800)
-    keys = ("games", "win_rate", "draw_rate", "loss_rate", "games_per_seat", "rating_mu", "opponent_rating_mu")
-    return {key: figures[key] for key in keys}
+    """Run `name`'s final checkpoint (its experiment folder under --keep) against `opponent`: the match's figures."""
+    return play_match(keep, name, _final_checkpoint(os.path.join(keep, name)), opponent, games, deterministic)
 
 
 def main() -> None:

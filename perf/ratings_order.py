@@ -21,9 +21,9 @@ def main() -> None:
     from pettingzoo.classic import connect_four_v3
 
     import sf_engine
-    from sf_engine.envs.opponents import connect_four_heuristic
+    from sf_engine.envs.opponents import connect_four_heuristic, play_game
     from sf_engine.envs.spec import TO_MOVE_KEY
-    from sf_engine.selfplay.ratings import Ratings, outcomes
+    from sf_engine.selfplay.ratings import round_robin
 
     policy, rng = sf_engine.load_policy(args.experiment), np.random.default_rng(0)
 
@@ -35,21 +35,9 @@ def main() -> None:
         return int(rng.choice(np.flatnonzero(observation["action_mask"])))
 
     names, players = ["random", "trained", "scripted"], [random_player, trained, connect_four_heuristic]
-    env, ratings, pairs = connect_four_v3.env(), Ratings(3), {}
-    for game in range(args.games):
-        for a, b in [(0, 1), (1, 2), (0, 2)]:
-            first, second = (a, b) if game % 2 == 0 else (b, a)
-            env.reset(seed=game)
-            moves, returns = {"player_0": players[first], "player_1": players[second]}, {}
-            for agent in env.agent_iter():
-                observation, reward, terminated, truncated, _ = env.last()
-                if terminated or truncated:
-                    returns[agent] = reward
-                env.step(None if terminated or truncated else moves[agent](observation))
-            outcome = int(outcomes(returns["player_0"], returns["player_1"]))
-            ratings.rate(first, second, outcome)
-            won = outcome if first == a else 2 - outcome  # the result of a, the pair's first named
-            pairs.setdefault(f"{names[a]} vs {names[b]}", [0, 0, 0])[won] += 1
+    env = connect_four_v3.env()
+    ratings, results = round_robin(3, args.games, lambda a, b, game: play_game(env, players[a], players[b], game))
+    pairs = {f"{names[a]} vs {names[b]}": results[a, b].tolist() for a, b in [(0, 1), (1, 2), (0, 2)]}
     print(
         json.dumps(
             {

@@ -18,7 +18,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO, run_baseline, run_train  # noqa: E402
+from common import play_match, run_train  # noqa: E402
 
 
 def _checkpoint_at(checkpoints: list, started: float, minute: float):
@@ -26,28 +26,6 @@ def _checkpoint_at(checkpoints: list, started: float, minute: float):
     written = [(os.path.getmtime(path) - started, path) for path in checkpoints]
     before = [path for age, path in sorted(written) if age <= minute * 60 + 5]
     return before[-1] if before else None
-
-
-def _play(train_dir: str, experiment: str, checkpoint: str, opponent: str, games: int) -> dict:
-    figures = run_baseline(
-        [
-            sys.executable,
-            os.path.join(REPO, "enjoy.py"),
-            "--train_dir",
-            train_dir,
-            "--experiment",
-            experiment,
-            "--checkpoint",
-            checkpoint,
-            "--opponent",
-            opponent,
-            "--num_episodes",
-            str(games),
-            "--deterministic",
-        ],
-        timeout_sec=1800,
-    )
-    return {k: figures[k] for k in ("games", "win_rate", "draw_rate", "loss_rate", "games_per_seat")}
 
 
 def main() -> None:
@@ -77,7 +55,7 @@ def main() -> None:
             results[f"{minute:g}"] = {
                 "checkpoint_version": version,
                 **{
-                    opponent: _play(train_dir, experiment, path, opponent, args.games)
+                    opponent: play_match(train_dir, experiment, path, opponent, args.games, True)
                     for opponent in args.opponents.split(",")
                 },
             }

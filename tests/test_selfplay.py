@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from sf_engine.selfplay.ratings import DRAW, LOSS, WIN, Ratings, outcomes
+from sf_engine.selfplay.ratings import DRAW, LOSS, WIN, Ratings, outcomes, round_robin
 from sf_engine.selfplay.sampling import WINDOW_GAMES, WinRates, sampling_weights
 
 openskill = pytest.importorskip("openskill.models")
@@ -116,31 +116,17 @@ def _random(observation, rng=np.random.default_rng(6)):
     return int(rng.choice(np.flatnonzero(observation["action_mask"])))
 
 
-def _play(env, first, second, seed: int) -> tuple:
-    """One game of PettingZoo's Connect Four: the players' returns."""
-    env.reset(seed=seed)
-    players, returns = {"player_0": first, "player_1": second}, {}
-    for agent in env.agent_iter():
-        observation, reward, terminated, truncated, _ = env.last()
-        if terminated or truncated:
-            returns[agent] = reward
-        env.step(None if terminated or truncated else players[agent](observation))
-    return returns["player_0"], returns["player_1"]
-
-
 def test_the_ratings_recover_a_known_order_of_strength():
     """Random, the heuristic and a lookahead player, round robin with the seats swapped: rated game by game, they
     come out in that order, each apart from the next by more than the ratings' uncertainty."""
     connect_four = pytest.importorskip("pettingzoo.classic.connect_four_v3")
-    from sf_engine.envs.opponents import connect_four_heuristic
+    from sf_engine.envs.opponents import connect_four_heuristic, play_game
 
-    players = [_random, connect_four_heuristic, _lookahead]
-    env, ratings = connect_four.env(), Ratings(3)
-    for game in range(40):
-        for a, b in [(0, 1), (1, 2), (0, 2)]:
-            first, second = (a, b) if game % 2 == 0 else (b, a)
-            returns = _play(env, players[first], players[second], seed=game)
-            ratings.rate(first, second, int(outcomes(returns[0], returns[1])))
+    players, env = [_random, connect_four_heuristic, _lookahead], connect_four.env()
+    ratings, results = round_robin(
+        3, 40, lambda first, second, game: play_game(env, players[first], players[second], game)
+    )
+    assert results.sum() == 2 * 3 * 40 and (results[:, :, WIN] == results.transpose(1, 0, 2)[:, :, LOSS]).all()
     order = sorted(range(3), key=lambda p: ratings[p].mu)
     assert order == [0, 1, 2], [ratings[p] for p in range(3)]
     for weaker, stronger in [(0, 1), (1, 2)]:

@@ -14,6 +14,7 @@ A game's result is given from the first player's side as an outcome index: WIN, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -117,3 +118,20 @@ class Ratings:
             return
         self.players = [self.model.rating(mu=float(m), sigma=float(s)) for m, s in zip(state["mu"], state["sigma"])]
         self.games = [int(g) for g in state["games"]]
+
+
+def round_robin(players: int, games: int, play: Callable[[int, int, int], tuple]) -> tuple[Ratings, np.ndarray]:
+    """`games` rounds in which every pair of `players` players meets once (neighbours first: 0-1, 1-2, ..., then
+    0-2, ...), the seats swapped from round to round; `play(first, second, round)` plays one game and returns the two
+    players' returns. Every game is rated as it ends. Returns the ratings and the results [P, P, 3] (WIN, DRAW, LOSS
+    counts of the row player against the column player, every game counted from both sides)."""
+    ratings, results = Ratings(players), np.zeros((players, players, 3), dtype=np.int64)
+    pairs = [(a, a + gap) for gap in range(1, players) for a in range(players - gap)]
+    for game in range(games):
+        for a, b in pairs:
+            first, second = (a, b) if game % 2 == 0 else (b, a)
+            outcome = int(outcomes(*play(first, second, game)))
+            ratings.rate(first, second, outcome)
+            results[first, second, outcome] += 1
+            results[second, first, LOSS - outcome] += 1
+    return ratings, results
