@@ -66,15 +66,15 @@ class LearnerRanks:
     def _join(self, groups, device: torch.device, timeout_sec: float) -> RankGroup:
         """This rank in the group of all ranks: rank node x ranks + local rank of node groups x ranks.
         NodeGroupsStopped where the node groups stopped while it joined."""
+        backend = self.learner.cfg.parallel.collective_backend(self.learner.cfg.run.device)
         if groups is None:
             meet = f"file://{self.learner.buffers.path}{RENDEZVOUS_SUFFIX}"
-            backend = self.learner.cfg.parallel.collective_backend(self.learner.cfg.run.device)
             return RankGroup(self.rank, self.world, meet, device, timeout_sec, backend=backend)
         rank, world = groups.node * self.world + self.rank, groups.nodes * self.world
         self.rendezvous = Rendezvous(groups, rank, world, timeout_sec, self.ctx.beat, _shape(self.learner.cfg, world))
         generation, store = self.rendezvous.join(lambda: self.ctx.stop_signalled)
         return RankGroup(
-            rank, world, store, device, timeout_sec, groups.nodes, lambda: self.rendezvous.leave(generation)
+            rank, world, store, device, timeout_sec, groups.nodes, lambda: self.rendezvous.leave(generation), backend
         )
 
     def _take_first_ranks_state(self) -> None:

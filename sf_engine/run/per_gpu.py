@@ -85,7 +85,7 @@ def _check_learner_devices(cfg: Config) -> None:
         device.startswith("cuda:") and gpu.isdigit() and int(gpu) < visible for device, gpu in zip(devices, gpus)
     ):
         raise ConfigError(f"{flag}: with --device cuda each rank needs one of the {visible} visible GPUs, as cuda:N")
-    if len(set(gpus)) != len(gpus) and cfg.parallel.dist_world > 1:
+    if cfg.parallel.shares_gpus(cfg.run.device) and cfg.parallel.dist_world > 1:
         raise ConfigError(
             f"{flag} with --dist_world {cfg.parallel.dist_world}: the node groups' ranks meet over NCCL, one rank on "
             f"a GPU; give each rank a GPU of its own"
