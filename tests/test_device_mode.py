@@ -164,7 +164,8 @@ def test_algorithms_learn_from_observations_kept_apart_from_the_shared_memory(
     )
     env, env_steps, floor, flags = {
         "ppo": ("TorchCartPole-v1", 600_000, 300.0, {}),
-        "dqn": ("TorchCartPole-v1", 60_000, 150.0, {"epsilon_decay_env_steps": 50_000}),
+        # 100,000 env steps: at 60,000 eight runs ended at 158.7-431.9 and one at 148.7, below the floor
+        "dqn": ("TorchCartPole-v1", 100_000, 150.0, {"epsilon_decay_env_steps": 50_000}),
         "sac": ("TorchPendulum-v1", 2_000, None, {"batch_size": 64, "learning_starts": 1_000}),
     }[algo]
     result = sf_engine.train(
